@@ -1,0 +1,198 @@
+//! The durable events of a session's log (SPEC §4.1).
+//!
+//! Variants are encoded by position: new variants go at the end, and existing ones never change
+//! shape, or the on-disk format version must be bumped (the store's golden-file test catches it).
+//! Ephemeral events (deltas, tool progress) are not here; they are broadcast live only.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{MessageId, Seq, Timestamp};
+use crate::message::{Finish, Usage};
+use crate::prompt::{Delivery, Prompt};
+
+/// An event as stored: its position in the session's log, when it was written and what happened.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stored {
+    pub seq: Seq,
+    pub time: Timestamp,
+    pub event: Event,
+}
+
+/// Every durable change to a session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Event {
+    /// Always seq 0.
+    SessionCreated {
+        agent: String,
+        model: Option<String>,
+        title: Option<String>,
+    },
+    /// Input recorded in the inbox, not yet visible to the model.
+    PromptAdmitted {
+        id: MessageId,
+        delivery: Delivery,
+        prompt: Prompt,
+    },
+    /// The admitted input `id` becomes a user message at this event's seq.
+    PromptPromoted {
+        id: MessageId,
+    },
+    /// Instruction sources changed: `changed` holds the new value of each changed source, and
+    /// `text` is the system message rendered from them.
+    InstructionsUpdated {
+        id: MessageId,
+        changed: Vec<(String, String)>,
+        text: String,
+    },
+    /// A drain began executing; takes the claim.
+    ExecutionStarted {
+        forced: bool,
+    },
+    /// Releases the claim.
+    ExecutionSucceeded,
+    /// Releases the claim. `halted` stops automatic resumption until an explicit resume.
+    ExecutionFailed {
+        error: String,
+        halted: bool,
+    },
+    /// A user interrupt releases the claim; a shutdown keeps it so recovery resumes the session.
+    ExecutionInterrupted {
+        reason: InterruptReason,
+    },
+    /// Recovery is about to resume the session for the `attempt`-th time.
+    RecoveryAttempted {
+        attempt: u32,
+    },
+    /// Creates the assistant message `id` for one step.
+    StepStarted {
+        id: MessageId,
+        step: u32,
+        agent: String,
+        model: String,
+    },
+    TextEnded {
+        id: MessageId,
+        text: String,
+        incomplete: bool,
+    },
+    ReasoningEnded {
+        id: MessageId,
+        text: String,
+        metadata: Option<String>,
+        incomplete: bool,
+    },
+    /// Recorded before the tool runs.
+    ToolCalled {
+        id: MessageId,
+        call_id: String,
+        name: String,
+        input: String,
+    },
+    ToolSucceeded {
+        id: MessageId,
+        call_id: String,
+        output: String,
+        truncated: bool,
+    },
+    ToolFailed {
+        id: MessageId,
+        call_id: String,
+        error: String,
+    },
+    /// Settles the step; its usage is added to the session totals exactly here.
+    StepEnded {
+        id: MessageId,
+        finish: Finish,
+        usage: Usage,
+    },
+    StepFailed {
+        id: MessageId,
+        error: StepError,
+    },
+    /// A retryable failure before any durable output; the same assistant message is retried.
+    RetryScheduled {
+        id: MessageId,
+        attempt: u32,
+        delay_ms: u64,
+        error: StepError,
+    },
+    CompactionStarted {
+        id: MessageId,
+        auto: bool,
+    },
+    /// History before `kept_from` is replaced by `summary`; `usage` is the summary call's.
+    CompactionEnded {
+        id: MessageId,
+        summary: String,
+        kept_from: Seq,
+        usage: Usage,
+    },
+    CompactionFailed {
+        id: MessageId,
+        error: String,
+    },
+    /// Usage of a model call that is not a step (added to the session totals).
+    UsageRecorded {
+        usage: Usage,
+    },
+}
+
+impl Event {
+    /// A short stable name, for logs, metrics and SSE event types.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Event::SessionCreated { .. } => "session_created",
+            Event::PromptAdmitted { .. } => "prompt_admitted",
+            Event::PromptPromoted { .. } => "prompt_promoted",
+            Event::InstructionsUpdated { .. } => "instructions_updated",
+            Event::ExecutionStarted { .. } => "execution_started",
+            Event::ExecutionSucceeded => "execution_succeeded",
+            Event::ExecutionFailed { .. } => "execution_failed",
+            Event::ExecutionInterrupted { .. } => "execution_interrupted",
+            Event::RecoveryAttempted { .. } => "recovery_attempted",
+            Event::StepStarted { .. } => "step_started",
+            Event::TextEnded { .. } => "text_ended",
+            Event::ReasoningEnded { .. } => "reasoning_ended",
+            Event::ToolCalled { .. } => "tool_called",
+            Event::ToolSucceeded { .. } => "tool_succeeded",
+            Event::ToolFailed { .. } => "tool_failed",
+            Event::StepEnded { .. } => "step_ended",
+            Event::StepFailed { .. } => "step_failed",
+            Event::RetryScheduled { .. } => "retry_scheduled",
+            Event::CompactionStarted { .. } => "compaction_started",
+            Event::CompactionEnded { .. } => "compaction_ended",
+            Event::CompactionFailed { .. } => "compaction_failed",
+            Event::UsageRecorded { .. } => "usage_recorded",
+        }
+    }
+}
+
+/// Why an execution was interrupted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum InterruptReason {
+    /// Asked for by a user; the claim is released.
+    User,
+    /// The runtime is shutting down; the claim is kept so recovery resumes the session.
+    Shutdown,
+}
+
+/// Why a step failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepError {
+    pub kind: FailureKind,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FailureKind {
+    /// Interrupted by the user or a shutdown.
+    Aborted,
+    /// Left incomplete by a process that stopped; closed by recovery.
+    Restarted,
+    /// The provider returned an error (classification in the message).
+    Provider,
+    /// The request did not fit the model's context window.
+    ContextOverflow,
+    /// Anything else the runtime could not complete.
+    Internal,
+}

@@ -1,0 +1,180 @@
+//! Newtype ids and sequence numbers.
+//!
+//! Ids are a type prefix plus a body. Minted bodies are ULIDs (48-bit millisecond time, 80 bits of
+//! entropy, Crockford base32), so ids minted later sort later. The model never reads a clock or a
+//! random source: [`SessionId::mint`] and [`MessageId::mint`] take both as arguments, and the
+//! runtime supplies them.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+
+/// Longest body accepted after the prefix (a ULID is 26 characters).
+const MAX_BODY: usize = 64;
+
+macro_rules! prefixed_id {
+    ($(#[$doc:meta])* $name:ident, $prefix:literal, $kind:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
+        pub struct $name(String);
+
+        impl $name {
+            pub const PREFIX: &'static str = $prefix;
+
+            /// Mints a new sortable id from a time (ms since the Unix epoch) and 80 bits of
+            /// entropy.
+            pub fn mint(now: Timestamp, entropy: u128) -> Self {
+                let body = ulid::Ulid::from_parts(now.0, entropy);
+                Self(format!("{}{}", $prefix, body))
+            }
+
+            /// Parses and validates an id supplied from outside.
+            pub fn parse(value: &str) -> Result<Self, Error> {
+                validate(value, $prefix, $kind)?;
+                Ok(Self(value.to_owned()))
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = Error;
+            fn from_str(s: &str) -> Result<Self, Error> {
+                Self::parse(s)
+            }
+        }
+
+        impl TryFrom<String> for $name {
+            type Error = Error;
+            fn try_from(value: String) -> Result<Self, Error> {
+                validate(&value, $prefix, $kind)?;
+                Ok(Self(value))
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(id: $name) -> String {
+                id.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
+}
+
+prefixed_id!(
+    /// A session, `ses_…`.
+    SessionId,
+    "ses_",
+    "session"
+);
+prefixed_id!(
+    /// A message or admitted input, `msg_…`. An admitted input keeps its id when it is promoted
+    /// into a user message.
+    MessageId,
+    "msg_",
+    "message"
+);
+
+fn validate(value: &str, prefix: &str, kind: &'static str) -> Result<(), Error> {
+    let invalid = |reason| Error::InvalidId {
+        kind,
+        value: value.chars().take(80).collect(),
+        reason,
+    };
+    let body = value
+        .strip_prefix(prefix)
+        .ok_or_else(|| invalid("missing prefix"))?;
+    if body.is_empty() {
+        return Err(invalid("empty body after the prefix"));
+    }
+    if body.len() > MAX_BODY {
+        return Err(invalid("longer than 64 characters after the prefix"));
+    }
+    if !body
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        return Err(invalid(
+            "only ASCII letters, digits, '_' and '-' are allowed",
+        ));
+    }
+    Ok(())
+}
+
+/// Position of an event in its session's log: 0, 1, 2, … without gaps.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct Seq(pub u64);
+
+impl Seq {
+    pub const ZERO: Seq = Seq(0);
+
+    pub fn next(self) -> Seq {
+        Seq(self.0 + 1)
+    }
+}
+
+impl fmt::Display for Seq {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Milliseconds since the Unix epoch. Only ever passed in; the model never reads a clock.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct Timestamp(pub u64);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minted_ids_sort_by_time_and_round_trip() {
+        let a = SessionId::mint(Timestamp(1_000), u128::MAX);
+        let b = SessionId::mint(Timestamp(1_001), 0);
+        assert!(a < b);
+        assert!(a.as_str().starts_with("ses_"));
+        assert_eq!(a.as_str().len(), 4 + 26);
+        assert_eq!(SessionId::parse(a.as_str()), Ok(a));
+    }
+
+    #[test]
+    fn rejects_malformed_ids() {
+        for bad in [
+            "",
+            "ses_",
+            "msg_abc",
+            "ses_a b",
+            "ses_ü",
+            &format!("ses_{}", "a".repeat(65)),
+        ] {
+            assert!(
+                matches!(SessionId::parse(bad), Err(Error::InvalidId { .. })),
+                "{bad:?} accepted"
+            );
+        }
+        assert!(MessageId::parse("msg_client-1").is_ok());
+    }
+}

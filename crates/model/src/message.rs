@@ -1,0 +1,253 @@
+//! Projected rows: messages with their parts, the session row, inbox rows, the message-id index
+//! and instruction state (SPEC §4.2). These are what snapshots read; only the projector writes
+//! them.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::event::StepError;
+use crate::ids::{MessageId, Seq, SessionId, Timestamp};
+use crate::prompt::{Delivery, Prompt};
+
+/// Token usage and cost of one model call, or a running total. Input counts exclude cached
+/// tokens: `input + cache_read + cache_write` is the whole prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Usage {
+    pub input: u64,
+    pub output: u64,
+    pub reasoning: u64,
+    pub cache_read: u64,
+    pub cache_write: u64,
+    /// Cost in billionths of a US dollar; integers keep totals exact.
+    pub cost_nanos: u64,
+}
+
+impl Usage {
+    pub fn add(&mut self, other: &Usage) {
+        self.input += other.input;
+        self.output += other.output;
+        self.reasoning += other.reasoning;
+        self.cache_read += other.cache_read;
+        self.cache_write += other.cache_write;
+        self.cost_nanos += other.cost_nanos;
+    }
+}
+
+/// Why the model stopped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Finish {
+    Stop,
+    Length,
+    ToolCalls,
+    ContentFilter,
+    Other(String),
+}
+
+/// A durable claim: execution is in progress for the session (SPEC §12.1).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claim {
+    /// Seq of the `ExecutionStarted` that took it.
+    pub seq: Seq,
+    pub forced: bool,
+}
+
+/// The session row.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionRow {
+    pub id: SessionId,
+    pub agent: String,
+    pub model: Option<String>,
+    pub title: Option<String>,
+    pub created: Timestamp,
+    pub updated: Timestamp,
+    /// Seq of the latest event; the next event gets `last_seq + 1`.
+    pub last_seq: Seq,
+    pub usage: Usage,
+    pub claim: Option<Claim>,
+    /// Recoveries attempted since the last settled execution (SPEC §12.3).
+    pub resume_attempts: u32,
+    /// Set when the runtime gave up on the session (restart intensity exceeded, recovery
+    /// exhausted): nothing resumes it until an explicit resume.
+    pub halted: Option<String>,
+    /// History before this seq is covered by the latest completed compaction's summary.
+    pub active_from: Seq,
+    /// The latest completed compaction message, if any.
+    pub compaction: Option<Seq>,
+    /// Inputs admitted and not yet promoted.
+    pub pending: u32,
+}
+
+/// An admitted input that has not been promoted yet, keyed by `(session, admitted_seq)`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InboxRow {
+    pub id: MessageId,
+    pub admitted_seq: Seq,
+    pub delivery: Delivery,
+    pub prompt: Prompt,
+}
+
+/// Where a message id lives. Every id is unique across the whole store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum IndexEntry {
+    /// An admitted input; `promoted_seq` is set once it became a user message.
+    Prompt {
+        session: SessionId,
+        admitted_seq: Seq,
+        promoted_seq: Option<Seq>,
+    },
+    /// Any other message, created at `seq`.
+    Message { session: SessionId, seq: Seq },
+}
+
+impl IndexEntry {
+    pub fn session(&self) -> &SessionId {
+        match self {
+            IndexEntry::Prompt { session, .. } | IndexEntry::Message { session, .. } => session,
+        }
+    }
+}
+
+/// What each instruction source last told the model, by source name.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct InstructionState {
+    pub sources: BTreeMap<String, String>,
+}
+
+/// A message of session history, keyed by `(session, seq)` where `seq` is the seq of the event
+/// that created it and never changes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Message {
+    User {
+        id: MessageId,
+        seq: Seq,
+        admitted_seq: Seq,
+        delivery: Delivery,
+        prompt: Prompt,
+        time: Timestamp,
+    },
+    Assistant(AssistantMessage),
+    /// A chronological instruction update: what changed, rendered as one system message.
+    System {
+        id: MessageId,
+        seq: Seq,
+        text: String,
+        time: Timestamp,
+    },
+    Compaction {
+        id: MessageId,
+        seq: Seq,
+        auto: bool,
+        state: CompactionState,
+        time: Timestamp,
+    },
+}
+
+impl Message {
+    pub fn id(&self) -> &MessageId {
+        match self {
+            Message::User { id, .. }
+            | Message::System { id, .. }
+            | Message::Compaction { id, .. } => id,
+            Message::Assistant(a) => &a.id,
+        }
+    }
+
+    pub fn seq(&self) -> Seq {
+        match self {
+            Message::User { seq, .. }
+            | Message::System { seq, .. }
+            | Message::Compaction { seq, .. } => *seq,
+            Message::Assistant(a) => a.seq,
+        }
+    }
+}
+
+/// The state of a compaction message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CompactionState {
+    Running,
+    /// History before `kept_from` is replaced by `summary`.
+    Completed {
+        summary: String,
+        kept_from: Seq,
+    },
+    Failed {
+        error: String,
+    },
+}
+
+/// One model response: created by `StepStarted`, filled part by part, settled exactly once by
+/// `StepEnded` or `StepFailed`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AssistantMessage {
+    pub id: MessageId,
+    pub seq: Seq,
+    pub step: u32,
+    pub agent: String,
+    pub model: String,
+    pub parts: Vec<Part>,
+    pub finish: Option<Finish>,
+    pub error: Option<StepError>,
+    pub usage: Usage,
+    pub retries: u32,
+    pub created: Timestamp,
+    pub completed: Option<Timestamp>,
+}
+
+impl AssistantMessage {
+    /// Settled messages have a finish reason or an error; only an unsettled one can grow.
+    pub fn is_settled(&self) -> bool {
+        self.finish.is_some() || self.error.is_some()
+    }
+
+    pub fn tool(&self, call_id: &str) -> Option<&ToolPart> {
+        self.parts.iter().find_map(|p| match p {
+            Part::Tool(t) if t.call_id == call_id => Some(t),
+            _ => None,
+        })
+    }
+
+    /// Tool calls recorded as called and not settled.
+    pub fn running_tools(&self) -> impl Iterator<Item = &ToolPart> {
+        self.parts.iter().filter_map(|p| match p {
+            Part::Tool(t) if t.state == ToolState::Running => Some(t),
+            _ => None,
+        })
+    }
+}
+
+/// A content part of an assistant message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Part {
+    /// `incomplete` marks text cut short by a failed or interrupted stream.
+    Text {
+        text: String,
+        incomplete: bool,
+    },
+    /// `metadata` is opaque provider data (a signature) replayed unchanged to the same provider.
+    Reasoning {
+        text: String,
+        metadata: Option<String>,
+        incomplete: bool,
+    },
+    Tool(ToolPart),
+}
+
+/// A tool call of an assistant message. `call_id` is unique within its message only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolPart {
+    pub call_id: String,
+    pub name: String,
+    /// The arguments as the model sent them (JSON text, possibly invalid).
+    pub input: String,
+    pub state: ToolState,
+}
+
+/// A tool call's durable state. `Pending` (input still streaming) exists only live.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ToolState {
+    Running,
+    Completed { output: String, truncated: bool },
+    Error { error: String },
+}

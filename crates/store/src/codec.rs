@@ -1,0 +1,93 @@
+//! The on-disk record format, owned here and nowhere else (SPEC §4.3).
+//!
+//! Every value stored is `[FORMAT_VERSION as u16 little-endian][bincode 2 standard encoding]`.
+//! The version is also written once in the `meta` table; opening a store whose version differs
+//! fails with [`Error::FormatVersion`] naming both, so a build never misreads another's data.
+//! Decoding is bounded ([`MAX_RECORD`]) so a corrupt length prefix cannot allocate unbounded
+//! memory. Bump [`FORMAT_VERSION`] whenever a stored type changes shape; the golden-file test in
+//! `tests/` fails until you do.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::{Error, Result};
+
+/// The record format this build writes and reads.
+pub const FORMAT_VERSION: u16 = 1;
+
+/// The largest record decoded; larger length prefixes are treated as corruption.
+pub const MAX_RECORD: usize = 64 * 1024 * 1024;
+
+fn config() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<MAX_RECORD>()
+}
+
+pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    let mut out = FORMAT_VERSION.to_le_bytes().to_vec();
+    // Encoding into a Vec only fails for types serde cannot express in bincode (maps with
+    // non-string keys are fine; `deserialize_any` types are not used by the model).
+    let body = bincode::serde::encode_to_vec(value, config())
+        .expect("invariant: model types are plain serde data that bincode can encode");
+    out.extend_from_slice(&body);
+    out
+}
+
+pub fn decode<T: DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T> {
+    let corrupt = |reason: String| Error::Corrupt {
+        what: what.to_owned(),
+        reason,
+    };
+    let (version, body) = bytes
+        .split_first_chunk::<2>()
+        .ok_or_else(|| corrupt("shorter than its version header".into()))?;
+    let version = u16::from_le_bytes(*version);
+    if version != FORMAT_VERSION {
+        return Err(Error::FormatVersion {
+            found: version,
+            supported: FORMAT_VERSION,
+        });
+    }
+    let (value, read) =
+        bincode::serde::decode_from_slice(body, config()).map_err(|e| corrupt(e.to_string()))?;
+    if read != body.len() {
+        return Err(corrupt(format!("{} trailing bytes", body.len() - read)));
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agenthost_model::{Event, Seq, Stored, Timestamp};
+
+    #[test]
+    fn round_trip_and_version_check() {
+        let stored = Stored {
+            seq: Seq(3),
+            time: Timestamp(9),
+            event: Event::ExecutionStarted { forced: true },
+        };
+        let bytes = encode(&stored);
+        assert_eq!(decode::<Stored>("event", &bytes).expect("decodes"), stored);
+
+        let mut future = bytes.clone();
+        future[..2].copy_from_slice(&7u16.to_le_bytes());
+        assert!(matches!(
+            decode::<Stored>("event", &future),
+            Err(Error::FormatVersion {
+                found: 7,
+                supported: FORMAT_VERSION
+            })
+        ));
+        assert!(matches!(
+            decode::<Stored>("event", &bytes[..1]),
+            Err(Error::Corrupt { .. })
+        ));
+        let mut trailing = bytes;
+        trailing.push(0);
+        assert!(matches!(
+            decode::<Stored>("event", &trailing),
+            Err(Error::Corrupt { .. })
+        ));
+    }
+}

@@ -1,0 +1,34 @@
+//! The store's error type. redb's own errors are flattened into [`Error::Storage`] so no redb type
+//! crosses the crate boundary.
+
+use agenthost_model::{MessageId, SessionId, Violation};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("session {0} not found")]
+    SessionNotFound(SessionId),
+    #[error("prompt id {id} conflicts: {reason}")]
+    PromptConflict { id: MessageId, reason: &'static str },
+    #[error(transparent)]
+    Invalid(#[from] agenthost_model::Error),
+    #[error("refused event: {0}")]
+    Violation(#[from] Violation),
+    #[error(
+        "store format version {found} is not supported by this build (it reads version \
+         {supported}); use a matching agenthost release"
+    )]
+    FormatVersion { found: u16, supported: u16 },
+    #[error("store record {what} is corrupt: {reason}")]
+    Corrupt { what: String, reason: String },
+    #[error("storage failure: {0}")]
+    Storage(String),
+    #[error("the store is closed")]
+    Closed,
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Converts any redb error into [`Error::Storage`], keeping its message and dropping its type.
+pub(crate) fn storage(e: impl Into<redb::Error>) -> Error {
+    Error::Storage(e.into().to_string())
+}

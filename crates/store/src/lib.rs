@@ -1,0 +1,337 @@
+//! The agenthost store: the durable event log of every session, its projections, and the
+//! group-commit writer, on redb.
+//!
+//! It owns the on-disk format ([`codec`], [`tables`]) and nothing above it sees a redb type:
+//! callers use the [`Store`] trait, whose every write is one whole transaction (create a session,
+//! admit a prompt, promote inputs, append events), and [`Snapshot`] for consistent reads. Events
+//! are applied through `agenthost_model::apply`, the same projector replay uses.
+//!
+//! It must not decide execution (that is the actors' job) and must not hold a write transaction
+//! outside the writer thread.
+//!
+//! Main types: [`Store`], [`RedbStore`], [`Config`], [`Snapshot`], [`Admission`], [`Receipt`],
+//! [`NewSession`], [`Error`].
+
+pub mod codec;
+mod error;
+mod ops;
+mod rows;
+mod snapshot;
+pub mod tables;
+mod writer;
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use agenthost_model::promotion::Boundary;
+use agenthost_model::prompt::DEFAULT_PROMPT_LIMIT;
+use agenthost_model::{Event, SessionId, SessionRow, Stored, Timestamp};
+use futures::future::BoxFuture;
+use redb::{Database, ReadableDatabase as _, ReadableTable as _};
+use tokio::sync::oneshot;
+
+pub use error::{Error, Result};
+pub use ops::{Admission, NewSession, Receipt};
+pub use snapshot::Snapshot;
+pub use writer::{BUCKETS, Clock, CommitHook, Stats};
+
+use crate::codec::FORMAT_VERSION;
+use crate::error::storage;
+use crate::ops::{Op, Outcome};
+use crate::writer::{Request, Writer};
+
+/// Every durable operation of agenthost, each one whole transaction (SPEC §20). redb is the
+/// embedded backend; a second backend implements this trait without touching callers.
+///
+/// Write methods submit their operation before returning the future, so an operation, once
+/// called, completes even if the caller stops waiting: nothing is ever half-admitted.
+pub trait Store: Send + Sync + fmt::Debug + 'static {
+    /// Creates a session, or returns the existing session with that id unchanged.
+    fn create_session(&self, new: NewSession) -> BoxFuture<'static, Result<SessionRow>>;
+    /// Admits a prompt durably and idempotently (SPEC §5).
+    fn admit(&self, admission: Admission) -> BoxFuture<'static, Result<Receipt>>;
+    /// Promotes the pending inputs `boundary` selects (SPEC §6), atomically and exactly once.
+    fn promote(
+        &self,
+        session: SessionId,
+        boundary: Boundary,
+    ) -> BoxFuture<'static, Result<Vec<Stored>>>;
+    /// Appends events with the session's next seqs; all are applied or none.
+    fn append(
+        &self,
+        session: SessionId,
+        events: Vec<Event>,
+    ) -> BoxFuture<'static, Result<Vec<Stored>>>;
+    /// A consistent read view of the latest durable state.
+    fn snapshot(&self) -> Result<Box<dyn Snapshot>>;
+    /// Writer counters (commits, operations, batch sizes).
+    fn stats(&self) -> &Stats;
+    /// The largest prompt admitted, in bytes.
+    fn prompt_limit(&self) -> usize;
+}
+
+/// How to open a [`RedbStore`].
+#[derive(Clone)]
+pub struct Config {
+    pub path: PathBuf,
+    /// Most operations committed in one transaction. 1 disables group commit.
+    pub max_batch: usize,
+    /// How long the writer lingers for more requests before committing a batch. Zero commits as
+    /// soon as the queue is empty: batches then form from what arrives during the previous fsync.
+    pub max_wait: Duration,
+    pub prompt_limit: usize,
+    /// redb page cache in bytes; redb's default (1 GiB, allocated as used) when `None`.
+    pub cache_size: Option<usize>,
+    pub clock: Clock,
+    pub on_commit: Option<CommitHook>,
+}
+
+impl Config {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Config {
+            path: path.into(),
+            max_batch: 4096,
+            max_wait: Duration::ZERO,
+            prompt_limit: DEFAULT_PROMPT_LIMIT,
+            cache_size: None,
+            clock: Arc::new(system_clock),
+            on_commit: None,
+        }
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("path", &self.path)
+            .field("max_batch", &self.max_batch)
+            .field("max_wait", &self.max_wait)
+            .field("prompt_limit", &self.prompt_limit)
+            .field("cache_size", &self.cache_size)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Milliseconds since the Unix epoch from the system clock.
+pub fn system_clock() -> Timestamp {
+    let ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    Timestamp(ms)
+}
+
+/// The redb store. Cheap to share behind an `Arc`; dropping the last handle (or [`close`]) lets
+/// the writer commit what is queued and stop.
+///
+/// [`close`]: RedbStore::close
+pub struct RedbStore {
+    db: Arc<Database>,
+    tx: Mutex<Option<mpsc::Sender<Request>>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    stats: Arc<Stats>,
+    prompt_limit: usize,
+    path: PathBuf,
+}
+
+impl fmt::Debug for RedbStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedbStore")
+            .field("path", &self.path)
+            .field("commits", &self.stats.commits.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedbStore {
+    /// Opens the store at `config.path`, creating it if absent. Fails with
+    /// [`Error::FormatVersion`] for a store of another format version and with a clear storage
+    /// error for a corrupt file.
+    pub fn open(config: Config) -> Result<Self> {
+        if let Some(parent) = config.path.parent()
+            && !parent.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| Error::Storage(format!("cannot create {}: {e}", parent.display())))?;
+        }
+        let mut builder = Database::builder();
+        if let Some(bytes) = config.cache_size {
+            builder.set_cache_size(bytes);
+        }
+        let db = builder.create(&config.path).map_err(|e| {
+            Error::Storage(format!(
+                "cannot open store {}: {}",
+                config.path.display(),
+                redb::Error::from(e)
+            ))
+        })?;
+        init(&db)?;
+        let db = Arc::new(db);
+        let stats = Arc::new(Stats::default());
+        let (tx, rx) = mpsc::channel();
+        let writer = Writer {
+            db: db.clone(),
+            max_batch: config.max_batch.max(1),
+            max_wait: config.max_wait,
+            clock: config.clock,
+            on_commit: config.on_commit,
+            stats: stats.clone(),
+        };
+        let handle = std::thread::Builder::new()
+            .name("agenthost-store-writer".into())
+            .spawn(move || writer.run(rx))
+            .map_err(|e| Error::Storage(format!("cannot start the writer thread: {e}")))?;
+        Ok(RedbStore {
+            db,
+            tx: Mutex::new(Some(tx)),
+            writer: Mutex::new(Some(handle)),
+            stats,
+            prompt_limit: config.prompt_limit,
+            path: config.path,
+        })
+    }
+
+    /// Stops accepting writes, lets the writer commit everything already queued, and waits for
+    /// it. Later writes fail with [`Error::Closed`]; snapshots keep working.
+    pub fn close(&self) {
+        drop(lock(&self.tx).take());
+        if let Some(handle) = lock(&self.writer).take()
+            && handle.join().is_err()
+        {
+            tracing::error!("store writer thread panicked");
+        }
+    }
+
+    fn submit(&self, op: Op) -> BoxFuture<'static, Result<Outcome>> {
+        let (reply, rx) = oneshot::channel();
+        let sent = match lock(&self.tx).as_ref() {
+            Some(tx) => tx.send(Request { op, reply }).is_ok(),
+            None => false,
+        };
+        Box::pin(async move {
+            if !sent {
+                return Err(Error::Closed);
+            }
+            rx.await.map_err(|_| Error::Closed)?
+        })
+    }
+}
+
+impl Drop for RedbStore {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// A poisoned lock only means another thread panicked while holding it; the guarded values
+/// (a sender, a join handle) stay valid, so recover them.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Writes the format version into a new store, checks it in an existing one, and creates every
+/// table so that readers never meet a missing one.
+fn init(db: &Database) -> Result<()> {
+    let txn = db.begin_write().map_err(storage)?;
+    {
+        let mut meta = txn.open_table(tables::META).map_err(storage)?;
+        let found = meta
+            .get(tables::FORMAT_KEY)
+            .map_err(storage)?
+            .map(|v| v.value().to_vec());
+        match found {
+            Some(bytes) => {
+                let found = <[u8; 2]>::try_from(bytes.as_slice())
+                    .map(u16::from_le_bytes)
+                    .map_err(|_| Error::Corrupt {
+                        what: "format version".into(),
+                        reason: format!("{} bytes instead of 2", bytes.len()),
+                    })?;
+                if found != FORMAT_VERSION {
+                    return Err(Error::FormatVersion {
+                        found,
+                        supported: FORMAT_VERSION,
+                    });
+                }
+            }
+            None => {
+                meta.insert(tables::FORMAT_KEY, FORMAT_VERSION.to_le_bytes().as_slice())
+                    .map_err(storage)?;
+            }
+        }
+        rows::Tables::open(&txn)?;
+    }
+    txn.commit().map_err(storage)
+}
+
+fn expect_outcome<T: Send + 'static>(
+    fut: BoxFuture<'static, Result<Outcome>>,
+    pick: fn(Outcome) -> Option<T>,
+) -> BoxFuture<'static, Result<T>> {
+    Box::pin(async move {
+        let outcome = fut.await?;
+        Ok(pick(outcome).expect("invariant: each op kind returns its own outcome kind"))
+    })
+}
+
+impl Store for RedbStore {
+    fn create_session(&self, new: NewSession) -> BoxFuture<'static, Result<SessionRow>> {
+        expect_outcome(self.submit(Op::Create(new)), |o| match o {
+            Outcome::Session(row) => Some(row),
+            _ => None,
+        })
+    }
+
+    fn admit(&self, admission: Admission) -> BoxFuture<'static, Result<Receipt>> {
+        // Validation happens before the writer sees anything: bad input writes nothing.
+        if let Err(e) = admission.prompt.validate(self.prompt_limit) {
+            return Box::pin(async move { Err(Error::Invalid(e)) });
+        }
+        expect_outcome(self.submit(Op::Admit(admission)), |o| match o {
+            Outcome::Receipt(r) => Some(r),
+            _ => None,
+        })
+    }
+
+    fn promote(
+        &self,
+        session: SessionId,
+        boundary: Boundary,
+    ) -> BoxFuture<'static, Result<Vec<Stored>>> {
+        expect_outcome(self.submit(Op::Promote(session, boundary)), events)
+    }
+
+    fn append(
+        &self,
+        session: SessionId,
+        events_: Vec<Event>,
+    ) -> BoxFuture<'static, Result<Vec<Stored>>> {
+        expect_outcome(self.submit(Op::Append(session, events_)), events)
+    }
+
+    fn snapshot(&self) -> Result<Box<dyn Snapshot>> {
+        let txn = self.db.begin_read().map_err(storage)?;
+        Ok(Box::new(snapshot::RedbSnapshot { txn }))
+    }
+
+    fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    fn prompt_limit(&self) -> usize {
+        self.prompt_limit
+    }
+}
+
+fn events(outcome: Outcome) -> Option<Vec<Stored>> {
+    match outcome {
+        Outcome::Events(events) => Some(events),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,207 @@
+//! The durable operations. Each runs inside the group-commit transaction against an [`Overlay`],
+//! decides its events from the rows it reads, and applies them through the model's projector.
+//! Either all of an operation's events and row changes are written or none are.
+
+use agenthost_model::promotion::{self, Boundary};
+use agenthost_model::{
+    Delivery, Event, IndexEntry, Message, MessageId, Projection, Prompt, Seq, SessionId,
+    SessionRow, Stored, Timestamp, apply,
+};
+
+use crate::error::{Error, Result};
+use crate::rows::Overlay;
+
+/// Creates a session, or returns the existing one with that id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewSession {
+    pub id: SessionId,
+    pub agent: String,
+    pub model: Option<String>,
+    pub title: Option<String>,
+}
+
+/// A prompt to admit (SPEC §5). `id` is always set here: the caller mints one when the user
+/// supplied none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admission {
+    pub session: SessionId,
+    pub id: MessageId,
+    pub prompt: Prompt,
+    pub delivery: Delivery,
+}
+
+/// Proof of admission. An exact retry returns a receipt equal to the original one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Receipt {
+    pub id: MessageId,
+    pub session: SessionId,
+    pub admitted_seq: Seq,
+    pub delivery: Delivery,
+    pub promoted_seq: Option<Seq>,
+}
+
+/// One request to the writer.
+#[derive(Debug)]
+pub(crate) enum Op {
+    Create(NewSession),
+    Admit(Admission),
+    Promote(SessionId, Boundary),
+    Append(SessionId, Vec<Event>),
+}
+
+/// What an operation returns, besides the events it wrote.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    Session(SessionRow),
+    Receipt(Receipt),
+    Events(Vec<Stored>),
+}
+
+pub(crate) fn execute(ov: &mut Overlay<'_, '_>, op: Op, now: Timestamp) -> Result<Outcome> {
+    match op {
+        Op::Create(new) => create(ov, new, now).map(Outcome::Session),
+        Op::Admit(admission) => admit(ov, admission, now).map(Outcome::Receipt),
+        Op::Promote(session, boundary) => promote(ov, &session, boundary, now).map(Outcome::Events),
+        Op::Append(session, events) => {
+            require_session(ov, &session)?;
+            let mut written = Vec::with_capacity(events.len());
+            for event in events {
+                written.push(push(ov, &session, event, now)?);
+            }
+            Ok(Outcome::Events(written))
+        }
+    }
+}
+
+/// Appends one event with the session's next seq, through the projector.
+fn push(
+    ov: &mut Overlay<'_, '_>,
+    session: &SessionId,
+    event: Event,
+    now: Timestamp,
+) -> Result<Stored> {
+    let seq = match ov.session(session)? {
+        Some(row) => row.last_seq.next(),
+        None => Seq::ZERO,
+    };
+    let stored = Stored {
+        seq,
+        time: now,
+        event,
+    };
+    apply(ov, session, &stored).map_err(|e| match e {
+        agenthost_model::ApplyError::Violation(v) => Error::Violation(v),
+        agenthost_model::ApplyError::Backend(e) => e,
+    })?;
+    ov.record(session, stored.clone());
+    Ok(stored)
+}
+
+fn require_session(ov: &mut Overlay<'_, '_>, session: &SessionId) -> Result<SessionRow> {
+    ov.session(session)?
+        .ok_or_else(|| Error::SessionNotFound(session.clone()))
+}
+
+fn create(ov: &mut Overlay<'_, '_>, new: NewSession, now: Timestamp) -> Result<SessionRow> {
+    if let Some(row) = ov.session(&new.id)? {
+        return Ok(row);
+    }
+    let event = Event::SessionCreated {
+        agent: new.agent,
+        model: new.model,
+        title: new.title,
+    };
+    push(ov, &new.id, event, now)?;
+    require_session(ov, &new.id)
+}
+
+fn admit(ov: &mut Overlay<'_, '_>, a: Admission, now: Timestamp) -> Result<Receipt> {
+    require_session(ov, &a.session)?;
+    let conflict = |reason| Error::PromptConflict {
+        id: a.id.clone(),
+        reason,
+    };
+    match ov.index(&a.id)? {
+        None => {}
+        Some(IndexEntry::Message { .. }) => return Err(conflict("the id belongs to a message")),
+        Some(IndexEntry::Prompt { session, .. }) if session != a.session => {
+            return Err(conflict("the id belongs to another session"));
+        }
+        Some(IndexEntry::Prompt {
+            admitted_seq,
+            promoted_seq,
+            ..
+        }) => {
+            let (prompt, delivery) = original_input(ov, &a.session, admitted_seq, promoted_seq)?;
+            if prompt != a.prompt || delivery != a.delivery {
+                return Err(conflict(
+                    "the id was admitted with a different prompt or delivery",
+                ));
+            }
+            return Ok(Receipt {
+                id: a.id,
+                session: a.session,
+                admitted_seq,
+                delivery,
+                promoted_seq,
+            });
+        }
+    }
+    let event = Event::PromptAdmitted {
+        id: a.id.clone(),
+        delivery: a.delivery,
+        prompt: a.prompt,
+    };
+    let stored = push(ov, &a.session, event, now)?;
+    Ok(Receipt {
+        id: a.id,
+        session: a.session,
+        admitted_seq: stored.seq,
+        delivery: a.delivery,
+        promoted_seq: None,
+    })
+}
+
+/// The prompt and delivery an input was admitted with: from the inbox while pending, from its
+/// user message once promoted.
+fn original_input(
+    ov: &mut Overlay<'_, '_>,
+    session: &SessionId,
+    admitted_seq: Seq,
+    promoted_seq: Option<Seq>,
+) -> Result<(Prompt, Delivery)> {
+    let missing = || Error::Corrupt {
+        what: format!("input admitted at {session}/{admitted_seq}"),
+        reason: "indexed but missing from inbox and messages".into(),
+    };
+    match promoted_seq {
+        None => {
+            let row = ov.inbox(session, admitted_seq)?.ok_or_else(missing)?;
+            Ok((row.prompt, row.delivery))
+        }
+        Some(seq) => match ov.message(session, seq)? {
+            Some(Message::User {
+                prompt, delivery, ..
+            }) => Ok((prompt, delivery)),
+            _ => Err(missing()),
+        },
+    }
+}
+
+fn promote(
+    ov: &mut Overlay<'_, '_>,
+    session: &SessionId,
+    boundary: Boundary,
+    now: Timestamp,
+) -> Result<Vec<Stored>> {
+    let row = require_session(ov, session)?;
+    if row.pending == 0 {
+        return Ok(Vec::new());
+    }
+    let pending = ov.tables.pending_inputs(session)?;
+    let mut written = Vec::new();
+    for id in promotion::select(&pending, boundary) {
+        written.push(push(ov, session, Event::PromptPromoted { id }, now)?);
+    }
+    Ok(written)
+}

@@ -1,0 +1,220 @@
+//! Consistent reads. A [`Snapshot`] sees exactly the commits that were durable when it was taken,
+//! however long it is held; redb's MVCC means it never blocks the writer and the writer never
+//! blocks it.
+
+use std::collections::BTreeMap;
+
+use agenthost_model::history::{self, History, Mode};
+use agenthost_model::{
+    InboxRow, IndexEntry, InstructionState, Message, MessageId, Projections, Seq, SessionId,
+    SessionRow, Stored, Timestamp,
+};
+use redb::{ReadTransaction, ReadableTable};
+use serde::de::DeserializeOwned;
+
+use crate::codec::decode;
+use crate::error::{Result, storage};
+use crate::tables::*;
+
+/// Read access to one consistent state of the store.
+pub trait Snapshot: Send {
+    fn session(&self, id: &SessionId) -> Result<Option<SessionRow>>;
+    /// Sessions newest first, starting after `cursor` (the `(created, id)` of the last one seen).
+    fn sessions(
+        &self,
+        cursor: Option<(Timestamp, SessionId)>,
+        limit: usize,
+    ) -> Result<Vec<SessionRow>>;
+    /// Messages with `seq >= from`, in seq order, at most `limit`.
+    fn messages(&self, id: &SessionId, from: Seq, limit: usize) -> Result<Vec<Message>>;
+    /// Pending (admitted, unpromoted) inputs in admission order.
+    fn pending(&self, id: &SessionId) -> Result<Vec<InboxRow>>;
+    fn instructions(&self, id: &SessionId) -> Result<InstructionState>;
+    fn index(&self, id: &MessageId) -> Result<Option<IndexEntry>>;
+    /// Events with `seq >= from`, in seq order, at most `limit`.
+    fn events(&self, id: &SessionId, from: Seq, limit: usize) -> Result<Vec<Stored>>;
+    /// Sessions holding a claim (SPEC §12).
+    fn claimed(&self) -> Result<Vec<SessionId>>;
+    /// Sessions with pending input.
+    fn with_pending(&self) -> Result<Vec<SessionId>>;
+    /// Every projection row, for verification against a replay.
+    fn projections(&self) -> Result<Projections>;
+    /// Every session's whole log.
+    fn logs(&self) -> Result<BTreeMap<SessionId, Vec<Stored>>>;
+
+    /// The session with its active history: reads only from the latest compaction on, so the
+    /// cost follows the active history, not the log.
+    fn history(&self, id: &SessionId, mode: Mode) -> Result<Option<(SessionRow, History)>> {
+        let Some(row) = self.session(id)? else {
+            return Ok(None);
+        };
+        let messages = self.messages(id, history::load_from(&row), usize::MAX)?;
+        let history = history::select(&row, messages, mode);
+        Ok(Some((row, history)))
+    }
+}
+
+pub(crate) struct RedbSnapshot {
+    pub(crate) txn: ReadTransaction,
+}
+
+impl RedbSnapshot {
+    fn session_range<T: DeserializeOwned>(
+        &self,
+        table: redb::TableDefinition<'_, (&str, u64), &[u8]>,
+        what: &str,
+        id: &SessionId,
+        from: Seq,
+        limit: usize,
+    ) -> Result<Vec<T>> {
+        let table = self.txn.open_table(table).map_err(storage)?;
+        let s = id.as_str();
+        let mut out = Vec::new();
+        for entry in table.range((s, from.0)..=(s, u64::MAX)).map_err(storage)? {
+            if out.len() >= limit {
+                break;
+            }
+            let (_, value) = entry.map_err(storage)?;
+            out.push(decode(what, value.value())?);
+        }
+        Ok(out)
+    }
+
+    fn keys(&self, table: redb::TableDefinition<'_, &str, ()>) -> Result<Vec<SessionId>> {
+        let table = self.txn.open_table(table).map_err(storage)?;
+        let mut out = Vec::new();
+        for entry in table.iter().map_err(storage)? {
+            let (key, _) = entry.map_err(storage)?;
+            out.push(session_key(key.value())?);
+        }
+        Ok(out)
+    }
+
+    fn all<K: redb::Key + 'static, T: DeserializeOwned>(
+        &self,
+        table: redb::TableDefinition<'_, K, &[u8]>,
+        what: &str,
+        mut each: impl FnMut(K::SelfType<'_>, T) -> Result<()>,
+    ) -> Result<()> {
+        let table = self.txn.open_table(table).map_err(storage)?;
+        for entry in table.iter().map_err(storage)? {
+            let (key, value) = entry.map_err(storage)?;
+            each(key.value(), decode(what, value.value())?)?;
+        }
+        Ok(())
+    }
+}
+
+fn session_key(raw: &str) -> Result<SessionId> {
+    SessionId::parse(raw).map_err(|e| crate::Error::Corrupt {
+        what: format!("session key {raw:?}"),
+        reason: e.to_string(),
+    })
+}
+
+impl Snapshot for RedbSnapshot {
+    fn session(&self, id: &SessionId) -> Result<Option<SessionRow>> {
+        let table = self.txn.open_table(SESSIONS).map_err(storage)?;
+        let value = table.get(id.as_str()).map_err(storage)?;
+        value.map(|v| decode("session row", v.value())).transpose()
+    }
+
+    fn sessions(
+        &self,
+        cursor: Option<(Timestamp, SessionId)>,
+        limit: usize,
+    ) -> Result<Vec<SessionRow>> {
+        let by_created = self.txn.open_table(SESSIONS_BY_CREATED).map_err(storage)?;
+        let range = match &cursor {
+            Some((created, id)) => by_created.range(..(created.0, id.as_str())),
+            None => by_created.range::<(u64, &str)>(..),
+        }
+        .map_err(storage)?;
+        let mut out = Vec::new();
+        for entry in range.rev().take(limit) {
+            let (key, _) = entry.map_err(storage)?;
+            let id = session_key(key.value().1)?;
+            if let Some(row) = self.session(&id)? {
+                out.push(row);
+            }
+        }
+        Ok(out)
+    }
+
+    fn messages(&self, id: &SessionId, from: Seq, limit: usize) -> Result<Vec<Message>> {
+        self.session_range(MESSAGES, "message", id, from, limit)
+    }
+
+    fn pending(&self, id: &SessionId) -> Result<Vec<InboxRow>> {
+        self.session_range(INBOX, "inbox row", id, Seq::ZERO, usize::MAX)
+    }
+
+    fn instructions(&self, id: &SessionId) -> Result<InstructionState> {
+        let table = self.txn.open_table(INSTRUCTIONS).map_err(storage)?;
+        let value = table.get(id.as_str()).map_err(storage)?;
+        Ok(value
+            .map(|v| decode("instruction state", v.value()))
+            .transpose()?
+            .unwrap_or_default())
+    }
+
+    fn index(&self, id: &MessageId) -> Result<Option<IndexEntry>> {
+        let table = self.txn.open_table(INDEX).map_err(storage)?;
+        let value = table.get(id.as_str()).map_err(storage)?;
+        value.map(|v| decode("index entry", v.value())).transpose()
+    }
+
+    fn events(&self, id: &SessionId, from: Seq, limit: usize) -> Result<Vec<Stored>> {
+        self.session_range(EVENTS, "event", id, from, limit)
+    }
+
+    fn claimed(&self) -> Result<Vec<SessionId>> {
+        self.keys(CLAIMS)
+    }
+
+    fn with_pending(&self) -> Result<Vec<SessionId>> {
+        self.keys(PENDING)
+    }
+
+    fn projections(&self) -> Result<Projections> {
+        let mut p = Projections::default();
+        self.all(SESSIONS, "session row", |_, row: SessionRow| {
+            p.sessions.insert(row.id.clone(), row);
+            Ok(())
+        })?;
+        self.all(MESSAGES, "message", |(s, seq), m: Message| {
+            p.messages.insert((session_key(s)?, Seq(seq)), m);
+            Ok(())
+        })?;
+        self.all(INBOX, "inbox row", |(s, seq), row: InboxRow| {
+            p.inbox.insert((session_key(s)?, Seq(seq)), row);
+            Ok(())
+        })?;
+        self.all(INDEX, "index entry", |id, entry: IndexEntry| {
+            let id = MessageId::parse(id).map_err(|e| crate::Error::Corrupt {
+                what: format!("index key {id:?}"),
+                reason: e.to_string(),
+            })?;
+            p.index.insert(id, entry);
+            Ok(())
+        })?;
+        self.all(
+            INSTRUCTIONS,
+            "instruction state",
+            |s, state: InstructionState| {
+                p.instructions.insert(session_key(s)?, state);
+                Ok(())
+            },
+        )?;
+        Ok(p)
+    }
+
+    fn logs(&self) -> Result<BTreeMap<SessionId, Vec<Stored>>> {
+        let mut logs: BTreeMap<SessionId, Vec<Stored>> = BTreeMap::new();
+        self.all(EVENTS, "event", |(s, _), stored: Stored| {
+            logs.entry(session_key(s)?).or_default().push(stored);
+            Ok(())
+        })?;
+        Ok(logs)
+    }
+}

@@ -1,0 +1,396 @@
+//! Admission and promotion (SPEC §5, §6): a model-based test against a small reference, the
+//! concurrent-retry law, and bad input that must change nothing.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use agenthost_model::promotion::Boundary;
+use agenthost_model::{Delivery, Event, Message, MessageId, Prompt, Seq, SessionId};
+use proptest::prelude::*;
+
+use super::*;
+use crate::{Error, Receipt};
+
+#[derive(Debug, Clone)]
+enum Op {
+    Create(u8),
+    Prompt {
+        session: u8,
+        id: Option<u8>,
+        text: u8,
+        queue: bool,
+    },
+    Promote {
+        session: u8,
+        idle: bool,
+    },
+    Assistant {
+        session: u8,
+        id: u8,
+    },
+    Reopen,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        1 => (0u8..3).prop_map(Op::Create),
+        6 => (0u8..4, proptest::option::of(0u8..8), 0u8..3, any::<bool>())
+            .prop_map(|(session, id, text, queue)| Op::Prompt { session, id, text, queue }),
+        3 => (0u8..3, any::<bool>()).prop_map(|(session, idle)| Op::Promote { session, idle }),
+        1 => (0u8..3, 0u8..8).prop_map(|(session, id)| Op::Assistant { session, id }),
+        1 => Just(Op::Reopen),
+    ]
+}
+
+/// What one input is, in the reference.
+#[derive(Debug, Clone)]
+struct Input {
+    session: SessionId,
+    prompt: Prompt,
+    delivery: Delivery,
+    admitted_seq: u64,
+    promoted_seq: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+struct Reference {
+    next_seq: BTreeMap<SessionId, u64>,
+    /// Every id in use: inputs, and `None` for assistant messages.
+    ids: BTreeMap<MessageId, Option<Input>>,
+    /// Pending input ids per session, in admission order.
+    pending: BTreeMap<SessionId, Vec<MessageId>>,
+    /// Promoted input ids per session, in promotion order.
+    promoted: BTreeMap<SessionId, Vec<MessageId>>,
+}
+
+impl Reference {
+    fn seq(&mut self, s: &SessionId) -> u64 {
+        let next = self.next_seq.get_mut(s).expect("session exists");
+        *next += 1;
+        *next - 1
+    }
+
+    fn receipt(&self, id: &MessageId) -> Receipt {
+        let input = self.ids[id].as_ref().expect("an input");
+        Receipt {
+            id: id.clone(),
+            session: input.session.clone(),
+            admitted_seq: Seq(input.admitted_seq),
+            delivery: input.delivery,
+            promoted_seq: input.promoted_seq.map(Seq),
+        }
+    }
+
+    /// The rules of SPEC §6 written out independently of `model::promotion`.
+    fn promote(&mut self, s: &SessionId, idle: bool) -> Vec<MessageId> {
+        let pending = self.pending.get(s).cloned().unwrap_or_default();
+        let delivery = |id: &MessageId| self.ids[id].as_ref().expect("input").delivery;
+        let steers: Vec<MessageId> = pending
+            .iter()
+            .filter(|id| delivery(id) == Delivery::Steer)
+            .cloned()
+            .collect();
+        let chosen = if !steers.is_empty() || !idle {
+            steers
+        } else {
+            pending
+                .iter()
+                .find(|id| delivery(id) == Delivery::Queue)
+                .cloned()
+                .into_iter()
+                .collect()
+        };
+        for id in &chosen {
+            let seq = self.seq(s);
+            self.ids
+                .get_mut(id)
+                .and_then(Option::as_mut)
+                .expect("input")
+                .promoted_seq = Some(seq);
+            self.pending
+                .get_mut(s)
+                .expect("pending")
+                .retain(|p| p != id);
+            self.promoted.entry(s.clone()).or_default().push(id.clone());
+        }
+        chosen
+    }
+}
+
+async fn run(ops: Vec<Op>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut store = open(dir.path());
+    let mut reference = Reference::default();
+    let session = |n: u8| sid(&format!("s{n}"));
+    let mut minted = 0;
+    for op in ops {
+        match op {
+            Op::Create(n) => {
+                let s = session(n);
+                let row = store.create_session(new_session(&s)).await.expect("create");
+                if reference.next_seq.contains_key(&s) {
+                    assert_eq!(row.last_seq.0 + 1, reference.next_seq[&s]);
+                } else {
+                    reference.next_seq.insert(s.clone(), 1);
+                }
+            }
+            Op::Prompt {
+                session: n,
+                id,
+                text,
+                queue,
+            } => {
+                let s = session(n);
+                let id = match id {
+                    Some(i) => mid(&format!("p{i}")),
+                    None => {
+                        minted += 1;
+                        mid(&format!("auto{minted}"))
+                    }
+                };
+                let delivery = if queue {
+                    Delivery::Queue
+                } else {
+                    Delivery::Steer
+                };
+                let prompt = Prompt::text(format!("text {text}"));
+                let a = Admission {
+                    session: s.clone(),
+                    id: id.clone(),
+                    prompt: prompt.clone(),
+                    delivery,
+                };
+                let got = store.admit(a).await;
+                if !reference.next_seq.contains_key(&s) {
+                    assert!(matches!(got, Err(Error::SessionNotFound(_))), "{got:?}");
+                    continue;
+                }
+                match reference.ids.get(&id).cloned() {
+                    None => {
+                        let seq = reference.seq(&s);
+                        reference.ids.insert(
+                            id.clone(),
+                            Some(Input {
+                                session: s.clone(),
+                                prompt,
+                                delivery,
+                                admitted_seq: seq,
+                                promoted_seq: None,
+                            }),
+                        );
+                        reference
+                            .pending
+                            .entry(s.clone())
+                            .or_default()
+                            .push(id.clone());
+                        assert_eq!(got.expect("admitted"), reference.receipt(&id));
+                    }
+                    Some(Some(input))
+                        if input.session == s
+                            && input.prompt == prompt
+                            && input.delivery == delivery =>
+                    {
+                        assert_eq!(got.expect("exact retry"), reference.receipt(&id));
+                    }
+                    Some(_) => assert!(matches!(got, Err(Error::PromptConflict { .. })), "{got:?}"),
+                }
+            }
+            Op::Promote { session: n, idle } => {
+                let s = session(n);
+                let boundary = if idle {
+                    Boundary::Idle
+                } else {
+                    Boundary::Continuation
+                };
+                let got = store.promote(s.clone(), boundary).await;
+                if !reference.next_seq.contains_key(&s) {
+                    assert!(matches!(got, Err(Error::SessionNotFound(_))), "{got:?}");
+                    continue;
+                }
+                let want = reference.promote(&s, idle);
+                let got: Vec<MessageId> = got
+                    .expect("promote")
+                    .into_iter()
+                    .map(|stored| match stored.event {
+                        Event::PromptPromoted { id } => id,
+                        other => panic!("unexpected {other:?}"),
+                    })
+                    .collect();
+                assert_eq!(got, want);
+            }
+            Op::Assistant { session: n, id } => {
+                let s = session(n);
+                let id = mid(&format!("p{id}"));
+                let event = Event::StepStarted {
+                    id: id.clone(),
+                    step: 1,
+                    agent: "a".into(),
+                    model: "m".into(),
+                };
+                let got = store.append(s.clone(), vec![event]).await;
+                match (
+                    reference.next_seq.contains_key(&s),
+                    reference.ids.contains_key(&id),
+                ) {
+                    (false, _) => assert!(matches!(got, Err(Error::SessionNotFound(_))), "{got:?}"),
+                    (true, true) => assert!(matches!(got, Err(Error::Violation(_))), "{got:?}"),
+                    (true, false) => {
+                        reference.seq(&s);
+                        reference.ids.insert(id, None);
+                        got.expect("step started");
+                    }
+                }
+            }
+            Op::Reopen => {
+                drop(store);
+                store = open(dir.path());
+            }
+        }
+        // After every operation the store's inbox and user messages match the reference.
+        let snap = store.snapshot().expect("snapshot");
+        for s in reference.next_seq.keys() {
+            let pending: Vec<MessageId> = snap
+                .pending(s)
+                .expect("pending")
+                .into_iter()
+                .map(|r| r.id)
+                .collect();
+            assert_eq!(&pending, reference.pending.get(s).unwrap_or(&Vec::new()));
+            let users: Vec<MessageId> = snap
+                .messages(s, Seq::ZERO, usize::MAX)
+                .expect("messages")
+                .into_iter()
+                .filter(|m| matches!(m, Message::User { .. }))
+                .map(|m| m.id().clone())
+                .collect();
+            assert_eq!(&users, reference.promoted.get(s).unwrap_or(&Vec::new()));
+        }
+    }
+    assert_replay_equal(&store);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    #[test]
+    fn admission_and_promotion_match_the_reference(ops in proptest::collection::vec(op(), 1..60)) {
+        tokio::runtime::Builder::new_current_thread().build().expect("runtime").block_on(run(ops));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_identical_retries_write_one_event() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Arc::new(open(dir.path()));
+    let s = sid("c");
+    store
+        .create_session(new_session(&s))
+        .await
+        .expect("created");
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let store = store.clone();
+            let a = admission(&s, &mid("same"), "hello");
+            tokio::spawn(async move { store.admit(a).await })
+        })
+        .collect();
+    let mut receipts = Vec::new();
+    for task in tasks {
+        receipts.push(task.await.expect("joined").expect("admitted"));
+    }
+    assert!(
+        receipts.iter().all(|r| *r == receipts[0]),
+        "64 equal receipts"
+    );
+    let events = store
+        .snapshot()
+        .expect("snap")
+        .events(&s, Seq::ZERO, usize::MAX)
+        .expect("events");
+    let admitted = events
+        .iter()
+        .filter(|e| matches!(e.event, Event::PromptAdmitted { .. }))
+        .count();
+    assert_eq!(admitted, 1);
+    assert_eq!(receipts[0].admitted_seq, Seq(1));
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_and_changes_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = Config::new(dir.path().join("store.redb"));
+    config.prompt_limit = 64;
+    let store = RedbStore::open(config).expect("opens");
+    let (a, b) = (sid("a"), sid("b"));
+    store.create_session(new_session(&a)).await.expect("a");
+    store.create_session(new_session(&b)).await.expect("b");
+    store
+        .admit(admission(&a, &mid("taken"), "first"))
+        .await
+        .expect("admitted");
+    let step = Event::StepStarted {
+        id: mid("assistant"),
+        step: 1,
+        agent: "a".into(),
+        model: "m".into(),
+    };
+    store.append(a.clone(), vec![step]).await.expect("step");
+    let before = contents(&store);
+
+    let empty = store.admit(admission(&a, &mid("x1"), "   ")).await;
+    assert!(
+        matches!(
+            empty,
+            Err(Error::Invalid(agenthost_model::Error::EmptyPrompt))
+        ),
+        "{empty:?}"
+    );
+    let big = store
+        .admit(admission(&a, &mid("x2"), &"y".repeat(65)))
+        .await;
+    assert!(
+        matches!(
+            big,
+            Err(Error::Invalid(agenthost_model::Error::PromptTooLarge {
+                size: 65,
+                limit: 64
+            }))
+        ),
+        "{big:?}"
+    );
+    let unknown = store.admit(admission(&sid("nope"), &mid("x3"), "hi")).await;
+    assert!(
+        matches!(unknown, Err(Error::SessionNotFound(_))),
+        "{unknown:?}"
+    );
+    let changed_text = store.admit(admission(&a, &mid("taken"), "second")).await;
+    assert!(
+        matches!(changed_text, Err(Error::PromptConflict { .. })),
+        "{changed_text:?}"
+    );
+    let mut queued = admission(&a, &mid("taken"), "first");
+    queued.delivery = Delivery::Queue;
+    let changed_delivery = store.admit(queued).await;
+    assert!(
+        matches!(changed_delivery, Err(Error::PromptConflict { .. })),
+        "{changed_delivery:?}"
+    );
+    let other_session = store.admit(admission(&b, &mid("taken"), "first")).await;
+    assert!(
+        matches!(other_session, Err(Error::PromptConflict { .. })),
+        "{other_session:?}"
+    );
+    let message_id = store.admit(admission(&a, &mid("assistant"), "first")).await;
+    assert!(
+        matches!(message_id, Err(Error::PromptConflict { .. })),
+        "{message_id:?}"
+    );
+    let unknown_promote = store.promote(sid("nope"), Boundary::Idle).await;
+    assert!(
+        matches!(unknown_promote, Err(Error::SessionNotFound(_))),
+        "{unknown_promote:?}"
+    );
+    assert!(MessageId::parse("bad id").is_err());
+    assert!("later".parse::<Delivery>().is_err());
+
+    assert_eq!(contents(&store), before, "refused input changed the store");
+}

@@ -1,0 +1,191 @@
+//! The on-disk format (SPEC §4.3): a store file written by format version 1 is committed under
+//! `testdata/`; every later build must open it and read exactly the same content, or refuse it
+//! with the version error. Regenerate only together with a format version bump:
+//! `AGENTHOST_BLESS=1 cargo test -p agenthost-store golden`.
+
+use std::path::{Path, PathBuf};
+
+use agenthost_model::promotion::Boundary;
+use agenthost_model::{Delivery, Event, FileAttachment, Finish, Prompt, Seq, Usage};
+
+use super::*;
+use crate::codec::FORMAT_VERSION;
+use crate::{Error, tables};
+
+fn testdata(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("testdata")
+        .join(name)
+}
+
+/// A session that touches every table and most event kinds.
+async fn scenario(store: &RedbStore) {
+    let s = sid("golden");
+    store
+        .create_session(new_session(&s))
+        .await
+        .expect("created");
+    let with_file = Admission {
+        session: s.clone(),
+        id: mid("first"),
+        prompt: Prompt {
+            text: "look at this".into(),
+            files: vec![FileAttachment {
+                mime: "text/plain".into(),
+                url: "data:text/plain;base64,aGk=".into(),
+                filename: Some("hi.txt".into()),
+            }],
+        },
+        delivery: Delivery::Steer,
+    };
+    store.admit(with_file).await.expect("admitted");
+    let mut queued = admission(&s, &mid("later"), "and then this");
+    queued.delivery = Delivery::Queue;
+    store.admit(queued).await.expect("admitted");
+    store
+        .promote(s.clone(), Boundary::Idle)
+        .await
+        .expect("promoted");
+    let a = mid("answer");
+    let events = vec![
+        Event::InstructionsUpdated {
+            id: mid("system"),
+            changed: vec![("agent".into(), "Be brief.".into())],
+            text: "Be brief.".into(),
+        },
+        Event::ExecutionStarted { forced: false },
+        Event::StepStarted {
+            id: a.clone(),
+            step: 1,
+            agent: "default".into(),
+            model: "mock".into(),
+        },
+        Event::ReasoningEnded {
+            id: a.clone(),
+            text: "hmm".into(),
+            metadata: Some("sig".into()),
+            incomplete: false,
+        },
+        Event::TextEnded {
+            id: a.clone(),
+            text: "Looking it up.".into(),
+            incomplete: false,
+        },
+        Event::ToolCalled {
+            id: a.clone(),
+            call_id: "c1".into(),
+            name: "lookup".into(),
+            input: "{\"q\":\"hi\"}".into(),
+        },
+        Event::ToolSucceeded {
+            id: a.clone(),
+            call_id: "c1".into(),
+            output: "found".into(),
+            truncated: false,
+        },
+        Event::StepEnded {
+            id: a.clone(),
+            finish: Finish::ToolCalls,
+            usage: Usage {
+                input: 10,
+                output: 5,
+                reasoning: 2,
+                cache_read: 3,
+                cache_write: 1,
+                cost_nanos: 99,
+            },
+        },
+        Event::CompactionStarted {
+            id: mid("compact"),
+            auto: true,
+        },
+        Event::CompactionEnded {
+            id: mid("compact"),
+            summary: "they said hi".into(),
+            kept_from: Seq(4),
+            usage: Usage::default(),
+        },
+        Event::ExecutionSucceeded,
+    ];
+    store.append(s, events).await.expect("appended");
+}
+
+fn render(store: &dyn Store) -> String {
+    let (projections, logs) = contents(store);
+    format!("{projections:#?}\n{logs}\n")
+}
+
+#[tokio::test]
+async fn golden_store_opens_with_identical_content() {
+    let golden = testdata(&format!("golden-v{FORMAT_VERSION}.redb"));
+    let expected = testdata(&format!("golden-v{FORMAT_VERSION}.txt"));
+    if std::env::var_os("AGENTHOST_BLESS").is_some() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(dir.path());
+        scenario(&store).await;
+        std::fs::write(&expected, render(&store)).expect("write expected");
+        store.close();
+        drop(store);
+        std::fs::copy(dir.path().join("store.redb"), &golden).expect("write golden");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(&golden, dir.path().join("store.redb"))
+        .expect("the golden store file exists (bless it together with a format bump)");
+    let expected = std::fs::read_to_string(&expected).expect("expected rendering exists");
+    let store = open(dir.path());
+    assert_eq!(
+        render(&store),
+        expected,
+        "the golden store reads differently"
+    );
+
+    // This build still writes exactly what the golden file holds.
+    let fresh = tempfile::tempdir().expect("tempdir");
+    let store = open(fresh.path());
+    scenario(&store).await;
+    assert_eq!(
+        render(&store),
+        expected,
+        "this build writes a different format: bump FORMAT_VERSION"
+    );
+}
+
+#[test]
+fn another_format_version_is_refused_naming_both() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store.redb");
+    std::fs::copy(testdata(&format!("golden-v{FORMAT_VERSION}.redb")), &path).expect("copy");
+    {
+        let db = redb::Database::create(&path).expect("raw open");
+        let txn = db.begin_write().expect("txn");
+        {
+            let mut meta = txn.open_table(tables::META).expect("meta");
+            let future = FORMAT_VERSION + 1;
+            meta.insert(tables::FORMAT_KEY, future.to_le_bytes().as_slice())
+                .expect("insert");
+        }
+        txn.commit().expect("commit");
+    }
+    let err = RedbStore::open(Config::new(&path)).expect_err("refused");
+    assert!(
+        matches!(err, Error::FormatVersion { found, supported } if found == FORMAT_VERSION + 1 && supported == FORMAT_VERSION),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains(&(FORMAT_VERSION + 1).to_string())
+            && message.contains(&FORMAT_VERSION.to_string())
+    );
+}
+
+#[test]
+fn a_corrupt_file_is_a_clear_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store.redb");
+    std::fs::write(&path, vec![0x5a; 8192]).expect("garbage");
+    let err = RedbStore::open(Config::new(&path)).expect_err("refused");
+    assert!(
+        matches!(err, Error::Storage(ref m) if m.contains("cannot open store")),
+        "{err:?}"
+    );
+}

@@ -1,0 +1,69 @@
+//! Tests of the store against the model: admission and promotion against a reference model,
+//! the projector through real tables, concurrency, crashes, the on-disk format and bad input.
+
+mod admission;
+mod crash;
+mod golden;
+mod projection;
+
+use std::sync::Arc;
+
+use agenthost_model::{Delivery, MessageId, Prompt, SessionId, Timestamp};
+
+use crate::{Admission, Config, NewSession, RedbStore, Snapshot, Store};
+
+pub(crate) fn sid(s: &str) -> SessionId {
+    SessionId::parse(&format!("ses_{s}")).expect("valid session id")
+}
+
+pub(crate) fn mid(s: &str) -> MessageId {
+    MessageId::parse(&format!("msg_{s}")).expect("valid message id")
+}
+
+/// A store in `dir` with a pinned clock, so contents are deterministic.
+pub(crate) fn open(dir: &std::path::Path) -> RedbStore {
+    let mut config = Config::new(dir.join("store.redb"));
+    config.clock = Arc::new(|| Timestamp(1_700_000_000_000));
+    RedbStore::open(config).expect("store opens")
+}
+
+pub(crate) fn new_session(id: &SessionId) -> NewSession {
+    NewSession {
+        id: id.clone(),
+        agent: "default".into(),
+        model: None,
+        title: None,
+    }
+}
+
+pub(crate) fn admission(session: &SessionId, id: &MessageId, text: &str) -> Admission {
+    Admission {
+        session: session.clone(),
+        id: id.clone(),
+        prompt: Prompt::text(text),
+        delivery: Delivery::Steer,
+    }
+}
+
+/// Everything a store holds, as comparable values.
+pub(crate) fn contents(store: &dyn Store) -> (agenthost_model::Projections, String) {
+    let snap: Box<dyn Snapshot> = store.snapshot().expect("snapshot");
+    let projections = snap.projections().expect("projections");
+    let logs = format!("{:?}", snap.logs().expect("logs"));
+    (projections, logs)
+}
+
+/// Asserts the store's projections equal a replay of its own log.
+pub(crate) fn assert_replay_equal(store: &dyn Store) {
+    let snap = store.snapshot().expect("snapshot");
+    let logs = snap.logs().expect("logs");
+    for log in logs.values() {
+        for (i, stored) in log.iter().enumerate() {
+            assert_eq!(stored.seq.0, i as u64, "seqs are gap-free");
+        }
+    }
+    let replayed =
+        agenthost_model::Projections::replay(logs.iter().map(|(s, l)| (s, l.as_slice())))
+            .expect("the log replays");
+    assert_eq!(snap.projections().expect("projections"), replayed);
+}
