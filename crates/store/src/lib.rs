@@ -72,6 +72,9 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     fn stats(&self) -> &Stats;
     /// The largest prompt admitted, in bytes.
     fn prompt_limit(&self) -> usize;
+    /// Stops accepting writes and returns once everything already submitted is durable.
+    /// Snapshots keep working.
+    fn close(&self);
 }
 
 /// How to open a [`RedbStore`].
@@ -124,10 +127,8 @@ pub fn system_clock() -> Timestamp {
     Timestamp(ms)
 }
 
-/// The redb store. Cheap to share behind an `Arc`; dropping the last handle (or [`close`]) lets
-/// the writer commit what is queued and stop.
-///
-/// [`close`]: RedbStore::close
+/// The redb store. Cheap to share behind an `Arc`; dropping the last handle (or
+/// [`Store::close`]) lets the writer commit what is queued and stop.
 pub struct RedbStore {
     db: Arc<Database>,
     tx: Mutex<Option<mpsc::Sender<Request>>>,
@@ -196,7 +197,7 @@ impl RedbStore {
 
     /// Stops accepting writes, lets the writer commit everything already queued, and waits for
     /// it. Later writes fail with [`Error::Closed`]; snapshots keep working.
-    pub fn close(&self) {
+    fn close_writer(&self) {
         drop(lock(&self.tx).take());
         if let Some(handle) = lock(&self.writer).take()
             && handle.join().is_err()
@@ -222,7 +223,7 @@ impl RedbStore {
 
 impl Drop for RedbStore {
     fn drop(&mut self) {
-        self.close();
+        self.close_writer();
     }
 }
 
@@ -323,6 +324,10 @@ impl Store for RedbStore {
 
     fn prompt_limit(&self) -> usize {
         self.prompt_limit
+    }
+
+    fn close(&self) {
+        self.close_writer();
     }
 }
 

@@ -1,0 +1,211 @@
+//! Runtime configuration: where the store lives, which providers, models and agents exist, and
+//! the bounds the runtime enforces. Every field has a default, so `Config::new(path)` runs a
+//! session against the built-in mock provider with no other setup.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agenthost_llm as llm;
+
+/// Everything `Runtime::start` needs.
+#[derive(Clone)]
+pub struct Config {
+    pub store: agenthost_store::Config,
+    /// Providers by name.
+    pub providers: BTreeMap<String, Arc<dyn llm::Provider>>,
+    /// Models by name.
+    pub models: BTreeMap<String, Model>,
+    /// Agents by name. A session names its agent at creation; `default_agent` otherwise.
+    pub agents: BTreeMap<String, Agent>,
+    pub default_agent: String,
+    pub recovery: Recovery,
+    pub supervision: Supervision,
+    pub limits: Limits,
+    /// An idle session actor stops after this long; the next message respawns it.
+    pub passivate_after: Duration,
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("store", &self.store)
+            .field("providers", &self.providers.keys().collect::<Vec<_>>())
+            .field("models", &self.models)
+            .field("agents", &self.agents)
+            .field("default_agent", &self.default_agent)
+            .field("recovery", &self.recovery)
+            .field("supervision", &self.supervision)
+            .field("limits", &self.limits)
+            .field("passivate_after", &self.passivate_after)
+            .finish()
+    }
+}
+
+impl Config {
+    /// A runtime storing in `store_path`, answering with the deterministic mock provider through
+    /// one `default` model and one `default` agent.
+    pub fn new(store_path: impl Into<PathBuf>) -> Self {
+        let mock: Arc<dyn llm::Provider> = Arc::new(llm::Mock::new(llm::mock::Config::default()));
+        Config {
+            store: agenthost_store::Config::new(store_path),
+            providers: BTreeMap::from([("mock".to_owned(), mock)]),
+            models: BTreeMap::from([("default".to_owned(), Model::new("mock", "mock-1"))]),
+            agents: BTreeMap::from([("default".to_owned(), Agent::default())]),
+            default_agent: "default".into(),
+            recovery: Recovery::default(),
+            supervision: Supervision::default(),
+            limits: Limits::default(),
+            passivate_after: Duration::from_secs(300),
+        }
+    }
+
+    /// Replaces every provider with `provider`, keeping models pointed at it.
+    pub fn with_provider(mut self, name: &str, provider: Arc<dyn llm::Provider>) -> Self {
+        self.providers = BTreeMap::from([(name.to_owned(), provider)]);
+        for model in self.models.values_mut() {
+            model.provider = name.to_owned();
+        }
+        self
+    }
+}
+
+/// A model: which provider serves it, under which name, and its limits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Model {
+    pub provider: String,
+    /// The provider's model name.
+    pub model: String,
+    pub context_window: u32,
+    pub max_output: Option<u32>,
+    /// Price per million tokens in nano-dollars per token, for cost accounting.
+    pub price: Price,
+}
+
+impl Model {
+    pub fn new(provider: impl Into<String>, model: impl Into<String>) -> Self {
+        Model {
+            provider: provider.into(),
+            model: model.into(),
+            context_window: 128_000,
+            max_output: Some(16_384),
+            price: Price::default(),
+        }
+    }
+}
+
+/// Nano-dollars per token, by kind.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Price {
+    pub input: u64,
+    pub output: u64,
+    pub cache_read: u64,
+    pub cache_write: u64,
+}
+
+/// An agent: its model, system prompt, step budget and allowed tools.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Agent {
+    pub model: String,
+    pub system: String,
+    /// Steps per exchange; the last step gets no tools.
+    pub steps: u32,
+    /// Tool name patterns: `*`, `fs_*`, `!shell`. Later patterns win.
+    pub tools: Vec<String>,
+    pub temperature: Option<f64>,
+}
+
+impl Default for Agent {
+    fn default() -> Self {
+        Agent {
+            model: "default".into(),
+            system: "You are a helpful agent.".into(),
+            steps: 25,
+            tools: vec!["*".into()],
+            temperature: None,
+        }
+    }
+}
+
+/// What to do at start with sessions a previous process left running (SPEC §12.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RecoveryMode {
+    /// Resume every claimed session and every session with pending input.
+    #[default]
+    Resume,
+    /// Report claimed sessions; they wait for an explicit resume.
+    Pause,
+    /// Do nothing at start.
+    Off,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recovery {
+    pub mode: RecoveryMode,
+    /// Resumes of one session before it is failed as "interrupted repeatedly".
+    pub max_attempts: u32,
+    /// Sessions resumed at once by the boot sweep.
+    pub concurrency: usize,
+}
+
+impl Default for Recovery {
+    fn default() -> Self {
+        Recovery {
+            mode: RecoveryMode::Resume,
+            max_attempts: 10,
+            concurrency: 64,
+        }
+    }
+}
+
+/// Restart policy for panicked session actors (SPEC §8.2).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Supervision {
+    /// Restarts allowed within `window`; one more marks the session failed.
+    pub max_restarts: usize,
+    pub window: Duration,
+    /// Delay before the first restart; doubles with each restart in the window.
+    pub backoff: Duration,
+}
+
+impl Default for Supervision {
+    fn default() -> Self {
+        Supervision {
+            max_restarts: 5,
+            window: Duration::from_secs(60),
+            backoff: Duration::from_millis(100),
+        }
+    }
+}
+
+/// Explicit bounds: ractor mailboxes are unbounded, so load is bounded here (SPEC §8.6).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    /// Provider streams open at once across all sessions; further steps wait in FIFO order.
+    pub concurrent_streams: usize,
+    /// Admitted, unpromoted inputs a session may hold; more are refused as unavailable.
+    pub pending_per_session: u32,
+    /// Callers waiting on one session actor (joined resumes, idle waiters).
+    pub waiters_per_session: usize,
+    /// Tool output kept in history, in bytes; the rest is cut with a marker.
+    pub tool_output: usize,
+    /// Longest wait for a session actor to acknowledge a message.
+    pub call_timeout: Duration,
+    /// Longest graceful shutdown before drains are abandoned (claims stay for recovery).
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            concurrent_streams: 512,
+            pending_per_session: 1024,
+            waiters_per_session: 4096,
+            tool_output: 32 * 1024,
+            call_timeout: Duration::from_secs(30),
+            shutdown_timeout: Duration::from_secs(15),
+        }
+    }
+}

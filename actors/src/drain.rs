@@ -1,0 +1,218 @@
+//! The drain: one execution span of a session (SPEC §2, §9). It promotes eligible input and runs
+//! steps until nothing more is owed. It runs in a task its session actor owns and reports back by
+//! message, so the actor's mailbox never waits on a provider or a tool.
+//!
+//! Durable shape of a drain: `ExecutionStarted` (takes the claim) → promotions and steps →
+//! `ExecutionSucceeded` | `ExecutionFailed` | `ExecutionInterrupted`. A drain with nothing to
+//! do writes nothing.
+
+use std::sync::{Arc, Mutex};
+
+use agenthost_model::history::Mode;
+use agenthost_model::promotion::Boundary;
+use agenthost_model::{
+    Event, FailureKind, InterruptReason, Message, MessageId, Part, SessionId, StepError, ToolState,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{Error, Result};
+use crate::runtime::Shared;
+use crate::step::{self, StepEnd};
+
+/// How a drain ended, delivered to every caller that joined it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Nothing was owed; nothing was written.
+    Idle,
+    /// Ran `steps` steps and settled.
+    Completed { steps: u32 },
+    /// Stopped by `interrupt` (or shutdown) after durable cleanup.
+    Interrupted,
+}
+
+/// Cancellation with the reason the drain records: a user interrupt or a shutdown.
+#[derive(Debug, Clone, Default)]
+pub struct Cancel {
+    token: CancellationToken,
+    reason: Arc<Mutex<Option<InterruptReason>>>,
+}
+
+impl Cancel {
+    pub fn interrupt(&self, reason: InterruptReason) {
+        let mut slot = self.reason.lock().unwrap_or_else(|e| e.into_inner());
+        slot.get_or_insert(reason);
+        drop(slot);
+        self.token.cancel();
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.token.is_cancelled()
+    }
+
+    pub async fn cancelled(&self) {
+        self.token.cancelled().await
+    }
+
+    pub fn reason(&self) -> Option<InterruptReason> {
+        *self.reason.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One drain's inputs.
+#[derive(Debug, Clone)]
+pub(crate) struct Drain {
+    pub session: SessionId,
+    pub shared: Arc<Shared>,
+    pub forced: bool,
+    pub cancel: Cancel,
+}
+
+impl Drain {
+    pub(crate) async fn append(&self, events: Vec<Event>) -> Result<()> {
+        self.shared
+            .store
+            .append(self.session.clone(), events)
+            .await?;
+        Ok(())
+    }
+}
+
+pub(crate) async fn run(d: Drain) -> Result<Outcome> {
+    let row = {
+        let snap = d.shared.store.snapshot()?;
+        snap.session(&d.session)?
+            .ok_or_else(|| Error::SessionNotFound(d.session.clone()))?
+    };
+    let recovering = row.claim.is_some();
+    if row.halted.is_some() && !d.forced {
+        return Ok(Outcome::Idle);
+    }
+    if !d.forced && !recovering && row.pending == 0 {
+        return Ok(Outcome::Idle);
+    }
+    d.append(vec![Event::ExecutionStarted { forced: d.forced }])
+        .await?;
+    let mut owed = d.forced;
+    if recovering {
+        owed |= settle_leftovers(&d).await?;
+    }
+
+    let mut continuation = false;
+    let mut step = 1;
+    let mut steps_run = 0;
+    loop {
+        if d.cancel.is_cancelled() {
+            return interrupted(&d).await;
+        }
+        let boundary = if continuation {
+            Boundary::Continuation
+        } else {
+            Boundary::Idle
+        };
+        let promoted = d.shared.store.promote(d.session.clone(), boundary).await?;
+        if !promoted.is_empty() {
+            step = 1;
+            owed = true;
+        }
+        if !owed && !continuation {
+            break;
+        }
+        owed = false;
+        match step::run(&d, step).await? {
+            StepEnd::Done { continuation: next } => {
+                continuation = next;
+                steps_run += 1;
+                step += 1;
+            }
+            StepEnd::Interrupted => return interrupted(&d).await,
+            StepEnd::Failed(error) => {
+                let event = Event::ExecutionFailed {
+                    error: error.to_string(),
+                    halted: false,
+                };
+                d.append(vec![event]).await?;
+                return Err(error);
+            }
+        }
+    }
+    d.append(vec![Event::ExecutionSucceeded]).await?;
+    Ok(Outcome::Completed { steps: steps_run })
+}
+
+/// Records the end of an interrupted drain. A user interrupt releases the claim; a shutdown keeps
+/// it so recovery resumes the session; an abandoned drain writes nothing.
+async fn interrupted(d: &Drain) -> Result<Outcome> {
+    match d.cancel.reason() {
+        Some(reason) => {
+            d.append(vec![Event::ExecutionInterrupted { reason }])
+                .await?;
+            Ok(Outcome::Interrupted)
+        }
+        None => Ok(Outcome::Interrupted),
+    }
+}
+
+/// The "may or may not have taken effect" result of a tool a stopped process was running.
+pub const STOPPED_TOOL: &str = "the process stopped while this tool ran; it may or may not have \
+     taken effect. Check before repeating it.";
+
+/// Settles what a crashed or panicked execution left (SPEC §12.2): tools called but never
+/// settled are failed (or re-executed when idempotent), unsettled assistant messages are closed
+/// as interrupted by restart. Returns whether the history still owes the model a turn.
+pub(crate) async fn settle_leftovers(d: &Drain) -> Result<bool> {
+    let (row, history) = {
+        let snap = d.shared.store.snapshot()?;
+        snap.history(&d.session, Mode::All)?
+            .ok_or_else(|| Error::SessionNotFound(d.session.clone()))?
+    };
+    let _ = row;
+    for message in &history.messages {
+        let Message::Assistant(a) = message else {
+            continue;
+        };
+        for tool in a.running_tools() {
+            step::settle_orphaned_tool(d, &a.id, tool).await?;
+        }
+        if !a.is_settled() {
+            let error = StepError {
+                kind: FailureKind::Restarted,
+                message: "interrupted by restart".into(),
+            };
+            d.append(vec![Event::StepFailed {
+                id: a.id.clone(),
+                error,
+            }])
+            .await?;
+        }
+    }
+    let snap = d.shared.store.snapshot()?;
+    let (_, history) = snap
+        .history(&d.session, Mode::All)?
+        .ok_or_else(|| Error::SessionNotFound(d.session.clone()))?;
+    Ok(owes_turn(&history.messages))
+}
+
+/// Whether the conversation ends where the model has to speak: after a user message, after tool
+/// results, or after a step that a restart cut off.
+fn owes_turn(messages: &[Message]) -> bool {
+    let last = messages
+        .iter()
+        .rev()
+        .find(|m| !matches!(m, Message::System { .. } | Message::Compaction { .. }));
+    match last {
+        Some(Message::User { .. }) => true,
+        Some(Message::Assistant(a)) => match &a.error {
+            Some(e) => e.kind == FailureKind::Restarted,
+            None => a
+                .parts
+                .iter()
+                .any(|p| matches!(p, Part::Tool(t) if !matches!(t.state, ToolState::Running))),
+        },
+        _ => false,
+    }
+}
+
+/// Mints a message id from the system clock and fresh entropy.
+pub(crate) fn mint_message_id() -> MessageId {
+    MessageId::mint(agenthost_store::system_clock(), rand::random())
+}

@@ -1,0 +1,57 @@
+//! The runtime's error type. `Clone`, because one drain outcome is delivered to every caller that
+//! joined it.
+
+use agenthost_llm as llm;
+use agenthost_model::{MessageId, SessionId};
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    #[error("session {0} not found")]
+    SessionNotFound(SessionId),
+    #[error("prompt id {id} conflicts: {reason}")]
+    PromptConflict { id: MessageId, reason: &'static str },
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    #[error("provider error: {0}")]
+    Provider(llm::Error),
+    #[error("context overflow: {0}")]
+    ContextOverflow(String),
+    #[error("storage failure: {0}")]
+    Storage(String),
+    #[error("session {0} actor stopped before answering")]
+    ActorDied(SessionId),
+    #[error("session {session} did not answer {what} in time")]
+    Timeout {
+        session: SessionId,
+        what: &'static str,
+    },
+    #[error("the runtime is shutting down")]
+    ShuttingDown,
+    #[error("the drain panicked: {0}")]
+    Panicked(String),
+    #[error("configuration: {0}")]
+    Config(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<agenthost_store::Error> for Error {
+    fn from(e: agenthost_store::Error) -> Self {
+        use agenthost_store::Error as S;
+        match e {
+            S::SessionNotFound(id) => Error::SessionNotFound(id),
+            S::PromptConflict { id, reason } => Error::PromptConflict { id, reason },
+            S::Invalid(e) => Error::Invalid(e.to_string()),
+            S::Closed => Error::ShuttingDown,
+            other => Error::Storage(other.to_string()),
+        }
+    }
+}
+
+impl From<agenthost_model::Error> for Error {
+    fn from(e: agenthost_model::Error) -> Self {
+        Error::Invalid(e.to_string())
+    }
+}

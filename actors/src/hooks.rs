@@ -1,0 +1,54 @@
+//! Hooks (SPEC §17): embedders transform the prepared provider request and observe admission,
+//! step settlement and tool execution. Request hooks apply to durable steps and to `generate`
+//! alike; observers are never called for `generate`.
+
+use std::fmt;
+
+use agenthost_llm as llm;
+use agenthost_model::{MessageId, SessionId};
+
+/// Why a request is being prepared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// A durable step of the agent loop.
+    Step,
+    /// A transient, session-aware `generate` call.
+    Generate,
+}
+
+/// What a hook sees about the request it may transform.
+#[derive(Debug, Clone)]
+pub struct RequestContext {
+    pub session: SessionId,
+    pub agent: String,
+    pub step: u32,
+    pub purpose: Purpose,
+}
+
+/// A settled step, for observers.
+#[derive(Debug, Clone)]
+pub struct StepReport {
+    pub session: SessionId,
+    pub message: MessageId,
+    pub step: u32,
+    pub error: Option<String>,
+}
+
+/// A finished tool execution, for observers.
+#[derive(Debug, Clone)]
+pub struct ToolReport {
+    pub session: SessionId,
+    pub message: MessageId,
+    pub call_id: String,
+    pub name: String,
+    pub ok: bool,
+}
+
+/// Every method has a no-op default; implement what you need. Hooks run inline on the drain
+/// task: keep them fast, and never block.
+pub trait Hook: Send + Sync + fmt::Debug {
+    fn on_request(&self, _ctx: &RequestContext, _request: &mut llm::Request) {}
+    fn on_admitted(&self, _session: &SessionId, _id: &MessageId) {}
+    fn on_step(&self, _report: &StepReport) {}
+    fn on_tool(&self, _report: &ToolReport) {}
+}

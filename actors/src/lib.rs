@@ -1,0 +1,36 @@
+//! The agenthost runtime: ractor actors that own execution over the store and the providers.
+//!
+//! It owns *when* things run: the registry routes to one session actor per live session; each
+//! session actor serializes its drains and coalesces wakes; a drain runs the agent loop (steps,
+//! tools, retries) in a task the actor owns; the registry supervises session actors; the boot
+//! sweep resumes what a previous process left. It also holds the one request-preparation seam
+//! ([`prepare`]) that durable steps and `generate` share.
+//!
+//! It must not touch redb or an HTTP type: storage is the `agenthost_store::Store` trait,
+//! providers the `agenthost_llm::Provider` trait.
+//!
+//! Main types: [`Runtime`] (the handle), [`Config`], [`Outcome`], [`Error`], [`Live`] events,
+//! [`Hook`], [`Tools`].
+
+pub mod bus;
+pub mod config;
+mod drain;
+mod error;
+pub mod hooks;
+pub mod prepare;
+mod recovery;
+mod registry;
+mod runtime;
+mod session;
+mod step;
+pub mod tools;
+
+pub use bus::{DeltaKind, Live};
+pub use config::{Agent, Config, Limits, Model, Price, Recovery, RecoveryMode, Supervision};
+pub use drain::{Outcome, STOPPED_TOOL};
+pub use error::{Error, Result};
+pub use hooks::{Hook, Purpose, RequestContext, StepReport, ToolReport};
+pub use recovery::RESTART_NOTE;
+pub use runtime::{CreateSession, Extensions, Metrics, PromptRequest, Runtime};
+pub use step::TRUNCATED;
+pub use tools::{Call, Executor, Tool, Tools};

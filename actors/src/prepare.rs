@@ -1,0 +1,254 @@
+//! Request preparation: the one place that turns a session snapshot into a provider request.
+//!
+//! Durable steps and `generate` both call [`prepare`]; nothing else builds requests, so the two
+//! cannot drift (SPEC §14.1). It is pure given its inputs: the catalog of agents, models and
+//! providers, the tool registry, the hooks, the session row and its selected history.
+
+use std::sync::Arc;
+
+use agenthost_llm as llm;
+use agenthost_model::history::History;
+use agenthost_model::{Message, Part, SessionRow, ToolState};
+
+use crate::config::{Agent, Model};
+use crate::error::{Error, Result};
+use crate::hooks::{Hook, Purpose, RequestContext};
+use crate::tools::Tools;
+
+/// The note that ends the request of an exchange's last step (SPEC §9.7).
+pub const MAX_STEPS_NOTE: &str = "MAXIMUM STEPS REACHED. Tools are disabled for this final step: \
+     answer with what you have, summarize what was done and what remains.";
+
+/// The header that pins a session's requests to one backend replica where providers support it.
+pub const AFFINITY_HEADER: &str = "x-session-affinity";
+
+/// Agents, models and providers by name.
+#[derive(Debug, Clone)]
+pub struct Catalog {
+    pub providers: std::collections::BTreeMap<String, Arc<dyn llm::Provider>>,
+    pub models: std::collections::BTreeMap<String, Model>,
+    pub agents: std::collections::BTreeMap<String, Agent>,
+    pub default_agent: String,
+}
+
+impl Catalog {
+    /// The agent of a session, its model and the provider serving it.
+    pub fn resolve(&self, agent: &str) -> Result<(&Agent, &Model, Arc<dyn llm::Provider>)> {
+        let agent_cfg = self
+            .agents
+            .get(agent)
+            .ok_or_else(|| Error::Config(format!("unknown agent {agent:?}")))?;
+        let model = self.models.get(&agent_cfg.model).ok_or_else(|| {
+            Error::Config(format!(
+                "agent {agent:?}: unknown model {:?}",
+                agent_cfg.model
+            ))
+        })?;
+        let provider = self
+            .providers
+            .get(&model.provider)
+            .cloned()
+            .ok_or_else(|| {
+                Error::Config(format!(
+                    "model {:?}: unknown provider {:?}",
+                    agent_cfg.model, model.provider
+                ))
+            })?;
+        Ok((agent_cfg, model, provider))
+    }
+}
+
+/// A request ready to send, with what the caller needs to account for it.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub request: llm::Request,
+    pub provider: Arc<dyn llm::Provider>,
+    pub model: Model,
+    pub agent: String,
+    /// Whether this is the exchange's last step (no tools).
+    pub last_step: bool,
+    /// A rough size of the request in tokens (4 bytes a token), for compaction decisions.
+    pub estimated_tokens: u64,
+}
+
+/// Everything [`prepare`] reads.
+#[derive(Debug, Clone, Copy)]
+pub struct Inputs<'a> {
+    pub catalog: &'a Catalog,
+    pub tools: &'a Tools,
+    pub hooks: &'a [Arc<dyn Hook>],
+    pub row: &'a SessionRow,
+    pub history: &'a History,
+    pub step: u32,
+    pub purpose: Purpose,
+}
+
+/// Builds the request for `inputs`. For [`Purpose::Generate`], `prompt` is appended as the last
+/// user message, no tools are offered and `tool_choice` is `none`; everything else is what a
+/// durable step at the same state would send.
+pub fn prepare(inputs: Inputs<'_>, prompt: Option<&str>) -> Result<Prepared> {
+    let Inputs {
+        catalog,
+        tools,
+        hooks,
+        row,
+        history,
+        step,
+        purpose,
+    } = inputs;
+    let (agent, model, provider) = catalog.resolve(&row.agent)?;
+    let mut request = llm::Request::new(model.model.clone());
+    request.system = vec![llm::SystemPart::stable(agent.system.clone())];
+    request.messages = convert(history);
+    request.max_output = model.max_output;
+    request.temperature = agent.temperature;
+    request.prompt_cache_key = Some(row.id.to_string());
+    request.session_id = Some(row.id.to_string());
+    request.headers.insert(AFFINITY_HEADER, row.id.to_string());
+
+    let last_step = step >= agent.steps;
+    match purpose {
+        Purpose::Step if last_step => {
+            request.tool_choice = llm::ToolChoice::None;
+            request
+                .messages
+                .push(llm::Message::assistant(MAX_STEPS_NOTE));
+        }
+        Purpose::Step => {
+            request.tools = tools.advertised(&agent.tools);
+            request.tool_choice = llm::ToolChoice::Auto;
+        }
+        Purpose::Generate => request.tool_choice = llm::ToolChoice::None,
+    }
+    if let Some(prompt) = prompt {
+        request.messages.push(llm::Message::user(prompt));
+    }
+
+    let ctx = RequestContext {
+        session: row.id.clone(),
+        agent: row.agent.clone(),
+        step,
+        purpose,
+    };
+    for hook in hooks {
+        hook.on_request(&ctx, &mut request);
+    }
+    if purpose == Purpose::Generate {
+        // Hooks may transform the request but cannot give `generate` tools (SPEC §14.5).
+        request.tools.clear();
+        request.tool_choice = llm::ToolChoice::None;
+    }
+    let estimated_tokens = estimate(&request);
+    Ok(Prepared {
+        request,
+        provider,
+        model: model.clone(),
+        agent: row.agent.clone(),
+        last_step,
+        estimated_tokens,
+    })
+}
+
+/// Provider messages for a history: user → assistant(text, reasoning, tool calls) → tool
+/// results. Chronological instruction updates become user-side system reminders, because not
+/// every provider accepts system messages mid-conversation.
+pub fn convert(history: &History) -> Vec<llm::Message> {
+    let mut out = Vec::with_capacity(history.messages.len() + 1);
+    if let Some(summary) = &history.summary {
+        out.push(llm::Message::user(format!(
+            "<conversation-summary>\n{summary}\n</conversation-summary>"
+        )));
+    }
+    for message in &history.messages {
+        match message {
+            Message::User { prompt, .. } => out.push(llm::Message::User {
+                text: prompt.text.clone(),
+                files: prompt
+                    .files
+                    .iter()
+                    .map(|f| llm::File {
+                        name: f.filename.clone(),
+                        media_type: f.mime.clone(),
+                        content: llm::FileContent::Url(f.url.clone()),
+                    })
+                    .collect(),
+            }),
+            Message::System { text, .. } => out.push(llm::Message::user(format!(
+                "<system-reminder>\n{text}\n</system-reminder>"
+            ))),
+            Message::Assistant(a) => {
+                let mut parts = Vec::new();
+                let mut results = Vec::new();
+                for part in &a.parts {
+                    match part {
+                        Part::Text { text, .. } if !text.is_empty() => {
+                            parts.push(llm::AssistantPart::Text(text.clone()))
+                        }
+                        Part::Text { .. } => {}
+                        Part::Reasoning { text, metadata, .. } => {
+                            parts.push(llm::AssistantPart::Reasoning {
+                                text: text.clone(),
+                                metadata: metadata
+                                    .as_deref()
+                                    .and_then(|m| serde_json::from_str(m).ok()),
+                            })
+                        }
+                        Part::Tool(t) => {
+                            parts.push(llm::AssistantPart::ToolCall(llm::ToolCall {
+                                id: t.call_id.clone(),
+                                name: t.name.clone(),
+                                input: t.input.clone(),
+                            }));
+                            results.push(match &t.state {
+                                ToolState::Completed { output, .. } => {
+                                    llm::Message::tool_result(&t.call_id, output)
+                                }
+                                ToolState::Error { error } => {
+                                    llm::Message::tool_error(&t.call_id, error)
+                                }
+                                ToolState::Running => llm::Message::tool_error(
+                                    &t.call_id,
+                                    "the tool has not finished",
+                                ),
+                            });
+                        }
+                    }
+                }
+                if !parts.is_empty() {
+                    out.push(llm::Message::Assistant { parts });
+                    out.extend(results);
+                }
+            }
+            Message::Compaction { .. } => {}
+        }
+    }
+    out
+}
+
+/// About four bytes a token: coarse, but monotone in the request's size, which is what the
+/// compaction threshold needs.
+pub fn estimate(request: &llm::Request) -> u64 {
+    let mut bytes = request.system.iter().map(|s| s.text.len()).sum::<usize>();
+    for m in &request.messages {
+        bytes += match m {
+            llm::Message::User { text, files } => {
+                text.len() + files.iter().map(|f| f.media_type.len() + 64).sum::<usize>()
+            }
+            llm::Message::Assistant { parts } => parts
+                .iter()
+                .map(|p| match p {
+                    llm::AssistantPart::Text(t) => t.len(),
+                    llm::AssistantPart::Reasoning { text, .. } => text.len(),
+                    llm::AssistantPart::ToolCall(c) => c.name.len() + c.input.len(),
+                })
+                .sum(),
+            llm::Message::Tool(r) => r.output.len(),
+        };
+    }
+    bytes += request
+        .tools
+        .iter()
+        .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
+        .sum::<usize>();
+    (bytes as u64).div_ceil(4)
+}

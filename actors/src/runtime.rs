@@ -1,0 +1,412 @@
+//! The `Runtime`: starts the actor system over a store and hands out a cheap, cloneable handle
+//! with typed async methods. Every method returns an error value rather than hanging when an
+//! actor died, and every acknowledgement has a timeout.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use agenthost_model::{Delivery, InterruptReason, MessageId, Prompt, SessionId, SessionRow};
+use agenthost_store::{Admission, NewSession, Receipt, RedbStore, Snapshot, Store};
+use dashmap::DashMap;
+use ractor::rpc::CallResult;
+use ractor::{Actor, ActorRef, RpcReplyPort};
+use tokio::sync::{Semaphore, broadcast};
+
+use crate::bus::{Bus, Live};
+use crate::config::{Config, Limits, Supervision};
+use crate::drain::Outcome;
+use crate::error::{Error, Result};
+use crate::hooks::Hook;
+use crate::prepare::Catalog;
+use crate::recovery;
+use crate::registry::{self, Registry};
+use crate::session;
+use crate::tools::Tools;
+
+/// Counters the runtime keeps for metrics.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub restarts: AtomicU64,
+    pub recovered: AtomicU64,
+}
+
+/// What every actor and drain of one runtime shares.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub store: Arc<dyn Store>,
+    pub catalog: Catalog,
+    pub tools: Tools,
+    pub hooks: Vec<Arc<dyn Hook>>,
+    pub bus: Bus,
+    /// Provider streams open at once; tokio's semaphore is fair, so steps wait in FIFO order.
+    pub streams: Arc<Semaphore>,
+    /// Sessions with a drain in progress in this process.
+    pub active: DashMap<SessionId, ()>,
+    /// Live session actors: the routing fast path.
+    pub actors: DashMap<SessionId, ActorRef<session::Msg>>,
+    pub limits: Limits,
+    pub supervision: Supervision,
+    pub passivate_after: Duration,
+    pub metrics: Metrics,
+    shutting_down: AtomicBool,
+}
+
+impl Shared {
+    pub(crate) fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Acquire)
+    }
+}
+
+/// A session to create.
+#[derive(Debug, Clone, Default)]
+pub struct CreateSession {
+    /// A client-chosen id; an existing id returns that session unchanged.
+    pub id: Option<SessionId>,
+    pub agent: Option<String>,
+    pub title: Option<String>,
+}
+
+/// A prompt to admit (SPEC §5).
+#[derive(Debug, Clone)]
+pub struct PromptRequest {
+    pub session: SessionId,
+    /// The idempotency key; minted when absent.
+    pub id: Option<MessageId>,
+    pub prompt: Prompt,
+    pub delivery: Delivery,
+    /// Wake the session once the admission is durable.
+    pub resume: bool,
+}
+
+impl PromptRequest {
+    pub fn new(session: &SessionId, text: impl Into<String>) -> Self {
+        PromptRequest {
+            session: session.clone(),
+            id: None,
+            prompt: Prompt::text(text),
+            delivery: Delivery::Steer,
+            resume: true,
+        }
+    }
+}
+
+/// Tools and hooks an embedder adds at start.
+#[derive(Debug, Clone, Default)]
+pub struct Extensions {
+    pub tools: Tools,
+    pub hooks: Vec<Arc<dyn Hook>>,
+}
+
+/// The handle. Clone it freely; all clones drive the same runtime.
+#[derive(Debug, Clone)]
+pub struct Runtime {
+    shared: Arc<Shared>,
+    registry: ActorRef<registry::Msg>,
+    recovery: Arc<tokio::sync::watch::Receiver<bool>>,
+}
+
+impl Runtime {
+    /// Opens the store, starts the registry and runs the boot recovery sweep in the background
+    /// (see [`Runtime::recovered`]).
+    pub async fn start(config: Config) -> Result<Runtime> {
+        Runtime::start_with(config, Extensions::default()).await
+    }
+
+    pub async fn start_with(config: Config, extensions: Extensions) -> Result<Runtime> {
+        let catalog = Catalog {
+            providers: config.providers,
+            models: config.models,
+            agents: config.agents,
+            default_agent: config.default_agent,
+        };
+        catalog.resolve(&catalog.default_agent)?;
+        let bus = Bus::new(16 * 1024);
+        let mut store_config = config.store;
+        let commits = bus.clone();
+        store_config.on_commit = Some(Arc::new(move |events| {
+            for (session, stored) in events {
+                commits.publish(session, Live::Event(stored.clone()));
+            }
+        }));
+        let store = tokio::task::spawn_blocking(move || RedbStore::open(store_config))
+            .await
+            .map_err(|e| Error::Storage(e.to_string()))??;
+        let store: Arc<dyn Store> = Arc::new(store);
+        let shared = Arc::new(Shared {
+            store,
+            catalog,
+            tools: extensions.tools,
+            hooks: extensions.hooks,
+            bus,
+            streams: Arc::new(Semaphore::new(config.limits.concurrent_streams.max(1))),
+            active: DashMap::new(),
+            actors: DashMap::new(),
+            limits: config.limits,
+            supervision: config.supervision,
+            passivate_after: config.passivate_after,
+            metrics: Metrics::default(),
+            shutting_down: AtomicBool::new(false),
+        });
+        let (registry, _) = Actor::spawn(None, Registry, shared.clone())
+            .await
+            .map_err(|e| Error::Unavailable(format!("cannot start the registry: {e}")))?;
+        let (done_tx, done_rx) = tokio::sync::watch::channel(false);
+        let runtime = Runtime {
+            shared,
+            registry,
+            recovery: Arc::new(done_rx),
+        };
+        let sweeper = runtime.clone();
+        let recovery = config.recovery;
+        tokio::spawn(async move {
+            recovery::sweep(&sweeper, &recovery).await;
+            let _ = done_tx.send(true);
+        });
+        Ok(runtime)
+    }
+
+    /// Resolves when the boot recovery sweep has resumed (or reported) every session it found.
+    pub async fn recovered(&self) {
+        let mut rx = (*self.recovery).clone();
+        let _ = rx.wait_for(|done| *done).await;
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.shared.is_shutting_down() {
+            return Err(Error::ShuttingDown);
+        }
+        Ok(())
+    }
+
+    /// Creates a session, or returns the existing one when `id` names it.
+    pub async fn create_session(&self, create: CreateSession) -> Result<SessionRow> {
+        self.check_open()?;
+        let agent = create
+            .agent
+            .unwrap_or_else(|| self.shared.catalog.default_agent.clone());
+        if !self.shared.catalog.agents.contains_key(&agent) {
+            return Err(Error::Invalid(format!("unknown agent {agent:?}")));
+        }
+        let id = create
+            .id
+            .unwrap_or_else(|| SessionId::mint(agenthost_store::system_clock(), rand::random()));
+        let new = NewSession {
+            id,
+            agent,
+            model: None,
+            title: create.title,
+        };
+        Ok(self.shared.store.create_session(new).await?)
+    }
+
+    /// Admits a prompt durably (SPEC §5), then wakes the session once when `resume` is set.
+    pub async fn prompt(&self, request: PromptRequest) -> Result<Receipt> {
+        self.check_open()?;
+        let snap = self.shared.store.snapshot()?;
+        let row = snap
+            .session(&request.session)?
+            .ok_or_else(|| Error::SessionNotFound(request.session.clone()))?;
+        let retry = match &request.id {
+            Some(id) => snap.index(id)?.is_some(),
+            None => false,
+        };
+        drop(snap);
+        if !retry && row.pending >= self.shared.limits.pending_per_session {
+            return Err(Error::Unavailable(format!(
+                "session {} already holds {} pending inputs",
+                row.id, row.pending
+            )));
+        }
+        let id = request.id.unwrap_or_else(crate::drain::mint_message_id);
+        let admission = Admission {
+            session: request.session.clone(),
+            id,
+            prompt: request.prompt,
+            delivery: request.delivery,
+        };
+        let receipt = self.shared.store.admit(admission).await?;
+        for hook in &self.shared.hooks {
+            hook.on_admitted(&receipt.session, &receipt.id);
+        }
+        if request.resume {
+            self.wake(&request.session).await?;
+        }
+        Ok(receipt)
+    }
+
+    /// Advisory notice that durable work may exist. A no-op for an unknown session.
+    pub async fn wake(&self, session: &SessionId) -> Result<()> {
+        self.check_open()?;
+        let timeout = self.shared.limits.call_timeout;
+        self.ask(session, "wake", Some(timeout), session::Msg::Wake)
+            .await
+            .map(|_| ())
+    }
+
+    /// Starts a forced drain, or joins the running one, and returns its outcome.
+    pub async fn resume(&self, session: &SessionId) -> Result<Outcome> {
+        self.check_open()?;
+        match self
+            .ask(session, "resume", None, session::Msg::Resume)
+            .await?
+        {
+            Some(outcome) => outcome,
+            None => Err(Error::SessionNotFound(session.clone())),
+        }
+    }
+
+    /// Interrupts the running drain and returns after its durable cleanup, with whether a drain
+    /// was running. A no-op (false) for an idle or unknown session.
+    pub async fn interrupt(&self, session: &SessionId) -> Result<bool> {
+        self.check_open()?;
+        // Only a live actor can have a drain: never spawn one just to interrupt it.
+        if !self.shared.actors.contains_key(session) {
+            return Ok(false);
+        }
+        let timeout = self.shared.limits.call_timeout;
+        let interrupted = self
+            .ask(session, "interrupt", Some(timeout), |reply| {
+                session::Msg::Interrupt(InterruptReason::User, reply)
+            })
+            .await?;
+        Ok(interrupted.unwrap_or(false))
+    }
+
+    /// Returns when the session has no drain and no follow-up pending.
+    pub async fn wait_idle(&self, session: &SessionId, timeout: Duration) -> Result<()> {
+        self.check_open()?;
+        match self
+            .ask(session, "wait_idle", Some(timeout), session::Msg::WaitIdle)
+            .await?
+        {
+            Some(()) => Ok(()),
+            None => Err(Error::SessionNotFound(session.clone())),
+        }
+    }
+
+    /// Sessions with a drain in progress in this process.
+    pub fn active(&self) -> Vec<SessionId> {
+        let mut active: Vec<SessionId> =
+            self.shared.active.iter().map(|e| e.key().clone()).collect();
+        active.sort();
+        active
+    }
+
+    /// Session actors alive right now (passivated sessions are not counted).
+    pub fn live(&self) -> usize {
+        self.shared.actors.len()
+    }
+
+    /// Live events of every session: durable events after commit, deltas, status changes.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<(SessionId, Live)>> {
+        self.shared.bus.subscribe()
+    }
+
+    /// A consistent read view of the store.
+    pub fn snapshot(&self) -> Result<Box<dyn Snapshot>> {
+        Ok(self.shared.store.snapshot()?)
+    }
+
+    pub fn store(&self) -> &dyn Store {
+        &*self.shared.store
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.shared.metrics
+    }
+
+    /// Graceful, bounded shutdown (SPEC §8.4): stop accepting work, interrupt drains with reason
+    /// `shutdown` (their claims stay, so the next start resumes them), stop the actors and flush
+    /// the store.
+    pub async fn shutdown(&self) {
+        if self.shared.shutting_down.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let deadline = self.shared.limits.shutdown_timeout;
+        let actors: Vec<ActorRef<session::Msg>> = self
+            .shared
+            .actors
+            .iter()
+            .map(|e| e.value().clone())
+            .collect();
+        let interrupts = actors.iter().map(|actor| {
+            actor.call(
+                |reply| session::Msg::Interrupt(InterruptReason::Shutdown, reply),
+                Some(deadline),
+            )
+        });
+        let _ = tokio::time::timeout(deadline, futures::future::join_all(interrupts)).await;
+        let _ = self
+            .registry
+            .stop_children_and_wait(Some("shutdown".into()), Some(deadline))
+            .await;
+        let _ = self
+            .registry
+            .stop_and_wait(Some("shutdown".into()), Some(deadline))
+            .await;
+        let store = self.shared.store.clone();
+        let _ = tokio::task::spawn_blocking(move || store.close()).await;
+    }
+
+    /// Routes to the session's live actor: the concurrent map first, the registry only when no
+    /// live actor is there. `None` for an unknown session.
+    async fn route(&self, session: &SessionId) -> Result<Option<ActorRef<session::Msg>>> {
+        if let Some(actor) = self.shared.actors.get(session) {
+            return Ok(Some(actor.clone()));
+        }
+        let timeout = self.shared.limits.call_timeout;
+        match self
+            .registry
+            .call(
+                |reply| registry::Msg::Get(session.clone(), reply),
+                Some(timeout),
+            )
+            .await
+        {
+            Ok(CallResult::Success(result)) => result,
+            Ok(CallResult::Timeout) => Err(Error::Unavailable("the registry is overloaded".into())),
+            _ if self.shared.is_shutting_down() => Err(Error::ShuttingDown),
+            _ => Err(Error::Unavailable("the registry stopped".into())),
+        }
+    }
+
+    /// Sends a request to the session's actor. A message that could not be delivered, or whose
+    /// actor stopped before answering (passivation racing the send), is routed again: messages
+    /// are idempotent up to their effect, and a stopped actor processed nothing more.
+    async fn ask<T: Send + 'static>(
+        &self,
+        session: &SessionId,
+        what: &'static str,
+        timeout: Option<Duration>,
+        build: impl Fn(RpcReplyPort<T>) -> session::Msg,
+    ) -> Result<Option<T>> {
+        for _ in 0..3 {
+            let Some(actor) = self.route(session).await? else {
+                return Ok(None);
+            };
+            match actor.call(&build, timeout).await {
+                Ok(CallResult::Success(value)) => return Ok(Some(value)),
+                Ok(CallResult::Timeout) => {
+                    return Err(Error::Timeout {
+                        session: session.clone(),
+                        what,
+                    });
+                }
+                Ok(CallResult::SenderError) | Err(_) => {
+                    self.shared
+                        .actors
+                        .remove_if(session, |_, a| a.get_id() == actor.get_id());
+                    if self.shared.is_shutting_down() {
+                        return Err(Error::ShuttingDown);
+                    }
+                }
+            }
+        }
+        Err(Error::ActorDied(session.clone()))
+    }
+}

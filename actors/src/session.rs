@@ -1,0 +1,322 @@
+//! The session actor (SPEC §7): one per live session, owning that session's execution.
+//!
+//! Its mailbox serializes everything for the session; the drain itself runs in a task the actor
+//! owns and reports back with [`Msg::Finished`], so the mailbox stays responsive while a provider
+//! streams or tools run.
+//!
+//! Rules it keeps: at most one drain at a time; wakes during a drain coalesce into one follow-up;
+//! a resume joins the running drain (or starts a forced one when idle); every joiner gets the
+//! drain's outcome; interrupt clears the follow-up, cancels, and answers after the durable
+//! cleanup; wakes and resumes that arrive during that cleanup run after it.
+
+use std::sync::Arc;
+
+use agenthost_model::{InterruptReason, SessionId};
+use futures::FutureExt;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use crate::bus::Live;
+use crate::drain::{self, Cancel, Drain, Outcome};
+use crate::error::{Error, Result};
+use crate::runtime::Shared;
+
+pub(crate) type Reply<T> = RpcReplyPort<T>;
+
+/// Messages of a session actor.
+#[derive(Debug)]
+pub(crate) enum Msg {
+    /// New durable work may exist. Acknowledged on receipt, not on completion.
+    Wake(Reply<()>),
+    /// Start or join a drain; answered with its outcome.
+    Resume(Reply<Result<Outcome>>),
+    /// Cancel the drain; answered after its durable cleanup with whether one was running.
+    Interrupt(InterruptReason, Reply<bool>),
+    /// Answered when the session has no drain and no follow-up pending.
+    WaitIdle(Reply<()>),
+    /// The drain task finished.
+    Finished { drain: u64, result: Result<Outcome> },
+    /// Passivation timer: stop if the actor has been idle long enough.
+    Idle,
+}
+
+/// How an actor was started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Start {
+    /// On demand, for a message.
+    Fresh,
+    /// By the supervisor after a panic: settle what the dead actor left and continue.
+    Restarted,
+}
+
+#[derive(Debug)]
+pub(crate) struct SessionActor;
+
+pub(crate) struct State {
+    session: SessionId,
+    start: Start,
+    shared: Arc<Shared>,
+    current: Option<Current>,
+    /// A wake arrived during the drain: run exactly one more afterwards.
+    follow_up: bool,
+    /// Resumes that arrived during an interrupt's cleanup; they get a forced drain after it.
+    queued_resumes: Vec<Reply<Result<Outcome>>>,
+    idle_waiters: Vec<Reply<()>>,
+    drains: u64,
+    /// When the last message other than the passivation timer arrived.
+    last_active: tokio::time::Instant,
+    /// One passivation timer at a time, however many messages arrive.
+    timer_armed: bool,
+}
+
+struct Current {
+    id: u64,
+    joiners: Vec<Reply<Result<Outcome>>>,
+    cancel: Cancel,
+    interrupters: Vec<Reply<bool>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for State {
+    /// The drain task belongs to the actor: if the actor goes away (stop, panic, kill), the
+    /// drain is aborted at its next await. It writes no cleanup and its claim stays, so the
+    /// restarted actor (or the next process) settles what it left.
+    fn drop(&mut self) {
+        if let Some(current) = &self.current {
+            current.task.abort();
+        }
+    }
+}
+
+impl State {
+    fn waiters(&self) -> usize {
+        self.idle_waiters.len()
+            + self.queued_resumes.len()
+            + self.current.as_ref().map_or(0, |c| c.joiners.len())
+    }
+
+    fn start(
+        &mut self,
+        myself: &ActorRef<Msg>,
+        forced: bool,
+        joiners: Vec<Reply<Result<Outcome>>>,
+    ) {
+        self.drains += 1;
+        let id = self.drains;
+        let cancel = Cancel::default();
+        let drain = Drain {
+            session: self.session.clone(),
+            shared: self.shared.clone(),
+            forced,
+            cancel: cancel.clone(),
+        };
+        self.shared.active.insert(self.session.clone(), ());
+        self.shared
+            .bus
+            .publish(&self.session, Live::Status { running: true });
+        let me = myself.clone();
+        let span = tracing::info_span!("drain", session_id = %self.session, forced);
+        let task = tokio::spawn(
+            async move {
+                let result = std::panic::AssertUnwindSafe(drain::run(drain))
+                    .catch_unwind()
+                    .await
+                    .unwrap_or_else(|panic| Err(Error::Panicked(panic_message(&panic))));
+                // The actor may be gone; then nobody is waiting for this report.
+                let _ = me.cast(Msg::Finished { drain: id, result });
+            }
+            .instrument_with(span),
+        );
+        self.current = Some(Current {
+            id,
+            joiners,
+            cancel,
+            interrupters: Vec::new(),
+            task,
+        });
+    }
+
+    fn is_idle(&self) -> bool {
+        self.current.is_none() && !self.follow_up && self.queued_resumes.is_empty()
+    }
+}
+
+/// `tracing::Instrument` under a name that reads well at the call site.
+trait InstrumentWith: Sized {
+    fn instrument_with(self, span: tracing::Span) -> tracing::instrument::Instrumented<Self>;
+}
+
+impl<F: std::future::Future> InstrumentWith for F {
+    fn instrument_with(self, span: tracing::Span) -> tracing::instrument::Instrumented<Self> {
+        tracing::Instrument::instrument(self, span)
+    }
+}
+
+pub(crate) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".to_owned())
+}
+
+impl Actor for SessionActor {
+    type Msg = Msg;
+    type State = State;
+    type Arguments = (SessionId, Arc<Shared>, Start);
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Msg>,
+        (session, shared, start): Self::Arguments,
+    ) -> Result<State, ActorProcessingErr> {
+        Ok(State {
+            session,
+            start,
+            shared,
+            current: None,
+            follow_up: false,
+            queued_resumes: Vec::new(),
+            idle_waiters: Vec::new(),
+            drains: 0,
+            last_active: tokio::time::Instant::now(),
+            timer_armed: false,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<Msg>,
+        state: &mut State,
+    ) -> Result<(), ActorProcessingErr> {
+        // A restarted actor trusts only the store: a non-forced drain settles what the dead one
+        // left (its claim is still held) and continues owed work.
+        if state.start == Start::Restarted {
+            state.start(&myself, false, Vec::new());
+        }
+        arm_passivation(&myself, state, state.shared.passivate_after);
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Msg>,
+        msg: Msg,
+        state: &mut State,
+    ) -> Result<(), ActorProcessingErr> {
+        if !matches!(msg, Msg::Idle) {
+            state.last_active = tokio::time::Instant::now();
+        }
+        match msg {
+            Msg::Wake(reply) => {
+                let _ = reply.send(());
+                match &state.current {
+                    Some(_) => state.follow_up = true,
+                    None => state.start(&myself, false, Vec::new()),
+                }
+            }
+            Msg::Resume(reply) => {
+                if state.waiters() >= state.shared.limits.waiters_per_session {
+                    let _ = reply.send(Err(Error::Unavailable(format!(
+                        "session {} has too many waiting callers",
+                        state.session
+                    ))));
+                } else {
+                    match &mut state.current {
+                        Some(c) if !c.interrupters.is_empty() => state.queued_resumes.push(reply),
+                        Some(c) => c.joiners.push(reply),
+                        None => state.start(&myself, true, vec![reply]),
+                    }
+                }
+            }
+            Msg::Interrupt(reason, reply) => match &mut state.current {
+                None => {
+                    let _ = reply.send(false);
+                }
+                Some(c) => {
+                    state.follow_up = false;
+                    c.cancel.interrupt(reason);
+                    c.interrupters.push(reply);
+                }
+            },
+            Msg::WaitIdle(reply) => {
+                if state.is_idle() {
+                    let _ = reply.send(());
+                } else if state.waiters() >= state.shared.limits.waiters_per_session {
+                    // Dropping the port tells the caller; it maps that to unavailable.
+                    drop(reply);
+                } else {
+                    state.idle_waiters.push(reply);
+                }
+            }
+            Msg::Finished { drain, result } => {
+                let Some(current) = state.current.take_if(|c| c.id == drain) else {
+                    return Ok(());
+                };
+                state.shared.active.remove(&state.session);
+                state
+                    .shared
+                    .bus
+                    .publish(&state.session, Live::Status { running: false });
+                let panicked = matches!(result, Err(Error::Panicked(_)));
+                for joiner in current.joiners {
+                    let _ = joiner.send(result.clone());
+                }
+                for interrupter in current.interrupters {
+                    let _ = interrupter.send(true);
+                }
+                if let Err(e) = &result {
+                    tracing::warn!(session_id = %state.session, error = %e, "drain failed");
+                }
+                if panicked {
+                    // Let the supervisor decide: returning an error marks this actor failed.
+                    let message = match result {
+                        Err(e) => e.to_string(),
+                        Ok(_) => unreachable!("checked above"),
+                    };
+                    return Err(message.into());
+                }
+                let resumes = std::mem::take(&mut state.queued_resumes);
+                if !resumes.is_empty() {
+                    state.follow_up = false;
+                    state.start(&myself, true, resumes);
+                } else if std::mem::take(&mut state.follow_up) {
+                    state.start(&myself, false, Vec::new());
+                } else {
+                    for waiter in state.idle_waiters.drain(..) {
+                        let _ = waiter.send(());
+                    }
+                }
+            }
+            Msg::Idle => {
+                state.timer_armed = false;
+                let idle_for = state.last_active.elapsed();
+                let after = state.shared.passivate_after;
+                if state.is_idle() && state.idle_waiters.is_empty() && idle_for >= after {
+                    // Leave the routing table first: a message already routed here is dropped
+                    // with the mailbox and its caller routes again, to a fresh actor.
+                    state
+                        .shared
+                        .actors
+                        .remove_if(&state.session, |_, a| a.get_id() == myself.get_id());
+                    myself.stop(Some("passivated".into()));
+                    return Ok(());
+                }
+                arm_passivation(&myself, state, after.saturating_sub(idle_for));
+                return Ok(());
+            }
+        }
+        arm_passivation(&myself, state, state.shared.passivate_after);
+        Ok(())
+    }
+}
+
+/// Keeps one passivation timer pending while the actor is idle. The timer re-checks idleness
+/// when it fires, so activity in between only postpones the stop.
+fn arm_passivation(myself: &ActorRef<Msg>, state: &mut State, after: std::time::Duration) {
+    if state.timer_armed || !state.is_idle() {
+        return;
+    }
+    state.timer_armed = true;
+    // The timer task only sends a message; if the actor is gone by then, it is a no-op.
+    drop(myself.send_after(after, || Msg::Idle));
+}

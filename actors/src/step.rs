@@ -1,0 +1,568 @@
+//! One step (SPEC §9): prepare the request from a fresh snapshot, run exactly one provider stream
+//! per attempt, record its output durably as parts end, run the tools it called, and settle the
+//! step exactly once.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use agenthost_llm as llm;
+use agenthost_model::history::Mode;
+use agenthost_model::{Event, FailureKind, Finish, MessageId, StepError, ToolPart, Usage};
+use futures::StreamExt;
+use futures::future::FutureExt;
+use tokio::task::JoinSet;
+
+use crate::bus::{DeltaKind, Live};
+use crate::config::Price;
+use crate::drain::{Drain, STOPPED_TOOL, mint_message_id};
+use crate::error::{Error, Result};
+use crate::hooks::{Purpose, StepReport, ToolReport};
+use crate::prepare::{Inputs, prepare};
+use crate::tools::{Call, allowed};
+
+/// How a step ended.
+#[derive(Debug)]
+pub(crate) enum StepEnd {
+    /// Settled; `continuation` is owed when local tools ran and no provider error occurred.
+    Done { continuation: bool },
+    /// Cancelled; the step's durable cleanup is done.
+    Interrupted,
+    /// The step failed and was settled as failed; the drain ends with this error.
+    Failed(Error),
+}
+
+/// Retries after the first attempt (SPEC §13.3).
+const MAX_RETRIES: u32 = 4;
+const RETRY_BASE: Duration = Duration::from_secs(2);
+const RETRY_AFTER_CAP: Duration = Duration::from_secs(15 * 60);
+
+/// Marker appended to tool output cut at the configured bound.
+pub const TRUNCATED: &str = "\n[output truncated]";
+
+pub(crate) async fn run(d: &Drain, step: u32) -> Result<StepEnd> {
+    let shared = &d.shared;
+    let prepared = {
+        let snap = shared.store.snapshot()?;
+        let (row, history) = snap
+            .history(&d.session, Mode::All)?
+            .ok_or_else(|| Error::SessionNotFound(d.session.clone()))?;
+        let inputs = Inputs {
+            catalog: &shared.catalog,
+            tools: &shared.tools,
+            hooks: &shared.hooks,
+            row: &row,
+            history: &history,
+            step,
+            purpose: Purpose::Step,
+        };
+        prepare(inputs, None)?
+    };
+
+    let message = mint_message_id();
+    d.append(vec![Event::StepStarted {
+        id: message.clone(),
+        step,
+        agent: prepared.agent.clone(),
+        model: prepared.model.model.clone(),
+    }])
+    .await?;
+
+    let mut attempt = 0;
+    loop {
+        let permit = tokio::select! {
+            biased;
+            _ = d.cancel.cancelled() => return abort(d, &message, &mut Attempt::default()).await,
+            permit = shared.streams.clone().acquire_owned() => permit,
+        };
+        let Ok(_permit) = permit else {
+            return Err(Error::ShuttingDown);
+        };
+        let mut a = Attempt::default();
+        let mut stream = prepared.provider.stream(prepared.request.clone());
+        let cancelled = loop {
+            let next = tokio::select! {
+                biased;
+                _ = d.cancel.cancelled() => break true,
+                next = stream.next() => next,
+            };
+            match next {
+                None => break false,
+                Some(Ok(event)) => a.on_event(d, &message, event).await?,
+                Some(Err(error)) => {
+                    a.error = Some(error);
+                    break false;
+                }
+            }
+        };
+        drop(stream);
+        if cancelled {
+            return abort(d, &message, &mut a).await;
+        }
+        if a.error.is_none() && a.finish.is_none() {
+            a.error = Some(llm::Error::incomplete(
+                "the stream ended before the step finished",
+            ));
+        }
+
+        match a.error.take() {
+            Some(error) if error.retryable() && !a.durable_output && attempt < MAX_RETRIES => {
+                attempt += 1;
+                let delay = retry_delay(attempt, error.retry_after());
+                d.append(vec![Event::RetryScheduled {
+                    id: message.clone(),
+                    attempt,
+                    delay_ms: delay.as_millis() as u64,
+                    error: provider_failure(&error),
+                }])
+                .await?;
+                tokio::select! {
+                    biased;
+                    _ = d.cancel.cancelled() => return abort(d, &message, &mut a).await,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+            Some(error) => {
+                a.flush_partials(d, &message).await?;
+                // Tools the model called before the error still run and settle (SPEC §9.4).
+                if run_tools(d, &message, &a.calls, prepared.last_step).await? {
+                    return abort(d, &message, &mut a).await;
+                }
+                let failure = provider_failure(&error);
+                d.append(vec![Event::StepFailed {
+                    id: message.clone(),
+                    error: failure.clone(),
+                }])
+                .await?;
+                report_step(d, &message, step, Some(failure.message));
+                let error = match error.kind() {
+                    llm::ErrorKind::ContextOverflow => Error::ContextOverflow(error.to_string()),
+                    _ => Error::Provider(error),
+                };
+                return Ok(StepEnd::Failed(error));
+            }
+            None => {
+                if run_tools(d, &message, &a.calls, prepared.last_step).await? {
+                    return abort(d, &message, &mut a).await;
+                }
+                let usage = cost(&a.usage, &prepared.model.price);
+                let finish = a.finish.take().unwrap_or(Finish::Stop);
+                d.append(vec![Event::StepEnded {
+                    id: message.clone(),
+                    finish,
+                    usage,
+                }])
+                .await?;
+                report_step(d, &message, step, None);
+                let continuation = !a.calls.is_empty() && !prepared.last_step;
+                return Ok(StepEnd::Done { continuation });
+            }
+        }
+    }
+}
+
+fn report_step(d: &Drain, message: &MessageId, step: u32, error: Option<String>) {
+    let report = StepReport {
+        session: d.session.clone(),
+        message: message.clone(),
+        step,
+        error,
+    };
+    for hook in &d.shared.hooks {
+        hook.on_step(&report);
+    }
+}
+
+/// Exponential from 2 s with ±20 % jitter; a provider's retry-after is a minimum, capped.
+fn retry_delay(attempt: u32, retry_after: Option<Duration>) -> Duration {
+    let base = RETRY_BASE * 2u32.pow(attempt.saturating_sub(1));
+    let jitter = 0.8 + rand::random::<f64>() * 0.4;
+    let delay = base.mul_f64(jitter);
+    match retry_after {
+        Some(after) => delay.max(after.min(RETRY_AFTER_CAP)),
+        None => delay,
+    }
+}
+
+fn provider_failure(error: &llm::Error) -> StepError {
+    let kind = match error.kind() {
+        llm::ErrorKind::ContextOverflow => FailureKind::ContextOverflow,
+        _ => FailureKind::Provider,
+    };
+    StepError {
+        kind,
+        message: error.to_string(),
+    }
+}
+
+fn cost(usage: &llm::Usage, price: &Price) -> Usage {
+    Usage {
+        input: usage.input,
+        output: usage.output,
+        reasoning: usage.reasoning,
+        cache_read: usage.cache_read,
+        cache_write: usage.cache_write,
+        cost_nanos: usage.input * price.input
+            + usage.output * price.output
+            + usage.cache_read * price.cache_read
+            + usage.cache_write * price.cache_write,
+    }
+}
+
+/// Settles an interrupted step: partial output kept as incomplete, unsettled tools failed
+/// "interrupted", exactly one `StepFailed`. An abandoned drain (its actor is gone) writes
+/// nothing and leaves the claim for recovery.
+async fn abort(d: &Drain, message: &MessageId, a: &mut Attempt) -> Result<StepEnd> {
+    if d.cancel.reason().is_none() {
+        return Ok(StepEnd::Interrupted);
+    }
+    a.flush_partials(d, message).await?;
+    let snap = d.shared.store.snapshot()?;
+    let running: Vec<String> = snap
+        .history(&d.session, Mode::All)?
+        .and_then(|(_, h)| {
+            h.messages.into_iter().find_map(|m| match m {
+                agenthost_model::Message::Assistant(x) if x.id == *message => {
+                    Some(x.running_tools().map(|t| t.call_id.clone()).collect())
+                }
+                _ => None,
+            })
+        })
+        .unwrap_or_default();
+    let mut events: Vec<Event> = running
+        .into_iter()
+        .map(|call_id| Event::ToolFailed {
+            id: message.clone(),
+            call_id,
+            error: "interrupted".into(),
+        })
+        .collect();
+    events.push(Event::StepFailed {
+        id: message.clone(),
+        error: StepError {
+            kind: FailureKind::Aborted,
+            message: "aborted".into(),
+        },
+    });
+    d.append(events).await?;
+    Ok(StepEnd::Interrupted)
+}
+
+/// What one attempt's stream produced so far.
+#[derive(Debug, Default)]
+struct Attempt {
+    /// Open text and reasoning parts by stream part index, in arrival order.
+    text: Option<(u32, String)>,
+    reasoning: Option<(u32, String)>,
+    calls: Vec<llm::ToolCall>,
+    finish: Option<Finish>,
+    usage: llm::Usage,
+    error: Option<llm::Error>,
+    /// Whether any part of this attempt is durable; retrying would then duplicate output.
+    durable_output: bool,
+}
+
+impl Attempt {
+    async fn on_event(&mut self, d: &Drain, message: &MessageId, event: llm::Event) -> Result<()> {
+        let delta = |kind, part, delta: String| {
+            d.shared.bus.publish(
+                &d.session,
+                Live::Delta {
+                    message: message.clone(),
+                    kind,
+                    part,
+                    delta,
+                },
+            )
+        };
+        match event {
+            llm::Event::StepStart { .. } => {}
+            llm::Event::TextStart { part } => self.text = Some((part, String::new())),
+            llm::Event::TextDelta { part, delta: text } => {
+                if let Some((_, buf)) = self.text.as_mut() {
+                    buf.push_str(&text);
+                } else {
+                    self.text = Some((part, text.clone()));
+                }
+                delta(DeltaKind::Text, part, text);
+            }
+            llm::Event::TextEnd { .. } => {
+                if let Some((_, text)) = self.text.take() {
+                    self.durable_output = true;
+                    d.append(vec![Event::TextEnded {
+                        id: message.clone(),
+                        text,
+                        incomplete: false,
+                    }])
+                    .await?;
+                }
+            }
+            llm::Event::ReasoningStart { part } => self.reasoning = Some((part, String::new())),
+            llm::Event::ReasoningDelta { part, delta: text } => {
+                if let Some((_, buf)) = self.reasoning.as_mut() {
+                    buf.push_str(&text);
+                } else {
+                    self.reasoning = Some((part, text.clone()));
+                }
+                delta(DeltaKind::Reasoning, part, text);
+            }
+            llm::Event::ReasoningEnd { metadata, .. } => {
+                let text = self.reasoning.take().map(|(_, t)| t).unwrap_or_default();
+                self.durable_output = true;
+                d.append(vec![Event::ReasoningEnded {
+                    id: message.clone(),
+                    text,
+                    metadata: metadata.and_then(|m| serde_json::to_string(&m).ok()),
+                    incomplete: false,
+                }])
+                .await?;
+            }
+            llm::Event::ToolInputStart { .. } | llm::Event::ToolInputEnd { .. } => {}
+            llm::Event::ToolInputDelta { part, delta: text } => {
+                delta(DeltaKind::ToolInput, part, text)
+            }
+            llm::Event::ToolCall { call, .. } => {
+                // Recorded before anything runs it (SPEC §9.2).
+                self.durable_output = true;
+                d.append(vec![Event::ToolCalled {
+                    id: message.clone(),
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                    input: call.input.clone(),
+                }])
+                .await?;
+                self.calls.push(call);
+            }
+            llm::Event::StepFinish { reason, usage, .. } => {
+                self.finish = Some(finish(reason));
+                self.usage = usage;
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps partial text and reasoning of a failed or interrupted stream, marked incomplete.
+    async fn flush_partials(&mut self, d: &Drain, message: &MessageId) -> Result<()> {
+        let mut events = Vec::new();
+        if let Some((_, text)) = self.reasoning.take().filter(|(_, t)| !t.is_empty()) {
+            events.push(Event::ReasoningEnded {
+                id: message.clone(),
+                text,
+                metadata: None,
+                incomplete: true,
+            });
+        }
+        if let Some((_, text)) = self.text.take().filter(|(_, t)| !t.is_empty()) {
+            events.push(Event::TextEnded {
+                id: message.clone(),
+                text,
+                incomplete: true,
+            });
+        }
+        if !events.is_empty() {
+            self.durable_output = true;
+            d.append(events).await?;
+        }
+        Ok(())
+    }
+}
+
+fn finish(reason: llm::FinishReason) -> Finish {
+    match reason {
+        llm::FinishReason::Stop => Finish::Stop,
+        llm::FinishReason::Length => Finish::Length,
+        llm::FinishReason::ToolCalls => Finish::ToolCalls,
+        llm::FinishReason::ContentFilter => Finish::ContentFilter,
+        other => Finish::Other(other.as_str().to_owned()),
+    }
+}
+
+/// Runs the step's recorded tool calls concurrently and settles each durably as it finishes.
+/// Calls that must not run (last step, unknown tool, denied, invalid JSON) fail without running.
+/// An identical duplicate call (same name and arguments) runs once and both get its result.
+/// Returns true when cancelled before every call settled.
+async fn run_tools(
+    d: &Drain,
+    message: &MessageId,
+    calls: &[llm::ToolCall],
+    last_step: bool,
+) -> Result<bool> {
+    let shared = &d.shared;
+    let agent = shared.catalog.agents.get(&agent_of(d)?).cloned();
+    let patterns = agent.map(|a| a.tools).unwrap_or_default();
+    let mut refused = Vec::new();
+    let mut tasks = JoinSet::new();
+    // (name, input) → call ids sharing one execution.
+    let mut shared_runs: HashMap<(String, String), Vec<String>> = HashMap::new();
+    for call in calls {
+        let refusal = if last_step {
+            Some("tool calls are disabled on the last step".to_owned())
+        } else if shared.tools.get(&call.name).is_none() {
+            Some(format!("unknown tool {:?}", call.name))
+        } else if !allowed(&patterns, &call.name) {
+            Some(format!(
+                "permission denied: this agent may not use {:?}",
+                call.name
+            ))
+        } else {
+            match serde_json::from_str::<serde_json::Value>(&call.input) {
+                Ok(_) => None,
+                Err(e) => Some(format!("invalid JSON arguments: {e}")),
+            }
+        };
+        if let Some(error) = refusal {
+            refused.push(Event::ToolFailed {
+                id: message.clone(),
+                call_id: call.id.clone(),
+                error,
+            });
+            continue;
+        }
+        let key = (call.name.clone(), call.input.clone());
+        if let Some(ids) = shared_runs.get_mut(&key) {
+            ids.push(call.id.clone());
+            continue;
+        }
+        shared_runs.insert(key.clone(), vec![call.id.clone()]);
+        let tool = shared
+            .tools
+            .get(&call.name)
+            .cloned()
+            .expect("invariant: checked above");
+        let input = serde_json::from_str(&call.input).expect("invariant: parsed above");
+        let call = Call {
+            session: d.session.clone(),
+            message: message.clone(),
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            input,
+        };
+        tasks.spawn(async move {
+            let run = std::panic::AssertUnwindSafe(tool.executor.execute(call)).catch_unwind();
+            let result = match tokio::time::timeout(tool.timeout, run).await {
+                Ok(Ok(result)) => result,
+                Ok(Err(_)) => Err("the tool panicked".to_owned()),
+                Err(_) => Err(format!("the tool timed out after {:?}", tool.timeout)),
+            };
+            (key, result)
+        });
+    }
+    if !refused.is_empty() {
+        d.append(refused).await?;
+    }
+    let limit = shared.limits.tool_output;
+    loop {
+        let joined = tokio::select! {
+            biased;
+            _ = d.cancel.cancelled() => {
+                tasks.abort_all();
+                return Ok(true);
+            }
+            joined = tasks.join_next() => joined,
+        };
+        let Some(joined) = joined else {
+            return Ok(false);
+        };
+        let ((name, input), result) = joined.map_err(|e| Error::Panicked(e.to_string()))?;
+        let ids = shared_runs
+            .remove(&(name.clone(), input))
+            .unwrap_or_default();
+        let events = ids
+            .iter()
+            .map(|call_id| settled(message, call_id, &result, limit))
+            .collect();
+        d.append(events).await?;
+        for call_id in ids {
+            let report = ToolReport {
+                session: d.session.clone(),
+                message: message.clone(),
+                call_id,
+                name: name.clone(),
+                ok: result.is_ok(),
+            };
+            for hook in &shared.hooks {
+                hook.on_tool(&report);
+            }
+        }
+    }
+}
+
+fn agent_of(d: &Drain) -> Result<String> {
+    let snap = d.shared.store.snapshot()?;
+    let row = snap
+        .session(&d.session)?
+        .ok_or_else(|| Error::SessionNotFound(d.session.clone()))?;
+    Ok(row.agent)
+}
+
+/// The durable settlement of one call, with output bounded at `limit` bytes.
+fn settled(
+    message: &MessageId,
+    call_id: &str,
+    result: &Result<String, String>,
+    limit: usize,
+) -> Event {
+    match result {
+        Ok(output) => {
+            let (output, truncated) = bound(output, limit);
+            Event::ToolSucceeded {
+                id: message.clone(),
+                call_id: call_id.to_owned(),
+                output,
+                truncated,
+            }
+        }
+        Err(error) => Event::ToolFailed {
+            id: message.clone(),
+            call_id: call_id.to_owned(),
+            error: bound(error, limit).0,
+        },
+    }
+}
+
+/// Cuts `text` to at most `limit` bytes on a character boundary, with a marker.
+pub(crate) fn bound(text: &str, limit: usize) -> (String, bool) {
+    if text.len() <= limit {
+        return (text.to_owned(), false);
+    }
+    let mut end = limit;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    (format!("{}{TRUNCATED}", &text[..end]), true)
+}
+
+/// Settles a tool a stopped process left running: re-executed with the same idempotency key if
+/// the tool is idempotent, otherwise failed with [`STOPPED_TOOL`].
+pub(crate) async fn settle_orphaned_tool(
+    d: &Drain,
+    message: &MessageId,
+    tool: &ToolPart,
+) -> Result<()> {
+    let registered = d
+        .shared
+        .tools
+        .get(&tool.name)
+        .filter(|t| t.idempotent)
+        .cloned();
+    let input = serde_json::from_str(&tool.input).ok();
+    let result = match (registered, input) {
+        (Some(t), Some(input)) => {
+            let call = Call {
+                session: d.session.clone(),
+                message: message.clone(),
+                call_id: tool.call_id.clone(),
+                name: tool.name.clone(),
+                input,
+            };
+            let run = std::panic::AssertUnwindSafe(t.executor.execute(call)).catch_unwind();
+            match tokio::time::timeout(t.timeout, run).await {
+                Ok(Ok(result)) => result,
+                Ok(Err(_)) => Err("the tool panicked".to_owned()),
+                Err(_) => Err(format!("the tool timed out after {:?}", t.timeout)),
+            }
+        }
+        _ => Err(STOPPED_TOOL.to_owned()),
+    };
+    let event = settled(message, &tool.call_id, &result, d.shared.limits.tool_output);
+    d.append(vec![event]).await
+}

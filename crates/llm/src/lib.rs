@@ -1,0 +1,51 @@
+//! `agenthost-llm`: the provider client (SPEC §13).
+//!
+//! **Owns**: its own request and event types ([`Request`], [`Event`], [`Response`]), the
+//! [`Provider`] trait, the OpenAI-compatible Chat Completions and Anthropic Messages clients
+//! over reqwest with a hand-written incremental SSE decoder, the scripted provider for tests,
+//! the mock provider and its HTTP server, and the error taxonomy ([`Error`], [`ErrorKind`]).
+//!
+//! **Must not**: depend on any other agenthost crate (it knows nothing of sessions, the store
+//! or actors); retry (one call is exactly one HTTP request, retries live in the runtime); use an
+//! SSE client that reconnects by re-sending the POST; put a total deadline on a stream (an idle
+//! timeout between bytes instead); print a secret (keys are [`ApiKey`]s, credential headers are
+//! redacted in `Debug`, provider error messages are scrubbed of the key).
+//!
+//! Main types:
+//! - [`Provider`]: `stream(Request) -> EventStream` and `generate(Request) -> Response`.
+//! - [`Config`] / [`Kind`]: how to reach a provider; [`Config::build`] gives an
+//!   `Arc<dyn Provider>`.
+//! - [`OpenAi`], [`Anthropic`], [`Mock`], [`Scripted`]: the implementations.
+//! - [`Event`]: the stream contract is documented in [`event`]; [`Usage`] documents the
+//!   normalization of token counts across providers.
+//! - [`openai::Parser`], [`anthropic::Parser`], [`sse::Decoder`]: the byte-level parsers, usable
+//!   on their own (tests, benches, recorded streams).
+
+pub mod anthropic;
+mod config;
+mod error;
+pub mod event;
+mod http;
+pub mod mock;
+pub mod openai;
+mod provider;
+mod request;
+pub mod scripted;
+mod secret;
+pub mod sse;
+mod wire;
+
+pub use anthropic::Anthropic;
+pub use config::{Config, Kind};
+pub use error::{Error, ErrorKind};
+pub use event::{Collector, Event, FinishReason, Reasoning, Response, Usage, collect};
+pub use mock::Mock;
+pub use openai::OpenAi;
+pub use provider::{EventStream, Provider};
+pub use request::{
+    AssistantPart, File, FileContent, Headers, Message, ReasoningMetadata, Request, SystemPart,
+    Tool, ToolCall, ToolChoice, ToolResult,
+};
+pub use scripted::Scripted;
+pub use secret::ApiKey;
+pub use wire::Output;

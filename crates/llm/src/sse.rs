@@ -1,0 +1,294 @@
+//! An incremental server-sent-events decoder, written here rather than taken from an SSE client
+//! library because those reconnect by re-sending the POST, which duplicates generations
+//! (SPEC §13.4).
+//!
+//! It follows the WHATWG event-stream rules that matter for a single POST response: lines end
+//! with `\r\n`, `\n` or `\r` (a `\r\n` split across chunks counts once); `:` lines are comments;
+//! `data:` lines accumulate joined by `\n`; `event:` names the frame; `id` and `retry` are
+//! ignored because we never reconnect; one space after the colon is dropped; a leading BOM is
+//! skipped. Lines are decoded only once complete, so a UTF-8 character split across network
+//! chunks is reassembled. Unlike a browser, [`Decoder::finish`] dispatches a final frame that
+//! lacks its blank line, as some servers end that way.
+
+/// One dispatched event.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Frame {
+    /// The `event:` name, empty when none was given.
+    pub event: String,
+    /// The `data:` lines joined by `\n`.
+    pub data: String,
+}
+
+/// Incremental decoder: feed it chunks in order, then call [`Decoder::finish`] at end of input.
+#[derive(Debug)]
+pub struct Decoder {
+    /// Bytes of an incomplete line carried over from earlier chunks.
+    line: Vec<u8>,
+    /// The previous chunk ended with `\r`; a leading `\n` in the next one belongs to it.
+    skip_lf: bool,
+    /// Still at the start of the stream (where a BOM may appear).
+    at_start: bool,
+    event: String,
+    data: String,
+    /// At least one `data` line arrived for the pending frame (an empty `data:` still counts).
+    has_data: bool,
+}
+
+const BOM: &[u8] = "\u{feff}".as_bytes();
+
+impl Default for Decoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Decoder {
+    /// A decoder at the start of a stream.
+    pub fn new() -> Self {
+        Self {
+            line: Vec::new(),
+            skip_lf: false,
+            at_start: true,
+            event: String::new(),
+            data: String::new(),
+            has_data: false,
+        }
+    }
+
+    /// Decodes `chunk`, appending every completed frame to `out`.
+    pub fn feed(&mut self, chunk: &[u8], out: &mut Vec<Frame>) {
+        self.feed_with(chunk, |event, data| {
+            out.push(Frame {
+                event: event.to_owned(),
+                data: data.to_owned(),
+            });
+        });
+    }
+
+    /// Ends the input, appending the last frames to `out` (see [`Decoder::finish_with`]).
+    pub fn finish(&mut self, out: &mut Vec<Frame>) {
+        self.finish_with(|event, data| {
+            out.push(Frame {
+                event: event.to_owned(),
+                data: data.to_owned(),
+            });
+        });
+    }
+
+    /// Decodes `chunk`, calling `on_frame(event, data)` for every completed frame. The strings
+    /// are lent from the decoder's reused buffers, so decoding allocates nothing per frame.
+    pub fn feed_with(&mut self, mut chunk: &[u8], mut on_frame: impl FnMut(&str, &str)) {
+        if self.skip_lf && !chunk.is_empty() {
+            self.skip_lf = false;
+            if chunk[0] == b'\n' {
+                chunk = &chunk[1..];
+            }
+        }
+        if self.at_start {
+            // Wait until three bytes exist to decide about a BOM split across chunks.
+            if self.line.len() + chunk.len() < BOM.len() {
+                self.line.extend_from_slice(chunk);
+                return;
+            }
+            self.at_start = false;
+            if !self.line.is_empty() {
+                let mut head = std::mem::take(&mut self.line);
+                head.extend_from_slice(chunk);
+                let head = head.strip_prefix(BOM).unwrap_or(&head).to_vec();
+                return self.feed_lines(&head, &mut on_frame);
+            }
+            chunk = chunk.strip_prefix(BOM).unwrap_or(chunk);
+        }
+        self.feed_lines(chunk, &mut on_frame);
+    }
+
+    fn feed_lines(&mut self, mut chunk: &[u8], on_frame: &mut impl FnMut(&str, &str)) {
+        while let Some(end) = chunk.iter().position(|&b| b == b'\n' || b == b'\r') {
+            if self.line.is_empty() {
+                self.line_complete(&chunk[..end], on_frame);
+            } else {
+                self.line.extend_from_slice(&chunk[..end]);
+                let line = std::mem::take(&mut self.line);
+                self.line_complete(&line, on_frame);
+                // Keep the allocation for the next partial line.
+                self.line = line;
+                self.line.clear();
+            }
+            let mut next = end + 1;
+            if chunk[end] == b'\r' {
+                match chunk.get(next) {
+                    Some(b'\n') => next += 1,
+                    Some(_) => {}
+                    None => self.skip_lf = true,
+                }
+            }
+            chunk = &chunk[next..];
+        }
+        self.line.extend_from_slice(chunk);
+    }
+
+    /// Ends the input: a trailing line without its line ending is processed, and a pending
+    /// frame without its blank line is dispatched.
+    pub fn finish_with(&mut self, mut on_frame: impl FnMut(&str, &str)) {
+        self.at_start = false;
+        if !self.line.is_empty() {
+            let line = std::mem::take(&mut self.line);
+            let line = line.strip_prefix(BOM).unwrap_or(&line);
+            self.line_complete(line, &mut on_frame);
+        }
+        self.dispatch(&mut on_frame);
+    }
+
+    fn line_complete(&mut self, line: &[u8], on_frame: &mut impl FnMut(&str, &str)) {
+        if line.is_empty() {
+            return self.dispatch(on_frame);
+        }
+        if line[0] == b':' {
+            return;
+        }
+        let (field, value) = match line.iter().position(|&b| b == b':') {
+            Some(colon) => {
+                let value = &line[colon + 1..];
+                (&line[..colon], value.strip_prefix(b" ").unwrap_or(value))
+            }
+            None => (line, &[][..]),
+        };
+        match field {
+            b"data" => {
+                if self.has_data {
+                    self.data.push('\n');
+                }
+                self.has_data = true;
+                self.data.push_str(&String::from_utf8_lossy(value));
+            }
+            b"event" => {
+                self.event.clear();
+                self.event.push_str(&String::from_utf8_lossy(value));
+            }
+            // `id`, `retry` and unknown fields only matter to a reconnecting client.
+            _ => {}
+        }
+    }
+
+    fn dispatch(&mut self, on_frame: &mut impl FnMut(&str, &str)) {
+        if self.has_data {
+            on_frame(&self.event, &self.data);
+        }
+        // Cleared, not replaced: the buffers keep their capacity for the next frame.
+        self.has_data = false;
+        self.event.clear();
+        self.data.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frames(input: &[u8]) -> Vec<Frame> {
+        let mut decoder = Decoder::new();
+        let mut out = Vec::new();
+        decoder.feed(input, &mut out);
+        decoder.finish(&mut out);
+        out
+    }
+
+    fn frames_bytewise(input: &[u8]) -> Vec<Frame> {
+        let mut decoder = Decoder::new();
+        let mut out = Vec::new();
+        for byte in input {
+            decoder.feed(std::slice::from_ref(byte), &mut out);
+        }
+        decoder.finish(&mut out);
+        out
+    }
+
+    fn frame(event: &str, data: &str) -> Frame {
+        Frame {
+            event: event.into(),
+            data: data.into(),
+        }
+    }
+
+    #[test]
+    fn multi_line_data_joins_with_newline() {
+        let input = b"data: first\ndata: second\ndata:third\n\n";
+        assert_eq!(frames(input), vec![frame("", "first\nsecond\nthird")]);
+    }
+
+    #[test]
+    fn comments_and_unknown_fields_are_skipped() {
+        let input = b": keep-alive\n\nid: 7\nretry: 100\nfoo: bar\ndata: x\n: inside\n\n";
+        assert_eq!(frames(input), vec![frame("", "x")]);
+    }
+
+    #[test]
+    fn event_name_applies_to_one_frame() {
+        let input = b"event: ping\ndata: {}\n\ndata: next\n\n";
+        assert_eq!(frames(input), vec![frame("ping", "{}"), frame("", "next")]);
+    }
+
+    #[test]
+    fn all_line_endings_are_equivalent() {
+        let lf = b"event: a\ndata: 1\n\ndata: 2\n\n".to_vec();
+        let crlf = b"event: a\r\ndata: 1\r\n\r\ndata: 2\r\n\r\n".to_vec();
+        let cr = b"event: a\rdata: 1\r\rdata: 2\r\r".to_vec();
+        let expected = vec![frame("a", "1"), frame("", "2")];
+        for input in [lf, crlf, cr] {
+            assert_eq!(frames(&input), expected);
+            assert_eq!(frames_bytewise(&input), expected);
+        }
+    }
+
+    #[test]
+    fn crlf_split_between_chunks_is_one_line_ending() {
+        let mut decoder = Decoder::new();
+        let mut out = Vec::new();
+        decoder.feed(b"data: a\r", &mut out);
+        decoder.feed(b"\ndata: b\r", &mut out);
+        decoder.feed(b"\n\r", &mut out);
+        decoder.feed(b"\n", &mut out);
+        assert_eq!(out, vec![frame("", "a\nb")]);
+    }
+
+    #[test]
+    fn utf8_split_inside_a_character_is_reassembled() {
+        let input = "data: Olá — 日本語 🎉\n\n".as_bytes();
+        let expected = vec![frame("", "Olá — 日本語 🎉")];
+        for cut in 0..input.len() {
+            let mut decoder = Decoder::new();
+            let mut out = Vec::new();
+            decoder.feed(&input[..cut], &mut out);
+            decoder.feed(&input[cut..], &mut out);
+            decoder.finish(&mut out);
+            assert_eq!(out, expected, "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn final_frame_without_blank_line_is_flushed() {
+        assert_eq!(frames(b"data: {\"a\":1}"), vec![frame("", "{\"a\":1}")]);
+        assert_eq!(frames(b"event: x\ndata: y\n"), vec![frame("x", "y")]);
+    }
+
+    #[test]
+    fn field_without_colon_and_empty_data() {
+        // `data` alone is a data line with an empty value; an empty data still dispatches.
+        assert_eq!(frames(b"data\n\n"), vec![frame("", "")]);
+        assert_eq!(frames(b"data:\ndata:\n\n"), vec![frame("", "\n")]);
+        // Only one leading space is removed.
+        assert_eq!(frames(b"data:  two\n\n"), vec![frame("", " two")]);
+    }
+
+    #[test]
+    fn frames_without_data_are_not_dispatched() {
+        assert_eq!(frames(b"event: lonely\n\n\n\n"), vec![]);
+    }
+
+    #[test]
+    fn bom_is_skipped_even_when_split() {
+        let input = "\u{feff}data: x\n\n".as_bytes();
+        assert_eq!(frames(input), vec![frame("", "x")]);
+        assert_eq!(frames_bytewise(input), vec![frame("", "x")]);
+    }
+}

@@ -1,0 +1,413 @@
+//! End to end over loopback: the real reqwest clients against the mock provider server (OpenAI
+//! wire) and a small fixture-replaying server (Anthropic wire). Every call is bounded in time,
+//! and every call must reach the server exactly once.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agenthost_llm::mock::server::{self, Failure, Handle};
+use agenthost_llm::{
+    Anthropic, ApiKey, Config, Error, ErrorKind, Event, FinishReason, Kind, Message, Mock, OpenAi,
+    Provider, Request, Tool, ToolChoice, mock,
+};
+use futures::StreamExt;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+/// Upper bound for any single call in these tests; far above what they need.
+const BOUND: Duration = Duration::from_secs(20);
+
+async fn start(config: server::Config) -> Handle {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    server::serve(listener, config).expect("serve")
+}
+
+fn client(base_url: String, idle: Duration) -> OpenAi {
+    let mut config = Config::new(Kind::Openai);
+    config.base_url = Some(base_url);
+    config.api_key = Some(ApiKey::new("sk-e2e-secret-key-000000"));
+    config.connect_timeout = Duration::from_secs(2);
+    config.idle_timeout = idle;
+    OpenAi::new(&config).expect("client")
+}
+
+fn ask(text: &str) -> Request {
+    let mut request = Request::new("mock-model");
+    request.messages.push(Message::user(text));
+    request
+}
+
+fn with_tools(mut request: Request) -> Request {
+    request.tools.push(Tool {
+        name: "lookup".into(),
+        description: "Look a thing up".into(),
+        parameters: json!({ "type": "object", "properties": {
+            "query": { "type": "string" }, "limit": { "type": "integer" } } }),
+    });
+    request.tool_choice = ToolChoice::Required;
+    request
+}
+
+fn failing(request: Request, failure: &str) -> Request {
+    let mut request = request;
+    request.headers.insert("x-mock-fail", failure);
+    request
+}
+
+async fn events(provider: &dyn Provider, request: Request) -> Vec<Result<Event, Error>> {
+    tokio::time::timeout(BOUND, provider.stream(request).collect::<Vec<_>>())
+        .await
+        .expect("the call ends within the bound")
+}
+
+#[tokio::test]
+async fn streams_text_and_matches_the_in_process_mock() {
+    let server = start(server::Config::default()).await;
+    let client = client(server.base_url(), Duration::from_secs(5));
+    let response = tokio::time::timeout(BOUND, client.generate(ask("hello there")))
+        .await
+        .expect("bounded")
+        .expect("success");
+    assert_eq!(server.requests(), 1);
+    assert_eq!(response.finish, FinishReason::Stop);
+    assert_eq!(response.raw_finish.as_deref(), Some("stop"));
+    assert!(
+        response
+            .id
+            .as_deref()
+            .is_some_and(|id| id.starts_with("mock-"))
+    );
+    assert_eq!(response.model.as_deref(), Some("mock-model"));
+    assert_eq!(response.usage.output, 24);
+    assert!(response.usage.input > 0);
+    assert!(response.tool_calls.is_empty());
+    // Same request, same seed: the HTTP mock and the in-process mock answer alike.
+    let local = Mock::new(mock::Config::default())
+        .generate(ask("hello there"))
+        .await
+        .expect("mock");
+    assert_eq!(response.text, local.text);
+    assert_eq!(response.usage, local.usage);
+    server.shutdown().await.expect("clean shutdown");
+}
+
+#[tokio::test]
+async fn streams_tool_calls_with_split_arguments() {
+    let server = start(server::Config::default()).await;
+    let client = client(server.base_url(), Duration::from_secs(5));
+    let items = events(&client, with_tools(ask("find it"))).await;
+    assert_eq!(server.requests(), 1);
+    let items: Vec<Event> = items.into_iter().map(|i| i.expect("no error")).collect();
+    let deltas: Vec<&str> = items
+        .iter()
+        .filter_map(|e| match e {
+            Event::ToolInputDelta { delta, .. } => Some(delta.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        deltas.len() >= 2,
+        "arguments arrive in fragments: {deltas:?}"
+    );
+    let call = items
+        .iter()
+        .find_map(|e| match e {
+            Event::ToolCall { call, .. } => Some(call.clone()),
+            _ => None,
+        })
+        .expect("a tool call");
+    assert_eq!(call.name, "lookup");
+    assert_eq!(deltas.concat(), call.input);
+    let input: Value = serde_json::from_str(&call.input).expect("JSON arguments");
+    assert!(
+        input["query"].is_string() && input["limit"].is_u64(),
+        "{input}"
+    );
+    assert!(matches!(
+        items.last(),
+        Some(Event::StepFinish {
+            reason: FinishReason::ToolCalls,
+            ..
+        })
+    ));
+    server.shutdown().await.expect("clean shutdown");
+}
+
+#[tokio::test]
+async fn injected_failures_are_classified_and_each_call_is_one_request() {
+    let server = start(server::Config {
+        retry_after: Duration::from_secs(3),
+        ..server::Config::default()
+    })
+    .await;
+    let client = client(server.base_url(), Duration::from_secs(5));
+    let cases: [(&str, ErrorKind, bool, Option<Duration>); 8] = [
+        (
+            "rate_limit",
+            ErrorKind::RateLimit,
+            true,
+            Some(Duration::from_secs(3)),
+        ),
+        ("quota", ErrorKind::QuotaExceeded, false, None),
+        (
+            "internal",
+            ErrorKind::ProviderInternal { overloaded: false },
+            true,
+            None,
+        ),
+        (
+            "overloaded",
+            ErrorKind::ProviderInternal { overloaded: true },
+            true,
+            None,
+        ),
+        ("context_overflow", ErrorKind::ContextOverflow, false, None),
+        ("auth", ErrorKind::Authentication, false, None),
+        ("truncate", ErrorKind::IncompleteStream, true, None),
+        (
+            "stream_error",
+            ErrorKind::ProviderInternal { overloaded: false },
+            true,
+            None,
+        ),
+    ];
+    for (n, (failure, kind, retryable, retry_after)) in cases.into_iter().enumerate() {
+        let items = events(&client, failing(ask("hi"), failure)).await;
+        assert_eq!(
+            server.requests(),
+            n as u64 + 1,
+            "{failure}: exactly one request"
+        );
+        let error = items
+            .last()
+            .expect("some item")
+            .clone()
+            .expect_err("ends with an error");
+        assert_eq!(error.kind(), kind, "{failure}: {error}");
+        assert_eq!(error.retryable(), retryable, "{failure}");
+        assert_eq!(error.retry_after(), retry_after, "{failure}");
+        assert_eq!(items.iter().filter(|i| i.is_err()).count(), 1, "{failure}");
+    }
+    server.shutdown().await.expect("clean shutdown");
+}
+
+#[tokio::test]
+async fn a_truncated_stream_keeps_its_partial_output() {
+    let server = start(server::Config::default()).await;
+    let client = client(server.base_url(), Duration::from_secs(5));
+    let items = events(&client, failing(ask("hi"), "truncate")).await;
+    let text: String = items
+        .iter()
+        .filter_map(|i| match i {
+            Ok(Event::TextDelta { delta, .. }) => Some(delta.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(!text.is_empty(), "partial text arrived");
+    let n = items.len();
+    assert!(matches!(
+        items[n - 2],
+        Ok(Event::StepFinish {
+            reason: FinishReason::Error,
+            ..
+        })
+    ));
+    // The open text part is not ended: it is partial.
+    assert!(!items.iter().any(|i| matches!(i, Ok(Event::TextEnd { .. }))));
+    assert_eq!(server.requests(), 1);
+    server.shutdown().await.expect("clean shutdown");
+}
+
+#[tokio::test]
+async fn idle_timeout_fires_on_a_stalled_stream() {
+    let server = start(server::Config::default()).await;
+    let client = client(server.base_url(), Duration::from_millis(200));
+    let items = events(&client, failing(ask("hi"), "stall")).await;
+    let error = items.last().expect("items").clone().expect_err("times out");
+    assert_eq!(
+        error.kind(),
+        ErrorKind::Transport { received_any: true },
+        "{error}"
+    );
+    assert!(!error.retryable());
+    assert!(error.message().contains("idle timeout"), "{error}");
+    // The first chunk arrived before the stall.
+    assert!(matches!(items[0], Ok(Event::StepStart { .. })));
+    assert_eq!(server.requests(), 1);
+    // Shutdown ends the stalled response on the server side too.
+    server.shutdown().await.expect("clean shutdown");
+}
+
+#[tokio::test]
+async fn a_slow_but_steady_stream_is_not_an_idle_timeout() {
+    // 40 tokens at 50/s take ~0.8 s in total, far beyond the 300 ms idle timeout, yet no gap
+    // between bytes comes close to it: there is no total deadline.
+    let server = start(server::Config {
+        mock: mock::Config {
+            tokens_per_second: 50.0,
+            reply_tokens: 40,
+            ..mock::Config::default()
+        },
+        ..server::Config::default()
+    })
+    .await;
+    let client = client(server.base_url(), Duration::from_millis(300));
+    let response = tokio::time::timeout(BOUND, client.generate(ask("slowly")))
+        .await
+        .expect("bounded")
+        .expect("no timeout");
+    assert_eq!(response.usage.output, 40);
+    server.shutdown().await.expect("clean shutdown");
+}
+
+#[tokio::test]
+async fn drawn_failures_still_cost_one_request_per_call() {
+    let server = start(server::Config {
+        fail_ratio: 0.5,
+        failures: vec![Failure::RateLimit, Failure::Internal, Failure::Truncate],
+        ..server::Config::default()
+    })
+    .await;
+    let client = client(server.base_url(), Duration::from_secs(5));
+    let (mut ok, mut failed) = (0, 0);
+    for n in 0..20u64 {
+        match tokio::time::timeout(BOUND, client.generate(ask(&format!("q{n}")))).await {
+            Ok(Ok(_)) => ok += 1,
+            Ok(Err(error)) => {
+                assert!(error.retryable(), "{error}");
+                failed += 1;
+            }
+            Err(_) => panic!("call {n} exceeded the bound"),
+        }
+        assert_eq!(server.requests(), n + 1);
+    }
+    assert!(ok > 0 && failed > 0, "{ok} ok, {failed} failed");
+    server.shutdown().await.expect("clean shutdown");
+}
+
+#[tokio::test]
+async fn connection_refused_is_a_retryable_transport_error() {
+    // Bind to learn a free port, then close it so that nothing listens there.
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    drop(listener);
+    let client = client(format!("http://{addr}/v1"), Duration::from_secs(5));
+    let items = events(&client, ask("hi")).await;
+    assert_eq!(items.len(), 1);
+    let error = items[0].clone().expect_err("fails");
+    assert_eq!(
+        error.kind(),
+        ErrorKind::Transport {
+            received_any: false
+        },
+        "{error}"
+    );
+    assert!(error.retryable());
+}
+
+#[tokio::test]
+async fn nothing_is_sent_until_the_stream_is_polled() {
+    let server = start(server::Config::default()).await;
+    let client = client(server.base_url(), Duration::from_secs(5));
+    let stream = client.stream(ask("lazy"));
+    tokio::task::yield_now().await;
+    assert_eq!(server.requests(), 0);
+    drop(stream);
+    assert_eq!(server.requests(), 0);
+    server.shutdown().await.expect("clean shutdown");
+}
+
+/// What the Anthropic replay server saw.
+#[derive(Default)]
+struct Seen {
+    requests: usize,
+    api_key: Option<String>,
+    version: Option<String>,
+    body: Option<Value>,
+}
+
+/// Serves a recorded Anthropic stream in 7-byte pieces (splitting UTF-8 and lines) to
+/// `POST /v1/messages`.
+async fn anthropic_replay(fixture: &'static str) -> (String, Arc<Mutex<Seen>>) {
+    use axum::body::{Body, Bytes};
+    use axum::http::HeaderMap;
+    let bytes = std::fs::read(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata/providers")
+            .join(fixture),
+    )
+    .expect("fixture");
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let state = seen.clone();
+    let app = axum::Router::new().route(
+        "/v1/messages",
+        axum::routing::post(move |headers: HeaderMap, body: Bytes| {
+            let bytes = bytes.clone();
+            let state = state.clone();
+            async move {
+                {
+                    let mut seen = state.lock().expect("lock");
+                    seen.requests += 1;
+                    let header = |name: &str| {
+                        headers
+                            .get(name)
+                            .and_then(|v| v.to_str().ok())
+                            .map(str::to_owned)
+                    };
+                    seen.api_key = header("x-api-key");
+                    seen.version = header("anthropic-version");
+                    seen.body = serde_json::from_slice(&body).ok();
+                }
+                let pieces: Vec<Result<Bytes, std::convert::Infallible>> = bytes
+                    .chunks(7)
+                    .map(|c| Ok(Bytes::copy_from_slice(c)))
+                    .collect();
+                axum::response::Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(Body::from_stream(futures::stream::iter(pieces)))
+                    .expect("response")
+            }
+        }),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}/v1"), seen)
+}
+
+#[tokio::test]
+async fn anthropic_over_http_with_thinking_and_a_tool_call() {
+    let (base_url, seen) = anthropic_replay("anthropic-thinking-tool-use.sse").await;
+    let mut config = Config::new(Kind::Anthropic);
+    config.base_url = Some(base_url);
+    config.api_key = Some(ApiKey::new("sk-ant-e2e-000000000"));
+    let client = Anthropic::new(&config).expect("client");
+    let mut request = with_tools(ask("Weather in Florence?"));
+    request.tool_choice = ToolChoice::Auto;
+    let response = tokio::time::timeout(BOUND, client.generate(request))
+        .await
+        .expect("bounded")
+        .expect("success");
+    assert_eq!(response.finish, FinishReason::ToolCalls);
+    assert_eq!(response.tool_calls.len(), 1);
+    assert_eq!(
+        response.tool_calls[0].input,
+        r#"{"location": "Florence, Italy"}"#
+    );
+    assert!(response.reasoning[0].text.starts_with("The user is asking"));
+    assert!(matches!(
+        &response.reasoning[0].metadata,
+        Some(agenthost_llm::ReasoningMetadata::Anthropic { signature }) if signature.starts_with("EsQDCkYICBgCKkBr9")
+    ));
+    assert_eq!((response.usage.input, response.usage.output), (423, 119));
+    let seen = seen.lock().expect("lock");
+    assert_eq!(seen.requests, 1);
+    assert_eq!(seen.api_key.as_deref(), Some("sk-ant-e2e-000000000"));
+    assert_eq!(seen.version.as_deref(), Some("2023-06-01"));
+    assert_eq!(
+        seen.body.as_ref().map(|b| b["stream"].clone()),
+        Some(json!(true))
+    );
+}

@@ -1,0 +1,401 @@
+//! Recorded provider streams (`testdata/providers/`, copied from `shared/fixtures/providers/`)
+//! parse to exactly their `.expected.json`, and any split of their bytes into chunks, and any
+//! line-ending style, yields the same events.
+
+use std::path::PathBuf;
+
+use agenthost_llm::{Error, ErrorKind, Event, ReasoningMetadata, anthropic, openai};
+use proptest::prelude::*;
+use serde_json::{Map, Value, json};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Format {
+    OpenAi,
+    Anthropic,
+}
+
+type Items = Vec<Result<Event, Error>>;
+
+fn testdata() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata/providers")
+}
+
+/// Every fixture: name, wire format, bytes.
+fn fixtures() -> Vec<(String, Format, Vec<u8>)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(testdata()).expect("testdata/providers exists") {
+        let path = entry.expect("readable dir entry").path();
+        if path.extension().and_then(|e| e.to_str()) != Some("sse") {
+            continue;
+        }
+        let name = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .expect("utf-8 name")
+            .to_owned();
+        let format = if name.starts_with("anthropic") {
+            Format::Anthropic
+        } else {
+            Format::OpenAi
+        };
+        out.push((
+            name,
+            format,
+            std::fs::read(&path).expect("readable fixture"),
+        ));
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(out.len(), 12, "all twelve fixtures are present");
+    out
+}
+
+fn parse<'a>(format: Format, chunks: impl IntoIterator<Item = &'a [u8]>) -> Items {
+    let mut out = Vec::new();
+    match format {
+        Format::OpenAi => {
+            let mut parser = openai::Parser::new();
+            for chunk in chunks {
+                parser.feed(chunk, &mut out);
+            }
+            parser.finish(&mut out);
+        }
+        Format::Anthropic => {
+            let mut parser = anthropic::Parser::new();
+            for chunk in chunks {
+                parser.feed(chunk, &mut out);
+            }
+            parser.finish(&mut out);
+        }
+    }
+    out
+}
+
+fn parse_whole(format: Format, bytes: &[u8]) -> Items {
+    parse(format, [bytes])
+}
+
+/// Renders parsed items in the shape of the `.expected.json` files (see their README).
+fn render(format: Format, items: &Items) -> Value {
+    let mut outcome = "completed";
+    let mut message_id = Value::Null;
+    let mut model = Value::Null;
+    let mut text = String::new();
+    let mut reasoning: Option<(String, Value, u32)> = None;
+    // (part, id, name, raw arguments, parsed arguments, complete)
+    let mut tools: Vec<(u32, String, String, String, Value, bool)> = Vec::new();
+    let mut finish = json!({ "raw": null, "normalized": "error" });
+    let mut usage = agenthost_llm::Usage::default();
+    let mut error = Value::Null;
+    for item in items {
+        match item {
+            Ok(Event::StepStart { id, model: m }) => {
+                message_id = json!(id);
+                model = json!(m);
+            }
+            Ok(Event::TextDelta { delta, .. }) => text.push_str(delta),
+            Ok(Event::ReasoningStart { part }) => {
+                reasoning = Some((String::new(), Value::Null, *part))
+            }
+            Ok(Event::ReasoningDelta { delta, .. }) => {
+                reasoning
+                    .as_mut()
+                    .expect("delta after start")
+                    .0
+                    .push_str(delta);
+            }
+            Ok(Event::ReasoningEnd { metadata, .. }) => {
+                if let Some(ReasoningMetadata::Anthropic { signature }) = metadata {
+                    reasoning.as_mut().expect("end after start").1 = json!(signature);
+                }
+            }
+            Ok(Event::ToolInputStart { part, id, name }) => {
+                tools.push((
+                    *part,
+                    id.clone(),
+                    name.clone(),
+                    String::new(),
+                    Value::Null,
+                    false,
+                ));
+            }
+            Ok(Event::ToolInputDelta { part, delta }) => {
+                let tool = tools
+                    .iter_mut()
+                    .find(|t| t.0 == *part)
+                    .expect("delta after start");
+                tool.3.push_str(delta);
+            }
+            Ok(Event::ToolCall { part, call }) => {
+                let tool = tools
+                    .iter_mut()
+                    .find(|t| t.0 == *part)
+                    .expect("call after start");
+                assert_eq!((&tool.1, &tool.2), (&call.id, &call.name));
+                tool.4 = serde_json::from_str(&call.input).expect("complete calls parse");
+                tool.5 = true;
+            }
+            Ok(Event::StepFinish {
+                reason,
+                raw_reason,
+                usage: u,
+            }) => {
+                finish = json!({ "raw": raw_reason, "normalized": reason.as_str() });
+                usage = *u;
+            }
+            Ok(Event::TextStart { .. } | Event::TextEnd { .. } | Event::ToolInputEnd { .. }) => {}
+            Err(e) => {
+                outcome = "error";
+                error = match format {
+                    Format::OpenAi => json!({ "code": e.status(), "message": e.message() }),
+                    Format::Anthropic => json!({ "type": e.code(), "message": e.message() }),
+                };
+            }
+        }
+    }
+    let reasoning = match reasoning {
+        None => Value::Null,
+        Some((text, signature, part)) => {
+            let mut object = Map::new();
+            object.insert("text".into(), json!(text));
+            object.insert("signature".into(), signature);
+            if format == Format::Anthropic {
+                object.insert("block_index".into(), json!(part));
+            }
+            Value::Object(object)
+        }
+    };
+    let tool_calls: Vec<Value> = tools
+        .iter()
+        .enumerate()
+        .map(|(ordinal, (part, id, name, raw, arguments, complete))| {
+            // Anthropic's index is the content-block index (our part number); OpenAI's is the
+            // position in the message's tool_calls array.
+            let index = match format {
+                Format::Anthropic => *part as usize,
+                Format::OpenAi => ordinal,
+            };
+            json!({ "index": index, "id": id, "name": name, "arguments_raw": raw,
+                    "arguments": arguments, "complete": complete })
+        })
+        .collect();
+    let usage = match format {
+        Format::OpenAi => {
+            let prompt = usage.input + usage.cache_read;
+            json!({ "prompt_tokens": prompt, "completion_tokens": usage.output,
+                    "total_tokens": prompt + usage.output, "cached_tokens": usage.cache_read,
+                    "reasoning_tokens": usage.reasoning })
+        }
+        Format::Anthropic => json!({
+            "input_tokens": usage.input, "cache_creation_input_tokens": usage.cache_write,
+            "cache_read_input_tokens": usage.cache_read, "output_tokens": usage.output,
+            "total_input_tokens": usage.total_input() }),
+    };
+    json!({ "outcome": outcome, "message_id": message_id, "model": model, "text": text,
+            "reasoning": reasoning, "tool_calls": tool_calls, "finish_reason": finish,
+            "usage": usage, "error": error })
+}
+
+/// Documentation in the expected files, not parse results: skipped by the comparison.
+/// `cache_creation` is Anthropic's per-TTL split of cache writes, which `Usage` does not keep
+/// (this client only writes 5-minute entries, so `cache_write` is the whole of it).
+const NOT_COMPARED: [&str; 9] = [
+    "fixture",
+    "wire_format",
+    "synthetic",
+    "parser_must",
+    "note",
+    "source_field",
+    "where",
+    "retryable_class",
+    "cache_creation",
+];
+
+fn compare(path: &str, expected: &Value, actual: &Value, mismatches: &mut Vec<String>) {
+    match (expected, actual) {
+        (Value::Object(expected), Value::Object(actual)) => {
+            for (key, value) in expected {
+                if NOT_COMPARED.contains(&key.as_str()) {
+                    continue;
+                }
+                match actual.get(key) {
+                    Some(got) => compare(&format!("{path}.{key}"), value, got, mismatches),
+                    None => mismatches.push(format!("{path}.{key}: missing from the parse")),
+                }
+            }
+            for key in actual.keys() {
+                if !expected.contains_key(key) {
+                    mismatches.push(format!("{path}.{key}: not in the expected file"));
+                }
+            }
+        }
+        (Value::Array(expected), Value::Array(actual)) => {
+            if expected.len() != actual.len() {
+                mismatches.push(format!(
+                    "{path}: {} items expected, {} parsed",
+                    expected.len(),
+                    actual.len()
+                ));
+            }
+            for (n, (e, a)) in expected.iter().zip(actual).enumerate() {
+                compare(&format!("{path}[{n}]"), e, a, mismatches);
+            }
+        }
+        _ if expected == actual => {}
+        _ => mismatches.push(format!("{path}: expected {expected}, parsed {actual}")),
+    }
+}
+
+#[test]
+fn every_fixture_parses_to_its_expected_json() {
+    let mut failures = Vec::new();
+    for (name, format, bytes) in fixtures() {
+        let expected: Value = serde_json::from_slice(
+            &std::fs::read(testdata().join(format!("{name}.expected.json")))
+                .expect("expected file"),
+        )
+        .expect("expected JSON");
+        let items = parse_whole(format, &bytes);
+        let mut mismatches = Vec::new();
+        compare("", &expected, &render(format, &items), &mut mismatches);
+        failures.extend(mismatches.into_iter().map(|m| format!("{name}{m}")));
+    }
+    assert!(failures.is_empty(), "mismatches:\n{}", failures.join("\n"));
+}
+
+#[test]
+fn in_stream_errors_are_classified_from_their_body() {
+    let (_, _, bytes) = fixtures()
+        .into_iter()
+        .find(|(name, ..)| name == "anthropic-error-mid-stream-synthetic")
+        .expect("fixture");
+    let error = parse_whole(Format::Anthropic, &bytes)
+        .pop()
+        .expect("items")
+        .expect_err("ends with an error");
+    assert_eq!(
+        error.kind(),
+        ErrorKind::ProviderInternal { overloaded: true }
+    );
+    assert!(error.retryable());
+
+    let (_, _, bytes) = fixtures()
+        .into_iter()
+        .find(|(name, ..)| name == "openrouter-error-mid-stream")
+        .expect("fixture");
+    let error = parse_whole(Format::OpenAi, &bytes)
+        .pop()
+        .expect("items")
+        .expect_err("ends with an error");
+    // `{"code": 400}` inside the stream reads as the status it stands for.
+    assert_eq!(error.kind(), ErrorKind::InvalidRequest);
+    assert!(!error.retryable());
+}
+
+#[test]
+fn the_stream_contract_holds_for_every_fixture() {
+    for (name, format, bytes) in fixtures() {
+        let items = parse_whole(format, &bytes);
+        let starts = items
+            .iter()
+            .filter(|i| matches!(i, Ok(Event::StepStart { .. })))
+            .count();
+        let finishes = items
+            .iter()
+            .filter(|i| matches!(i, Ok(Event::StepFinish { .. })))
+            .count();
+        assert_eq!((starts, finishes), (1, 1), "{name}: one start, one finish");
+        assert!(
+            matches!(items[0], Ok(Event::StepStart { .. })),
+            "{name}: starts with StepStart"
+        );
+        let errors = items.iter().filter(|i| i.is_err()).count();
+        match items.last() {
+            Some(Err(_)) => {
+                assert_eq!(errors, 1, "{name}");
+                assert!(
+                    matches!(items[items.len() - 2], Ok(Event::StepFinish { .. })),
+                    "{name}"
+                );
+            }
+            Some(Ok(Event::StepFinish { .. })) => assert_eq!(errors, 0, "{name}"),
+            other => panic!("{name}: ends with {other:?}"),
+        }
+    }
+}
+
+fn with_line_endings(bytes: &[u8], ending: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len() * 2);
+    for &byte in bytes {
+        if byte == b'\n' {
+            out.extend_from_slice(ending);
+        } else {
+            out.push(byte);
+        }
+    }
+    out
+}
+
+#[test]
+fn line_endings_do_not_matter() {
+    for (name, format, bytes) in fixtures() {
+        let reference = parse_whole(format, &bytes);
+        for ending in [&b"\r\n"[..], b"\r"] {
+            let converted = with_line_endings(&bytes, ending);
+            assert_eq!(
+                parse_whole(format, &converted),
+                reference,
+                "{name} with {ending:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_two_chunk_split_yields_the_same_events() {
+    // Exhaustive for one cut: covers every position inside multi-byte characters and, in the
+    // CRLF variant, between every `\r` and its `\n`.
+    for (name, format, bytes) in fixtures() {
+        let reference = parse_whole(format, &bytes);
+        let crlf = with_line_endings(&bytes, b"\r\n");
+        for input in [&bytes, &crlf] {
+            for cut in 0..=input.len() {
+                let items = parse(format, [&input[..cut], &input[cut..]]);
+                assert_eq!(items, reference, "{name} cut at {cut}");
+            }
+        }
+    }
+}
+
+fn split_at<'a>(bytes: &'a [u8], cuts: &[usize]) -> Vec<&'a [u8]> {
+    let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
+    cuts.sort_unstable();
+    let mut chunks = Vec::new();
+    let mut start = 0;
+    for cut in cuts {
+        chunks.push(&bytes[start..cut]);
+        start = cut;
+    }
+    chunks.push(&bytes[start..]);
+    chunks
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn any_chunking_yields_the_same_events(
+        fixture in 0usize..12,
+        ending in 0usize..3,
+        cuts in proptest::collection::vec(any::<usize>(), 0..40),
+    ) {
+        let (name, format, bytes) = fixtures().swap_remove(fixture);
+        let reference = parse_whole(format, &bytes);
+        let input = match ending {
+            0 => bytes,
+            1 => with_line_endings(&bytes, b"\r\n"),
+            _ => with_line_endings(&bytes, b"\r"),
+        };
+        let items = parse(format, split_at(&input, &cuts));
+        prop_assert_eq!(items, reference, "{} split at {:?}", name, cuts);
+    }
+}

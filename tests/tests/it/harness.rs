@@ -1,0 +1,127 @@
+//! A runtime over a temporary store with a scripted provider, and helpers to read what happened.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agenthost_actors::{Config, CreateSession, Extensions, Live, PromptRequest, Runtime};
+use agenthost_llm::scripted::{Script, Scripted};
+use agenthost_model::{Event, Seq, SessionId};
+use tokio::sync::broadcast;
+
+pub struct Harness {
+    /// Kept so the store outlives the test.
+    _dir: tempfile::TempDir,
+    pub runtime: Runtime,
+    pub provider: Arc<Scripted>,
+    events: broadcast::Receiver<Arc<(SessionId, Live)>>,
+}
+
+pub fn config(dir: &std::path::Path, provider: Arc<Scripted>) -> Config {
+    let mut config = Config::new(dir.join("store.redb")).with_provider("scripted", provider);
+    config.supervision.backoff = Duration::from_millis(1);
+    config
+}
+
+impl Harness {
+    pub async fn start(scripts: impl IntoIterator<Item = Script>) -> Harness {
+        Harness::start_with(scripts, |_| {}, Extensions::default()).await
+    }
+
+    pub async fn start_with(
+        scripts: impl IntoIterator<Item = Script>,
+        tweak: impl FnOnce(&mut Config),
+        extensions: Extensions,
+    ) -> Harness {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let provider = Arc::new(Scripted::new(scripts));
+        let mut config = config(dir.path(), provider.clone());
+        tweak(&mut config);
+        let runtime = Runtime::start_with(config, extensions)
+            .await
+            .expect("runtime starts");
+        let events = runtime.subscribe();
+        Harness {
+            _dir: dir,
+            runtime,
+            provider,
+            events,
+        }
+    }
+
+    pub async fn session(&self) -> SessionId {
+        self.runtime
+            .create_session(CreateSession::default())
+            .await
+            .expect("session")
+            .id
+    }
+
+    /// Admits `text` and wakes the session.
+    pub async fn prompt(&self, session: &SessionId, text: &str) {
+        self.runtime
+            .prompt(PromptRequest::new(session, text))
+            .await
+            .expect("admitted");
+    }
+
+    /// Admits `text` without waking.
+    pub async fn admit(&self, session: &SessionId, text: &str) {
+        let mut request = PromptRequest::new(session, text);
+        request.resume = false;
+        self.runtime.prompt(request).await.expect("admitted");
+    }
+
+    /// The durable log of a session as event kinds.
+    pub fn kinds(&self, session: &SessionId) -> Vec<&'static str> {
+        self.log(session).iter().map(|e| e.kind()).collect()
+    }
+
+    pub fn log(&self, session: &SessionId) -> Vec<Event> {
+        let snap = self.runtime.snapshot().expect("snapshot");
+        snap.events(session, Seq::ZERO, usize::MAX)
+            .expect("events")
+            .into_iter()
+            .map(|s| s.event)
+            .collect()
+    }
+
+    pub fn count(&self, session: &SessionId, kind: &str) -> usize {
+        self.kinds(session).iter().filter(|k| **k == kind).count()
+    }
+
+    /// Waits until the session reports `running: false`, `n` times from now.
+    pub async fn drains_finished(&mut self, session: &SessionId, n: usize) -> usize {
+        let mut started = 0;
+        let mut finished = 0;
+        while finished < n {
+            let event = tokio::time::timeout(Duration::from_secs(30), self.events.recv())
+                .await
+                .expect("drain finished in time")
+                .expect("bus open");
+            if &event.0 == session {
+                match event.1 {
+                    Live::Status { running: true } => started += 1,
+                    Live::Status { running: false } => finished += 1,
+                    _ => {}
+                }
+            }
+        }
+        started
+    }
+
+    /// Checks that projections equal a replay of the log.
+    pub fn assert_replay_equal(&self) {
+        let snap = self.runtime.snapshot().expect("snapshot");
+        let logs = snap.logs().expect("logs");
+        let replayed =
+            agenthost_model::Projections::replay(logs.iter().map(|(s, l)| (s, l.as_slice())))
+                .expect("replays");
+        assert_eq!(snap.projections().expect("projections"), replayed);
+    }
+}
+
+pub fn text(s: &str) -> Script {
+    Script::new()
+        .text(s)
+        .finish(agenthost_llm::FinishReason::Stop)
+}

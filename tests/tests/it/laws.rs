@@ -1,0 +1,373 @@
+//! The laws of SPEC §7: serialized drains, coalesced wakes, joins, interrupts.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use agenthost_actors::{Call, Executor, Extensions, Outcome, Runtime, Tool, Tools};
+use agenthost_llm::scripted::{Gate, Script};
+use agenthost_llm::{Error as LlmError, ErrorKind, FinishReason};
+use futures::future::BoxFuture;
+
+use crate::harness::{Harness, text};
+
+fn gated(gate: &Gate, reply: &str) -> Script {
+    Script::new()
+        .gate(gate)
+        .text(reply)
+        .finish(FinishReason::Stop)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wake_while_idle_starts_a_drain_and_active_is_exact() {
+    let gate = Gate::new();
+    let mut h = Harness::start([gated(&gate, "hi")]).await;
+    let s = h.session().await;
+    assert!(h.runtime.active().is_empty());
+    h.prompt(&s, "hello").await;
+    gate.reached().await;
+    assert_eq!(h.runtime.active(), vec![s.clone()]);
+    gate.release();
+    h.drains_finished(&s, 1).await;
+    assert!(h.runtime.active().is_empty());
+    assert_eq!(
+        h.kinds(&s),
+        [
+            "session_created",
+            "prompt_admitted",
+            "execution_started",
+            "prompt_promoted",
+            "step_started",
+            "text_ended",
+            "step_ended",
+            "execution_succeeded"
+        ]
+    );
+    let request = h.provider.last_request().expect("one request");
+    assert_eq!(
+        request.messages,
+        vec![agenthost_llm::Message::user("hello")]
+    );
+    h.assert_replay_equal();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_resumes_join_one_drain() {
+    let gate = Gate::new();
+    let h = Harness::start([gated(&gate, "once")]).await;
+    let s = h.session().await;
+    h.admit(&s, "go").await;
+    let resumes: Vec<_> = (0..3)
+        .map(|_| {
+            let runtime = h.runtime.clone();
+            let s = s.clone();
+            tokio::spawn(async move { runtime.resume(&s).await })
+        })
+        .collect();
+    gate.reached().await;
+    gate.release();
+    for r in resumes {
+        assert_eq!(
+            r.await.expect("joined"),
+            Ok(Outcome::Completed { steps: 1 })
+        );
+    }
+    assert_eq!(h.provider.calls(), 1);
+    assert_eq!(h.count(&s, "execution_started"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_during_a_wake_started_drain_joins_without_forcing() {
+    let gate = Gate::new();
+    let mut h = Harness::start([gated(&gate, "answer")]).await;
+    let s = h.session().await;
+    h.prompt(&s, "question").await;
+    gate.reached().await;
+    let resume = {
+        let runtime = h.runtime.clone();
+        let s = s.clone();
+        tokio::spawn(async move { runtime.resume(&s).await })
+    };
+    tokio::task::yield_now().await;
+    gate.release();
+    assert_eq!(
+        resume.await.expect("joined"),
+        Ok(Outcome::Completed { steps: 1 })
+    );
+    assert_eq!(h.drains_finished(&s, 1).await, 1);
+    assert_eq!(h.provider.calls(), 1, "the join forced nothing");
+    assert_eq!(h.count(&s, "execution_started"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_wakes_during_a_drain_give_exactly_two_drains() {
+    let gate = Gate::new();
+    let mut h = Harness::start([gated(&gate, "a")]).await;
+    let s = h.session().await;
+    h.prompt(&s, "one").await;
+    gate.reached().await;
+    for _ in 0..3 {
+        h.runtime.wake(&s).await.expect("wake");
+    }
+    gate.release();
+    assert_eq!(h.drains_finished(&s, 2).await, 2);
+    h.runtime
+        .wait_idle(&s, Duration::from_secs(30))
+        .await
+        .expect("idle");
+    assert_eq!(h.provider.calls(), 1, "the follow-up found nothing to do");
+    assert_eq!(h.count(&s, "execution_started"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wake_during_the_follow_up_gives_a_third_drain() {
+    let (first, second) = (Gate::new(), Gate::new());
+    let failing = Script::new()
+        .gate(&first)
+        .error(LlmError::new(ErrorKind::InvalidRequest, "refused"));
+    let mut h = Harness::start([failing, gated(&second, "b")]).await;
+    let s = h.session().await;
+    h.prompt(&s, "one").await;
+    first.reached().await;
+    // New input during the first drain; the drain fails before promoting it.
+    h.prompt(&s, "two").await;
+    first.release();
+    second.reached().await;
+    h.runtime.wake(&s).await.expect("wake");
+    second.release();
+    assert_eq!(h.drains_finished(&s, 3).await, 3);
+    h.runtime
+        .wait_idle(&s, Duration::from_secs(30))
+        .await
+        .expect("idle");
+    assert_eq!(h.provider.calls(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupt_on_idle_or_unknown_is_a_no_op() {
+    let h = Harness::start([]).await;
+    let s = h.session().await;
+    assert_eq!(h.runtime.interrupt(&s).await, Ok(false));
+    let unknown = agenthost_model::SessionId::parse("ses_unknown").expect("valid");
+    assert_eq!(h.runtime.interrupt(&unknown).await, Ok(false));
+    assert_eq!(h.kinds(&s), ["session_created"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupt_clears_the_follow_up_and_records_cleanup() {
+    let gate = Gate::new();
+    let script = Script::new()
+        .text("partial answer")
+        .gate(&gate)
+        .text(" never")
+        .finish(FinishReason::Stop);
+    let mut h = Harness::start([script]).await;
+    let s = h.session().await;
+    h.prompt(&s, "go").await;
+    gate.reached().await;
+    h.runtime.wake(&s).await.expect("wake sets the follow-up");
+    assert_eq!(h.runtime.interrupt(&s).await, Ok(true));
+    assert_eq!(
+        h.drains_finished(&s, 1).await,
+        1,
+        "no follow-up after interrupt"
+    );
+    assert_eq!(
+        h.kinds(&s)[2..],
+        [
+            "execution_started",
+            "prompt_promoted",
+            "step_started",
+            "text_ended",
+            "step_failed",
+            "execution_interrupted"
+        ]
+    );
+    let log = h.log(&s);
+    assert!(log.iter().any(|e| matches!(e, agenthost_model::Event::TextEnded { incomplete: true, text, .. } if text == "partial answer")));
+    assert!(log.iter().any(|e| matches!(e, agenthost_model::Event::StepFailed { error, .. } if error.kind == agenthost_model::FailureKind::Aborted)));
+    assert_eq!(h.count(&s, "step_ended"), 0);
+    assert_eq!(h.provider.calls(), 1);
+    let row = h
+        .runtime
+        .snapshot()
+        .expect("snap")
+        .session(&s)
+        .expect("read")
+        .expect("row");
+    assert!(row.claim.is_none(), "a user interrupt releases the claim");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn wake_and_resume_during_interrupt_cleanup_run_after_it() {
+    let gate = Gate::new();
+    let script = Script::new()
+        .gate(&gate)
+        .text("never")
+        .finish(FinishReason::Stop);
+    let mut h = Harness::start([script, text("after")]).await;
+    let s = h.session().await;
+    h.prompt(&s, "go").await;
+    gate.reached().await;
+    // Spawned in this order on one thread, the three messages reach the mailbox in this order.
+    let interrupt = tokio::spawn({
+        let (r, s) = (h.runtime.clone(), s.clone());
+        async move { r.interrupt(&s).await }
+    });
+    let wake = tokio::spawn({
+        let (r, s) = (h.runtime.clone(), s.clone());
+        async move { r.wake(&s).await }
+    });
+    let resume = tokio::spawn({
+        let (r, s) = (h.runtime.clone(), s.clone());
+        async move { r.resume(&s).await }
+    });
+    assert_eq!(interrupt.await.expect("joined"), Ok(true));
+    wake.await.expect("joined").expect("woken");
+    assert_eq!(
+        resume.await.expect("joined"),
+        Ok(Outcome::Completed { steps: 1 })
+    );
+    assert_eq!(h.drains_finished(&s, 2).await, 2);
+    let kinds = h.kinds(&s);
+    let interrupted = kinds
+        .iter()
+        .position(|k| *k == "execution_interrupted")
+        .expect("interrupted");
+    let restarted = kinds
+        .iter()
+        .rposition(|k| *k == "execution_started")
+        .expect("started again");
+    assert!(interrupted < restarted, "{kinds:?}");
+    assert_eq!(h.provider.calls(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_reaches_every_joiner_and_a_racing_wake_gets_one_follow_up() {
+    let gate = Gate::new();
+    let failing = Script::new()
+        .gate(&gate)
+        .error(LlmError::new(ErrorKind::InvalidRequest, "bad request"));
+    let mut h = Harness::start([failing, text("recovered")]).await;
+    let s = h.session().await;
+    h.admit(&s, "go").await;
+    let joiners: Vec<_> = (0..2)
+        .map(|_| {
+            let (r, s) = (h.runtime.clone(), s.clone());
+            tokio::spawn(async move { r.resume(&s).await })
+        })
+        .collect();
+    gate.reached().await;
+    h.prompt(&s, "more").await;
+    gate.release();
+    for j in joiners {
+        let result = j.await.expect("joined");
+        assert!(
+            matches!(result, Err(agenthost_actors::Error::Provider(_))),
+            "{result:?}"
+        );
+    }
+    assert_eq!(h.drains_finished(&s, 2).await, 2);
+    assert_eq!(h.count(&s, "execution_failed"), 1);
+    assert_eq!(h.count(&s, "step_failed"), 1);
+    assert_eq!(h.count(&s, "execution_succeeded"), 1);
+    assert!(h.runtime.active().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joiner_that_stops_waiting_does_not_cancel_the_drain() {
+    let gate = Gate::new();
+    let mut h = Harness::start([gated(&gate, "done")]).await;
+    let s = h.session().await;
+    h.admit(&s, "go").await;
+    let impatient = {
+        let (r, s) = (h.runtime.clone(), s.clone());
+        tokio::spawn(async move { r.resume(&s).await })
+    };
+    gate.reached().await;
+    impatient.abort();
+    let _ = impatient.await;
+    gate.release();
+    h.drains_finished(&s, 1).await;
+    assert_eq!(h.count(&s, "execution_succeeded"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sessions_drain_at_the_same_time() {
+    let gate = Gate::new();
+    let h = Harness::start([gated(&gate, "a"), gated(&gate, "b")]).await;
+    let (a, b) = (h.session().await, h.session().await);
+    h.prompt(&a, "one").await;
+    h.prompt(&b, "two").await;
+    gate.reached().await;
+    gate.reached().await;
+    let mut both = vec![a.clone(), b.clone()];
+    both.sort();
+    assert_eq!(h.runtime.active(), both);
+    gate.open();
+    h.runtime
+        .wait_idle(&a, Duration::from_secs(30))
+        .await
+        .expect("idle");
+    h.runtime
+        .wait_idle(&b, Duration::from_secs(30))
+        .await
+        .expect("idle");
+}
+
+/// A tool that wakes its own session many times from inside the drain.
+#[derive(Debug)]
+struct SelfWaker {
+    runtime: Arc<OnceLock<Runtime>>,
+    times: usize,
+}
+
+impl Executor for SelfWaker {
+    fn execute(&self, call: Call) -> BoxFuture<'static, Result<String, String>> {
+        let runtime = self.runtime.get().expect("set after start").clone();
+        let times = self.times;
+        Box::pin(async move {
+            for _ in 0..times {
+                runtime
+                    .wake(&call.session)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok(format!("woke {times} times"))
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_thousand_self_wakes_coalesce() {
+    let slot = Arc::new(OnceLock::new());
+    let mut tools = Tools::default();
+    tools.register(Tool::new(
+        "wake_self",
+        "wakes the session",
+        serde_json::json!({"type": "object"}),
+        Arc::new(SelfWaker {
+            runtime: slot.clone(),
+            times: 20_000,
+        }),
+    ));
+    let call = Script::new()
+        .tool_call("c1", "wake_self", "{}")
+        .finish(FinishReason::ToolCalls);
+    let mut h = Harness::start_with(
+        [call, text("done")],
+        |_| {},
+        Extensions {
+            tools,
+            hooks: Vec::new(),
+        },
+    )
+    .await;
+    slot.set(h.runtime.clone()).expect("set once");
+    let s = h.session().await;
+    h.prompt(&s, "wake yourself").await;
+    // The drain, then exactly one follow-up (which finds nothing to do).
+    assert_eq!(h.drains_finished(&s, 2).await, 2);
+    assert_eq!(h.provider.calls(), 2);
+    let log = h.log(&s);
+    assert!(log.iter().any(|e| matches!(e, agenthost_model::Event::ToolSucceeded { output, .. } if output == "woke 20000 times")));
+}

@@ -1,0 +1,126 @@
+//! Supervision and passivation (SPEC §8).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use agenthost_actors::{Extensions, Hook, RequestContext};
+use agenthost_llm::Request;
+
+use crate::harness::{Harness, text};
+
+/// Panics in the first `times` request preparations.
+#[derive(Debug)]
+struct PanicOnRequest {
+    left: AtomicUsize,
+}
+
+impl Hook for PanicOnRequest {
+    fn on_request(&self, _ctx: &RequestContext, _request: &mut Request) {
+        if self
+            .left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            panic!("hook exploded");
+        }
+    }
+}
+
+fn panicking(times: usize) -> Extensions {
+    Extensions {
+        tools: Default::default(),
+        hooks: vec![Arc::new(PanicOnRequest {
+            left: AtomicUsize::new(times),
+        })],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_drain_restarts_the_actor_and_owed_work_continues() {
+    let h = Harness::start_with([text("made it")], |_| {}, panicking(1)).await;
+    let s = h.session().await;
+    h.admit(&s, "go").await;
+    let result = h.runtime.resume(&s).await;
+    assert!(
+        matches!(result, Err(agenthost_actors::Error::Panicked(_))),
+        "{result:?}"
+    );
+    // The restarted actor settles the claim the dead drain left and answers the prompt.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while h.count(&s, "execution_succeeded") == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", h.kinds(&s));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(h.provider.calls(), 1);
+    assert_eq!(h.runtime.metrics().restarts.load(Ordering::Relaxed), 1);
+    assert!(h.runtime.active().is_empty());
+    h.assert_replay_equal();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_restart_limit_halts_the_session_until_an_explicit_resume() {
+    let h = Harness::start_with([text("finally")], |_| {}, panicking(6)).await;
+    let s = h.session().await;
+    h.admit(&s, "go").await;
+    let _ = h.runtime.resume(&s).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let halted = loop {
+        let row = h
+            .runtime
+            .snapshot()
+            .expect("snap")
+            .session(&s)
+            .expect("read")
+            .expect("row");
+        if row.halted.is_some() {
+            break row;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", h.kinds(&s));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(halted.claim.is_none());
+    assert_eq!(h.runtime.metrics().restarts.load(Ordering::Relaxed), 5);
+    // A wake does not revive a halted session; an explicit resume does.
+    h.runtime.wake(&s).await.expect("wake");
+    h.runtime
+        .wait_idle(&s, Duration::from_secs(30))
+        .await
+        .expect("idle");
+    assert_eq!(h.provider.calls(), 0);
+    let outcome = h.runtime.resume(&s).await;
+    assert_eq!(
+        outcome,
+        Ok(agenthost_actors::Outcome::Completed { steps: 1 })
+    );
+    assert_eq!(h.provider.calls(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_actor_passivates_and_the_next_prompt_respawns_it() {
+    let h = Harness::start_with(
+        [text("first"), text("second")],
+        |c| c.passivate_after = Duration::from_millis(50),
+        Extensions::default(),
+    )
+    .await;
+    let s = h.session().await;
+    h.prompt(&s, "one").await;
+    h.runtime
+        .wait_idle(&s, Duration::from_secs(30))
+        .await
+        .expect("idle");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while h.runtime.live() > 0 {
+        assert!(tokio::time::Instant::now() < deadline, "never passivated");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    h.prompt(&s, "two").await;
+    h.runtime
+        .wait_idle(&s, Duration::from_secs(30))
+        .await
+        .expect("idle");
+    assert_eq!(h.provider.calls(), 2);
+    assert_eq!(h.count(&s, "prompt_promoted"), 2);
+    assert_eq!(h.count(&s, "execution_succeeded"), 2);
+}
