@@ -72,8 +72,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     fn stats(&self) -> &Stats;
     /// The largest prompt admitted, in bytes.
     fn prompt_limit(&self) -> usize;
-    /// Stops accepting writes and returns once everything already submitted is durable.
-    /// Snapshots keep working.
+    /// Stops accepting writes, returns once everything already submitted is durable, and
+    /// releases the storage. Later operations fail with [`Error::Closed`].
     fn close(&self);
 }
 
@@ -130,7 +130,8 @@ pub fn system_clock() -> Timestamp {
 /// The redb store. Cheap to share behind an `Arc`; dropping the last handle (or
 /// [`Store::close`]) lets the writer commit what is queued and stop.
 pub struct RedbStore {
-    db: Arc<Database>,
+    /// `None` once closed: closing releases the file, so another store can open it.
+    db: std::sync::RwLock<Option<Arc<Database>>>,
     tx: Mutex<Option<mpsc::Sender<Request>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
     stats: Arc<Stats>,
@@ -186,7 +187,7 @@ impl RedbStore {
             .spawn(move || writer.run(rx))
             .map_err(|e| Error::Storage(format!("cannot start the writer thread: {e}")))?;
         Ok(RedbStore {
-            db,
+            db: std::sync::RwLock::new(Some(db)),
             tx: Mutex::new(Some(tx)),
             writer: Mutex::new(Some(handle)),
             stats,
@@ -195,8 +196,9 @@ impl RedbStore {
         })
     }
 
-    /// Stops accepting writes, lets the writer commit everything already queued, and waits for
-    /// it. Later writes fail with [`Error::Closed`]; snapshots keep working.
+    /// Stops accepting writes, lets the writer commit everything already queued, waits for it,
+    /// and releases the database file (once no snapshot holds it any more). Later writes and
+    /// snapshots fail with [`Error::Closed`].
     fn close_writer(&self) {
         drop(lock(&self.tx).take());
         if let Some(handle) = lock(&self.writer).take()
@@ -204,6 +206,7 @@ impl RedbStore {
         {
             tracing::error!("store writer thread panicked");
         }
+        drop(self.db.write().unwrap_or_else(|e| e.into_inner()).take());
     }
 
     fn submit(&self, op: Op) -> BoxFuture<'static, Result<Outcome>> {
@@ -314,7 +317,13 @@ impl Store for RedbStore {
     }
 
     fn snapshot(&self) -> Result<Box<dyn Snapshot>> {
-        let txn = self.db.begin_read().map_err(storage)?;
+        let db = self
+            .db
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or(Error::Closed)?;
+        let txn = db.begin_read().map_err(storage)?;
         Ok(Box::new(snapshot::RedbSnapshot { txn }))
     }
 

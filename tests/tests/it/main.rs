@@ -3,5 +3,6 @@
 
 mod harness;
 mod laws;
+mod model;
 mod recovery;
 mod supervision;

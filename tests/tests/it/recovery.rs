@@ -465,8 +465,9 @@ async fn shutdown_keeps_the_claim_of_an_interrupted_drain() {
         runtime.wake(&s).await,
         Err(agenthost_actors::Error::ShuttingDown)
     ));
-    // Snapshots keep working after shutdown; writes do not.
-    let snap = runtime.snapshot().expect("snap");
+    // Shutdown released the store: it reopens, with the claim kept.
+    let store = RedbStore::open(StoreConfig::new(dir.path().join("store.redb"))).expect("reopen");
+    let snap = store.snapshot().expect("snap");
     assert!(
         snap.session(&s)
             .expect("read")

@@ -189,3 +189,26 @@ fn a_corrupt_file_is_a_clear_error() {
         "{err:?}"
     );
 }
+
+#[tokio::test]
+async fn close_releases_the_file_for_the_next_store() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = open(dir.path());
+    store
+        .create_session(new_session(&sid("x")))
+        .await
+        .expect("created");
+    let snap = store.snapshot().expect("snapshot");
+    drop(snap);
+    store.close();
+    assert!(matches!(store.snapshot(), Err(Error::Closed)));
+    let again = open(dir.path());
+    assert!(
+        again
+            .snapshot()
+            .expect("snap")
+            .session(&sid("x"))
+            .expect("read")
+            .is_some()
+    );
+}

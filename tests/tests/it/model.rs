@@ -1,0 +1,254 @@
+//! A model-based test of the runtime (SPEC §5–§8, §19): random sequences of prompt, wake,
+//! resume, interrupt, drain panic and runtime restart, checked against a reference of what was
+//! admitted. Invariants: at most one drain per session at any moment, every admitted input is
+//! promoted exactly once, every resume is answered (never left hanging).
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agenthost_actors::{
+    CreateSession, Extensions, Hook, Live, PromptRequest, RequestContext, Runtime,
+};
+use agenthost_llm::scripted::{Script, Scripted};
+use agenthost_llm::{FinishReason, Request};
+use agenthost_model::{Delivery, Event, MessageId, Seq, SessionId};
+use proptest::prelude::*;
+use tokio::task::JoinHandle;
+
+use crate::harness;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Prompt {
+        session: usize,
+        queue: bool,
+        resume: bool,
+    },
+    Wake(usize),
+    Resume(usize),
+    Interrupt(usize),
+    Panic(usize),
+    Restart,
+    Pause,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0usize..2, any::<bool>(), any::<bool>())
+            .prop_map(|(session, queue, resume)| Op::Prompt { session, queue, resume }),
+        2 => (0usize..2).prop_map(Op::Wake),
+        2 => (0usize..2).prop_map(Op::Resume),
+        2 => (0usize..2).prop_map(Op::Interrupt),
+        1 => (0usize..2).prop_map(Op::Panic),
+        1 => Just(Op::Restart),
+        2 => Just(Op::Pause),
+    ]
+}
+
+/// Panics in the next request prepared for an armed session.
+#[derive(Debug, Default)]
+struct PanicOnce {
+    armed: Mutex<HashSet<SessionId>>,
+}
+
+impl Hook for PanicOnce {
+    fn on_request(&self, ctx: &RequestContext, _request: &mut Request) {
+        let armed = self
+            .armed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&ctx.session);
+        if armed {
+            panic!("injected drain panic");
+        }
+    }
+}
+
+struct World {
+    dir: tempfile::TempDir,
+    runtime: Runtime,
+    hook: Arc<PanicOnce>,
+    sessions: Vec<SessionId>,
+    /// Drains running per session, from live status events; never above one.
+    monitor: JoinHandle<()>,
+}
+
+async fn start(
+    dir: tempfile::TempDir,
+    hook: Arc<PanicOnce>,
+) -> (Runtime, JoinHandle<()>, tempfile::TempDir) {
+    // Every request gets a short answer after a little real time, so interrupts land mid-drain.
+    let provider = Arc::new(Scripted::from_fn(|_| {
+        Some(
+            Script::new()
+                .delay(Duration::from_millis(2))
+                .text("ok")
+                .finish(FinishReason::Stop),
+        )
+    }));
+    let config = harness::config(dir.path(), provider);
+    let extensions = Extensions {
+        tools: Default::default(),
+        hooks: vec![hook as Arc<dyn Hook>],
+    };
+    let runtime = Runtime::start_with(config, extensions)
+        .await
+        .expect("start");
+    let mut events = runtime.subscribe();
+    let monitor = tokio::spawn(async move {
+        let mut running: BTreeMap<SessionId, i32> = BTreeMap::new();
+        while let Ok(event) = events.recv().await {
+            if let Live::Status { running: r } = event.1 {
+                let n = running.entry(event.0.clone()).or_default();
+                *n += if r { 1 } else { -1 };
+                assert!(*n <= 1, "two drains at once in {}", event.0);
+            }
+        }
+    });
+    (runtime, monitor, dir)
+}
+
+async fn run(ops: Vec<Op>) {
+    let hook = Arc::new(PanicOnce::default());
+    let (runtime, monitor, dir) = start(tempfile::tempdir().expect("tempdir"), hook.clone()).await;
+    let mut sessions = Vec::new();
+    for _ in 0..2 {
+        sessions.push(
+            runtime
+                .create_session(CreateSession::default())
+                .await
+                .expect("session")
+                .id,
+        );
+    }
+    let mut w = World {
+        dir,
+        runtime,
+        hook,
+        sessions,
+        monitor,
+    };
+    let mut admitted: Vec<(SessionId, MessageId)> = Vec::new();
+    let mut resumes: Vec<JoinHandle<agenthost_actors::Result<agenthost_actors::Outcome>>> =
+        Vec::new();
+    let mut panics = 0;
+    for op in ops {
+        match op {
+            Op::Prompt {
+                session,
+                queue,
+                resume,
+            } => {
+                let s = &w.sessions[session];
+                let mut request = PromptRequest::new(s, "work");
+                request.delivery = if queue {
+                    Delivery::Queue
+                } else {
+                    Delivery::Steer
+                };
+                request.resume = resume;
+                let receipt = w.runtime.prompt(request).await.expect("admitted");
+                admitted.push((s.clone(), receipt.id));
+            }
+            Op::Wake(session) => w.runtime.wake(&w.sessions[session]).await.expect("wake"),
+            Op::Resume(session) => {
+                let (r, s) = (w.runtime.clone(), w.sessions[session].clone());
+                resumes.push(tokio::spawn(async move { r.resume(&s).await }));
+            }
+            Op::Interrupt(session) => {
+                w.runtime
+                    .interrupt(&w.sessions[session])
+                    .await
+                    .expect("interrupt");
+            }
+            Op::Panic(session) if panics < 3 => {
+                panics += 1;
+                let s = w.sessions[session].clone();
+                w.hook
+                    .armed
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(s.clone());
+                w.runtime.wake(&s).await.expect("wake");
+            }
+            Op::Panic(_) => {}
+            Op::Restart => {
+                w.runtime.shutdown().await;
+                w.monitor.abort();
+                let (runtime, monitor, dir) = start(w.dir, w.hook.clone()).await;
+                w = World {
+                    dir,
+                    runtime,
+                    hook: w.hook,
+                    sessions: w.sessions,
+                    monitor,
+                };
+            }
+            Op::Pause => tokio::time::sleep(Duration::from_millis(3)).await,
+        }
+    }
+    // Every resume is answered, with an outcome or an error, never left hanging.
+    for resume in resumes {
+        tokio::time::timeout(Duration::from_secs(30), resume)
+            .await
+            .expect("a resume was left hanging")
+            .expect("joined")
+            .ok();
+    }
+    // A last restart: recovery picks up whatever is claimed or pending; then everything settles.
+    w.hook
+        .armed
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clear();
+    w.runtime.shutdown().await;
+    w.monitor.abort();
+    let (runtime, monitor, dir) = start(w.dir, w.hook.clone()).await;
+    runtime.recovered().await;
+    for s in &w.sessions {
+        runtime
+            .wait_idle(s, Duration::from_secs(30))
+            .await
+            .expect("idle");
+    }
+    let snap = runtime.snapshot().expect("snapshot");
+    for s in &w.sessions {
+        let row = snap.session(s).expect("read").expect("row");
+        assert_eq!(row.pending, 0, "{s} kept pending input: {row:?}");
+        assert!(row.claim.is_none(), "{s} still claimed");
+    }
+    let mut promoted: BTreeMap<MessageId, usize> = BTreeMap::new();
+    for s in &w.sessions {
+        for stored in snap.events(s, Seq::ZERO, usize::MAX).expect("events") {
+            if let Event::PromptPromoted { id } = stored.event {
+                *promoted.entry(id).or_default() += 1;
+            }
+        }
+    }
+    for (_, id) in &admitted {
+        assert_eq!(
+            promoted.get(id),
+            Some(&1),
+            "{id} promoted {:?} times",
+            promoted.get(id)
+        );
+    }
+    assert_eq!(promoted.len(), admitted.len());
+    runtime.shutdown().await;
+    monitor.abort();
+    drop(dir);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+    #[test]
+    fn runtime_matches_the_reference(ops in proptest::collection::vec(op(), 1..25)) {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(run(ops));
+    }
+}
