@@ -18,6 +18,7 @@ mod drain;
 mod error;
 pub mod hooks;
 pub mod prepare;
+mod preparer;
 mod recovery;
 mod registry;
 mod runtime;

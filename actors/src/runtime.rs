@@ -19,10 +19,15 @@ use crate::drain::Outcome;
 use crate::error::{Error, Result};
 use crate::hooks::Hook;
 use crate::prepare::Catalog;
+use crate::preparer::Pool;
 use crate::recovery;
 use crate::registry::{self, Registry};
 use crate::session;
 use crate::tools::Tools;
+
+/// Preparers in the generate pool. Preparation is a snapshot read plus a request build (well
+/// under a millisecond for ordinary histories), so a few workers keep up with many callers.
+const PREPARERS: usize = 4;
 
 /// Counters the runtime keeps for metrics.
 #[derive(Debug, Default)]
@@ -103,6 +108,7 @@ pub struct Extensions {
 pub struct Runtime {
     shared: Arc<Shared>,
     registry: ActorRef<registry::Msg>,
+    preparers: Arc<Pool>,
     recovery: Arc<tokio::sync::watch::Receiver<bool>>,
 }
 
@@ -151,10 +157,12 @@ impl Runtime {
         let (registry, _) = Actor::spawn(None, Registry, shared.clone())
             .await
             .map_err(|e| Error::Unavailable(format!("cannot start the registry: {e}")))?;
+        let preparers = Arc::new(Pool::start(shared.clone(), PREPARERS).await?);
         let (done_tx, done_rx) = tokio::sync::watch::channel(false);
         let runtime = Runtime {
             shared,
             registry,
+            preparers,
             recovery: Arc::new(done_rx),
         };
         let sweeper = runtime.clone();
@@ -289,6 +297,27 @@ impl Runtime {
         }
     }
 
+    /// A transient, session-aware, one-shot model call (SPEC §14): the session's settled history
+    /// and instructions plus `prompt`, prepared exactly like a durable step but with no tools,
+    /// sent once, with nothing recorded. It never talks to the session actor, so it neither waits
+    /// for nor disturbs a running drain. An answer without text is `""`.
+    pub async fn generate(&self, session: &SessionId, prompt: &str) -> Result<String> {
+        self.check_open()?;
+        if prompt.trim().is_empty() {
+            return Err(Error::Invalid("generate needs a non-empty prompt".into()));
+        }
+        let prepared = self.preparers.prepare(session, prompt).await?;
+        let response = prepared
+            .provider
+            .generate(prepared.request)
+            .await
+            .map_err(|e| match e.kind() {
+                agenthost_llm::ErrorKind::ContextOverflow => Error::ContextOverflow(e.to_string()),
+                _ => Error::Provider(e),
+            })?;
+        Ok(response.text)
+    }
+
     /// Sessions with a drain in progress in this process.
     pub fn active(&self) -> Vec<SessionId> {
         let mut active: Vec<SessionId> =
@@ -349,6 +378,7 @@ impl Runtime {
             .registry
             .stop_and_wait(Some("shutdown".into()), Some(deadline))
             .await;
+        self.preparers.stop();
         let store = self.shared.store.clone();
         let _ = tokio::task::spawn_blocking(move || store.close()).await;
     }

@@ -1,0 +1,145 @@
+//! The preparer pool (SPEC §14): stateless actors that turn a session snapshot into a transient
+//! `generate` request. They read one redb snapshot and never send anything to a session actor, so
+//! `generate` neither waits for nor disturbs a running drain.
+//!
+//! A preparer only prepares; the provider call happens in the caller's task, so a slow model
+//! never occupies a preparer's mailbox.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use agenthost_model::SessionId;
+use agenthost_model::history::Mode;
+use futures::FutureExt;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use crate::error::{Error, Result};
+use crate::hooks::Purpose;
+use crate::prepare::{Inputs, Prepared, prepare};
+use crate::runtime::Shared;
+use crate::session::panic_message;
+
+#[derive(Debug)]
+pub(crate) enum Msg {
+    Prepare {
+        session: SessionId,
+        prompt: String,
+        reply: RpcReplyPort<Result<Prepared>>,
+    },
+}
+
+#[derive(Debug)]
+pub(crate) struct Preparer;
+
+impl Actor for Preparer {
+    type Msg = Msg;
+    type State = Arc<Shared>;
+    type Arguments = Arc<Shared>;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Msg>,
+        shared: Arc<Shared>,
+    ) -> Result<Arc<Shared>, ActorProcessingErr> {
+        Ok(shared)
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Msg>,
+        msg: Msg,
+        shared: &mut Arc<Shared>,
+    ) -> Result<(), ActorProcessingErr> {
+        let Msg::Prepare {
+            session,
+            prompt,
+            reply,
+        } = msg;
+        // The snapshot read and request build are blocking work: keep them off the async
+        // workers. A panicking hook becomes this request's error, not the preparer's death.
+        let shared = shared.clone();
+        let result = tokio::task::spawn_blocking(move || build(&shared, &session, &prompt))
+            .await
+            .unwrap_or_else(|e| match e.try_into_panic() {
+                Ok(panic) => Err(Error::Panicked(panic_message(&panic))),
+                Err(e) => Err(Error::Unavailable(e.to_string())),
+            });
+        let _ = reply.send(result);
+        Ok(())
+    }
+}
+
+/// One snapshot: the session, its settled history after the latest compaction (pending inputs
+/// are not history; it stops before an unsettled assistant message), then the shared
+/// preparation with no tools and the caller's prompt appended.
+fn build(shared: &Shared, session: &SessionId, prompt: &str) -> Result<Prepared> {
+    let snap = shared.store.snapshot()?;
+    let (row, history) = snap
+        .history(session, Mode::Settled)?
+        .ok_or_else(|| Error::SessionNotFound(session.clone()))?;
+    drop(snap);
+    let inputs = Inputs {
+        catalog: &shared.catalog,
+        tools: &shared.tools,
+        hooks: &shared.hooks,
+        row: &row,
+        history: &history,
+        step: 1,
+        purpose: Purpose::Generate,
+    };
+    let prepared = prepare(inputs, Some(prompt))?;
+    let window = u64::from(prepared.model.context_window);
+    if prepared.estimated_tokens > window {
+        return Err(Error::ContextOverflow(format!(
+            "session {session}: about {} tokens do not fit the {window}-token context window of {}",
+            prepared.estimated_tokens, prepared.model.model
+        )));
+    }
+    Ok(prepared)
+}
+
+/// A fixed set of preparers, used round-robin.
+#[derive(Debug)]
+pub(crate) struct Pool {
+    workers: Vec<ActorRef<Msg>>,
+    next: AtomicUsize,
+}
+
+impl Pool {
+    pub(crate) async fn start(shared: Arc<Shared>, size: usize) -> Result<Pool> {
+        let mut workers = Vec::with_capacity(size.max(1));
+        for _ in 0..size.max(1) {
+            let (worker, _) = Actor::spawn(None, Preparer, shared.clone())
+                .await
+                .map_err(|e| Error::Unavailable(format!("cannot start a preparer: {e}")))?;
+            workers.push(worker);
+        }
+        Ok(Pool {
+            workers,
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    pub(crate) async fn prepare(&self, session: &SessionId, prompt: &str) -> Result<Prepared> {
+        let at = self.next.fetch_add(1, Ordering::Relaxed) % self.workers.len();
+        let worker = &self.workers[at];
+        let call = worker.call(
+            |reply| Msg::Prepare {
+                session: session.clone(),
+                prompt: prompt.to_owned(),
+                reply,
+            },
+            None,
+        );
+        match call.map(|r| r.map_err(|_| ())).await {
+            Ok(ractor::rpc::CallResult::Success(result)) => result,
+            _ => Err(Error::Unavailable("the preparer pool stopped".into())),
+        }
+    }
+
+    pub(crate) fn stop(&self) {
+        for worker in &self.workers {
+            worker.stop(Some("shutdown".into()));
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! Session-aware generate (SPEC §14): the laws, checked against the durable path.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use agenthost_actors::{
+    Call, Error, Executor, Extensions, Hook, Purpose, RequestContext, Tool, ToolReport, Tools,
+};
+use agenthost_llm::scripted::{Gate, Script};
+use agenthost_llm::{ErrorKind, FinishReason, Message, Request, ToolChoice};
+use futures::future::BoxFuture;
+
+use crate::harness::{Harness, text};
+
+#[derive(Debug, Default)]
+struct Counter(AtomicUsize);
+
+impl Executor for Counter {
+    fn execute(&self, _call: Call) -> BoxFuture<'static, Result<String, String>> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async { Ok("ran".to_owned()) })
+    }
+}
+
+/// Adds a header to every request and counts tool observations.
+#[derive(Debug, Default)]
+struct Tagger {
+    tools_seen: AtomicUsize,
+}
+
+impl Hook for Tagger {
+    fn on_request(&self, ctx: &RequestContext, request: &mut Request) {
+        // The same transformation for steps and generate: parity is what the test checks.
+        assert!(matches!(ctx.purpose, Purpose::Step | Purpose::Generate));
+        request.headers.insert("x-tagged", "yes");
+    }
+    fn on_tool(&self, _report: &ToolReport) {
+        self.tools_seen.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+struct Setup {
+    h: Harness,
+    counter: Arc<Counter>,
+    tagger: Arc<Tagger>,
+}
+
+async fn setup(scripts: Vec<Script>) -> Setup {
+    let counter = Arc::new(Counter::default());
+    let tagger = Arc::new(Tagger::default());
+    let mut tools = Tools::default();
+    tools.register(Tool::new(
+        "lookup",
+        "looks things up",
+        serde_json::json!({"type": "object"}),
+        counter.clone(),
+    ));
+    let extensions = Extensions {
+        tools,
+        hooks: vec![tagger.clone() as Arc<dyn Hook>],
+    };
+    let h = Harness::start_with(scripts, |_| {}, extensions).await;
+    Setup { h, counter, tagger }
+}
+
+fn contents(h: &Harness) -> (agenthost_model::Projections, String) {
+    let snap = h.runtime.snapshot().expect("snapshot");
+    (
+        snap.projections().expect("rows"),
+        format!("{:?}", snap.logs().expect("logs")),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generate_equals_the_step_request_minus_tools_plus_the_prompt_and_changes_nothing() {
+    let t = setup(vec![
+        text("first answer"),
+        text("recap: we said hello"),
+        text("forced step"),
+    ])
+    .await;
+    let h = &t.h;
+    let s = h.session().await;
+    h.prompt(&s, "hello").await;
+    h.runtime
+        .wait_idle(&s, Duration::from_secs(30))
+        .await
+        .expect("idle");
+
+    let before = contents(h);
+    let answer = h
+        .runtime
+        .generate(&s, "summarize where we left off")
+        .await
+        .expect("generated");
+    assert_eq!(answer, "recap: we said hello");
+    assert_eq!(contents(h), before, "generate changed the store");
+
+    // The durable path at the same state: a forced step from the same history.
+    h.runtime.resume(&s).await.expect("resumed");
+    let requests = h.provider.requests();
+    let (generate, step) = (&requests[1], &requests[2]);
+    assert!(!step.tools.is_empty() && step.tool_choice == ToolChoice::Auto);
+    assert!(generate.tools.is_empty());
+    assert_eq!(generate.tool_choice, ToolChoice::None);
+    let mut expected = step.messages.clone();
+    expected.push(Message::user("summarize where we left off"));
+    assert_eq!(generate.messages, expected);
+    assert_eq!(generate.system, step.system);
+    assert_eq!(generate.model, step.model);
+    assert_eq!(
+        generate.prompt_cache_key, step.prompt_cache_key,
+        "cache identity"
+    );
+    assert_eq!(generate.prompt_cache_key.as_deref(), Some(s.as_str()));
+    let headers = |r: &Request| {
+        r.headers
+            .iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(headers(generate), headers(step));
+    assert!(
+        headers(generate).contains(&("x-tagged".into(), "yes".into())),
+        "hook parity"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_provider_is_called_once_and_nothing_is_retried() {
+    let failing = Script::new().error(agenthost_llm::Error::rate_limit(Some(
+        Duration::from_millis(1),
+    )));
+    let t = setup(vec![failing]).await;
+    let s = t.h.session().await;
+    let before = contents(&t.h);
+    let result = t.h.runtime.generate(&s, "anything").await;
+    assert!(
+        matches!(&result, Err(Error::Provider(e)) if e.kind() == ErrorKind::RateLimit),
+        "{result:?}"
+    );
+    assert_eq!(t.h.provider.calls(), 1);
+    assert_eq!(contents(&t.h), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_calls_in_the_answer_run_nothing_and_empty_answers_are_success() {
+    let with_tool = Script::new()
+        .tool_call("c1", "lookup", "{}")
+        .finish(FinishReason::ToolCalls);
+    let empty = Script::new().finish(FinishReason::Stop);
+    let t = setup(vec![with_tool, empty]).await;
+    let s = t.h.session().await;
+    assert_eq!(
+        t.h.runtime.generate(&s, "use a tool").await,
+        Ok(String::new())
+    );
+    assert_eq!(
+        t.h.runtime.generate(&s, "say nothing").await,
+        Ok(String::new())
+    );
+    assert_eq!(t.counter.0.load(Ordering::SeqCst), 0, "no tool ran");
+    assert_eq!(
+        t.tagger.tools_seen.load(Ordering::SeqCst),
+        0,
+        "no tool hook ran"
+    );
+    assert_eq!(t.h.kinds(&s), ["session_created"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generate_runs_during_a_drain_from_settled_history_without_pending_input() {
+    let gate = Gate::new();
+    let drain = Script::new()
+        .tool_call("c1", "lookup", "{}")
+        .gate(&gate)
+        .finish(FinishReason::ToolCalls);
+    let t = setup(vec![
+        text("first"),
+        drain,
+        text("aside"),
+        text("after tools"),
+    ])
+    .await;
+    let h = &t.h;
+    let s = h.session().await;
+    h.prompt(&s, "one").await;
+    h.runtime
+        .wait_idle(&s, Duration::from_secs(30))
+        .await
+        .expect("idle");
+    h.prompt(&s, "two").await;
+    gate.reached().await;
+    // The drain is mid-step with a tool call recorded and unresolved; another input is pending.
+    h.admit(&s, "three").await;
+    assert_eq!(h.runtime.active(), vec![s.clone()]);
+    let answer = h
+        .runtime
+        .generate(&s, "aside?")
+        .await
+        .expect("generated while draining");
+    assert_eq!(answer, "aside");
+    let request = h.provider.last_request().expect("recorded");
+    let users: Vec<&str> = request
+        .messages
+        .iter()
+        .filter_map(|m| match m {
+            Message::User { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    // Settled history only: stops before the unsettled assistant; pending input excluded.
+    assert_eq!(users, ["one", "two", "aside?"]);
+    assert!(
+        !request
+            .messages
+            .iter()
+            .any(|m| matches!(m, Message::Tool(_)))
+    );
+    gate.release();
+    h.runtime
+        .wait_idle(&s, Duration::from_secs(30))
+        .await
+        .expect("idle");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_sessions_and_overflow_fail_before_any_provider_call() {
+    let t = setup(vec![]).await;
+    let unknown = agenthost_model::SessionId::parse("ses_nobody").expect("id");
+    assert_eq!(
+        t.h.runtime.generate(&unknown, "hi").await,
+        Err(Error::SessionNotFound(unknown.clone()))
+    );
+    let s = t.h.session().await;
+    let huge = "word ".repeat(200_000);
+    let mut request = agenthost_actors::PromptRequest::new(&s, huge);
+    request.resume = false;
+    t.h.runtime.prompt(request).await.expect("admitted");
+    t.h.runtime.resume(&s).await.ok();
+    let result = t.h.runtime.generate(&s, "recap").await;
+    assert!(
+        matches!(result, Err(Error::ContextOverflow(_))),
+        "{result:?}"
+    );
+    assert!(t.h.provider.calls() <= 1, "generate itself made no call");
+    let calls_before = t.h.provider.calls();
+    let _ = t.h.runtime.generate(&s, "recap").await;
+    assert_eq!(t.h.provider.calls(), calls_before);
+}
