@@ -26,6 +26,27 @@ pub struct Config {
     pub limits: Limits,
     /// An idle session actor stops after this long; the next message respawns it.
     pub passivate_after: Duration,
+    /// Instruction sources sampled at every safe boundary.
+    pub instructions: Vec<crate::instructions::Instruction>,
+    pub compaction: Compaction,
+}
+
+/// Compaction of over-budget history (SPEC §11).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Compaction {
+    /// Compact automatically when the next request would not fit, and once on context overflow.
+    pub auto: bool,
+    /// Recent history kept verbatim, in estimated tokens.
+    pub keep_tokens: u64,
+}
+
+impl Default for Compaction {
+    fn default() -> Self {
+        Compaction {
+            auto: true,
+            keep_tokens: 8_000,
+        }
+    }
 }
 
 impl fmt::Debug for Config {
@@ -40,6 +61,8 @@ impl fmt::Debug for Config {
             .field("supervision", &self.supervision)
             .field("limits", &self.limits)
             .field("passivate_after", &self.passivate_after)
+            .field("instructions", &self.instructions)
+            .field("compaction", &self.compaction)
             .finish()
     }
 }
@@ -59,6 +82,8 @@ impl Config {
             supervision: Supervision::default(),
             limits: Limits::default(),
             passivate_after: Duration::from_secs(300),
+            instructions: Vec::new(),
+            compaction: Compaction::default(),
         }
     }
 

@@ -16,6 +16,7 @@ use agenthost_model::{
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
+use crate::instructions;
 use crate::runtime::Shared;
 use crate::step::{self, StepEnd};
 
@@ -28,6 +29,8 @@ pub enum Outcome {
     Completed { steps: u32 },
     /// Stopped by `interrupt` (or shutdown) after durable cleanup.
     Interrupted,
+    /// A manual compaction finished; history before `kept_from` is now summarized.
+    Compacted { kept_from: agenthost_model::Seq },
 }
 
 /// Cancellation with the reason the drain records: a user interrupt or a shutdown.
@@ -64,6 +67,8 @@ pub(crate) struct Drain {
     pub session: SessionId,
     pub shared: Arc<Shared>,
     pub forced: bool,
+    /// A manual compaction instead of the agent loop.
+    pub compact: bool,
     pub cancel: Cancel,
 }
 
@@ -78,6 +83,10 @@ impl Drain {
 }
 
 pub(crate) async fn run(d: Drain) -> Result<Outcome> {
+    if d.compact {
+        let kept_from = crate::compaction::compact(&d, false).await?;
+        return Ok(Outcome::Compacted { kept_from });
+    }
     let row = {
         let snap = d.shared.store.snapshot()?;
         snap.session(&d.session)?
@@ -109,6 +118,18 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
         } else {
             Boundary::Idle
         };
+        if owed || continuation || has_pending(&d)? {
+            // Instructions are sampled here, before promotion, so a change lands in history
+            // ahead of the input it applies to.
+            if let Err(error) = sync_instructions(&d).await {
+                let event = Event::ExecutionFailed {
+                    error: error.to_string(),
+                    halted: false,
+                };
+                d.append(vec![event]).await?;
+                return Err(error);
+            }
+        }
         let promoted = d.shared.store.promote(d.session.clone(), boundary).await?;
         if !promoted.is_empty() {
             step = 1;
@@ -137,6 +158,42 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
     }
     d.append(vec![Event::ExecutionSucceeded]).await?;
     Ok(Outcome::Completed { steps: steps_run })
+}
+
+fn has_pending(d: &Drain) -> Result<bool> {
+    let snap = d.shared.store.snapshot()?;
+    Ok(snap.session(&d.session)?.is_some_and(|row| row.pending > 0))
+}
+
+/// Resolves instruction sources read-only and commits one chronological system update if they
+/// changed. Fails, writing nothing, when a source has never had a value.
+async fn sync_instructions(d: &Drain) -> Result<()> {
+    if d.shared.instructions.is_empty() && d.shared.hooks.is_empty() {
+        return Ok(());
+    }
+    let shared = d.shared.clone();
+    let session = d.session.clone();
+    let (resolved, told) = tokio::task::spawn_blocking(move || -> Result<_> {
+        let resolved = instructions::resolve(&shared.instructions, &shared.hooks, &session);
+        let told = shared.store.snapshot()?.instructions(&session)?;
+        Ok((resolved, told))
+    })
+    .await
+    .map_err(|e| Error::Panicked(e.to_string()))??;
+    match instructions::diff(&resolved, &told) {
+        Ok(None) => Ok(()),
+        Ok(Some(change)) => {
+            let event = Event::InstructionsUpdated {
+                id: mint_message_id(),
+                changed: change.changed,
+                text: change.text,
+            };
+            d.append(vec![event]).await
+        }
+        Err(source) => Err(Error::Unavailable(format!(
+            "instruction source {source:?} has no value yet; the input stays pending"
+        ))),
+    }
 }
 
 /// Records the end of an interrupted drain. A user interrupt releases the claim; a shutdown keeps

@@ -14,6 +14,8 @@ pub enum Purpose {
     Step,
     /// A transient, session-aware `generate` call.
     Generate,
+    /// The summary request of a compaction.
+    Compaction,
 }
 
 /// What a hook sees about the request it may transform.
@@ -48,6 +50,11 @@ pub struct ToolReport {
 /// task: keep them fast, and never block.
 pub trait Hook: Send + Sync + fmt::Debug {
     fn on_request(&self, _ctx: &RequestContext, _request: &mut llm::Request) {}
+    /// Instruction sources this hook provides, sampled at every safe boundary: `(name, value)`,
+    /// with `None` for a source that cannot be read right now.
+    fn instructions(&self, _session: &SessionId) -> Vec<(String, Option<String>)> {
+        Vec::new()
+    }
     fn on_admitted(&self, _session: &SessionId, _id: &MessageId) {}
     fn on_step(&self, _report: &StepReport) {}
     fn on_tool(&self, _report: &ToolReport) {}

@@ -13,10 +13,12 @@
 //! [`Hook`], [`Tools`].
 
 pub mod bus;
+mod compaction;
 pub mod config;
 mod drain;
 mod error;
 pub mod hooks;
+pub mod instructions;
 pub mod prepare;
 mod preparer;
 mod recovery;
@@ -27,10 +29,14 @@ mod step;
 pub mod tools;
 
 pub use bus::{DeltaKind, Live};
-pub use config::{Agent, Config, Limits, Model, Price, Recovery, RecoveryMode, Supervision};
+pub use compaction::SUMMARY_PROMPT;
+pub use config::{
+    Agent, Compaction, Config, Limits, Model, Price, Recovery, RecoveryMode, Supervision,
+};
 pub use drain::{Outcome, STOPPED_TOOL};
 pub use error::{Error, Result};
 pub use hooks::{Hook, Purpose, RequestContext, StepReport, ToolReport};
+pub use instructions::Instruction;
 pub use recovery::RESTART_NOTE;
 pub use runtime::{CreateSession, Extensions, Metrics, PromptRequest, Runtime};
 pub use step::TRUNCATED;

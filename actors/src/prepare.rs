@@ -118,7 +118,7 @@ pub fn prepare(inputs: Inputs<'_>, prompt: Option<&str>) -> Result<Prepared> {
             request.tools = tools.advertised(&agent.tools);
             request.tool_choice = llm::ToolChoice::Auto;
         }
-        Purpose::Generate => request.tool_choice = llm::ToolChoice::None,
+        Purpose::Generate | Purpose::Compaction => request.tool_choice = llm::ToolChoice::None,
     }
     if let Some(prompt) = prompt {
         request.messages.push(llm::Message::user(prompt));
@@ -133,7 +133,7 @@ pub fn prepare(inputs: Inputs<'_>, prompt: Option<&str>) -> Result<Prepared> {
     for hook in hooks {
         hook.on_request(&ctx, &mut request);
     }
-    if purpose == Purpose::Generate {
+    if purpose != Purpose::Step {
         // Hooks may transform the request but cannot give `generate` tools (SPEC §14.5).
         request.tools.clear();
         request.tool_choice = llm::ToolChoice::None;

@@ -8,13 +8,15 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use agenthost_model::SessionId;
 use agenthost_model::history::Mode;
+use agenthost_model::{Message, Seq, SessionId};
 use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
+use crate::drain::mint_message_id;
 use crate::error::{Error, Result};
 use crate::hooks::Purpose;
+use crate::instructions;
 use crate::prepare::{Inputs, Prepared, prepare};
 use crate::runtime::Shared;
 use crate::session::panic_message;
@@ -74,10 +76,27 @@ impl Actor for Preparer {
 /// preparation with no tools and the caller's prompt appended.
 fn build(shared: &Shared, session: &SessionId, prompt: &str) -> Result<Prepared> {
     let snap = shared.store.snapshot()?;
-    let (row, history) = snap
+    let (row, mut history) = snap
         .history(session, Mode::Settled)?
         .ok_or_else(|| Error::SessionNotFound(session.clone()))?;
+    let told = snap.instructions(session)?;
     drop(snap);
+    // Instructions are resolved read-only; a change reaches this request only, never the store.
+    let resolved = instructions::resolve(&shared.instructions, &shared.hooks, session);
+    match instructions::diff(&resolved, &told) {
+        Ok(None) => {}
+        Ok(Some(change)) => history.messages.push(Message::System {
+            id: mint_message_id(),
+            seq: Seq(row.last_seq.0 + 1),
+            text: change.text,
+            time: row.updated,
+        }),
+        Err(source) => {
+            return Err(Error::Unavailable(format!(
+                "instruction source {source:?} has no value yet"
+            )));
+        }
+    }
     let inputs = Inputs {
         catalog: &shared.catalog,
         tools: &shared.tools,

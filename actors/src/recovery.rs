@@ -73,6 +73,7 @@ async fn recover(runtime: &Runtime, config: &Recovery, session: &SessionId) -> R
                 session: session.clone(),
                 shared: runtime.shared().clone(),
                 forced: false,
+                compact: false,
                 cancel: Cancel::default(),
             };
             settle_leftovers(&drain).await?;

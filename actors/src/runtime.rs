@@ -53,6 +53,8 @@ pub(crate) struct Shared {
     pub limits: Limits,
     pub supervision: Supervision,
     pub passivate_after: Duration,
+    pub instructions: Vec<crate::instructions::Instruction>,
+    pub compaction: crate::config::Compaction,
     pub metrics: Metrics,
     shutting_down: AtomicBool,
 }
@@ -151,6 +153,8 @@ impl Runtime {
             limits: config.limits,
             supervision: config.supervision,
             passivate_after: config.passivate_after,
+            instructions: config.instructions,
+            compaction: config.compaction,
             metrics: Metrics::default(),
             shutting_down: AtomicBool::new(false),
         });
@@ -265,6 +269,21 @@ impl Runtime {
         {
             Some(outcome) => outcome,
             None => Err(Error::SessionNotFound(session.clone())),
+        }
+    }
+
+    /// Compacts the session's active history now (SPEC §11): a summary of the older part, the
+    /// recent part kept verbatim. Fails with `Invalid` when there is nothing to compact (no
+    /// provider call) and with `Unavailable` while a drain runs. Returns the new `kept_from`.
+    pub async fn compact(&self, session: &SessionId) -> Result<agenthost_model::Seq> {
+        self.check_open()?;
+        let outcome = self
+            .ask(session, "compact", None, session::Msg::Compact)
+            .await?
+            .ok_or_else(|| Error::SessionNotFound(session.clone()))??;
+        match outcome {
+            Outcome::Compacted { kept_from } => Ok(kept_from),
+            other => Err(Error::Unavailable(format!("unexpected outcome {other:?}"))),
         }
     }
 

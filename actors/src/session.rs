@@ -29,6 +29,8 @@ pub(crate) enum Msg {
     Wake(Reply<()>),
     /// Start or join a drain; answered with its outcome.
     Resume(Reply<Result<Outcome>>),
+    /// Compact the session's history now; refused while a drain runs.
+    Compact(Reply<Result<Outcome>>),
     /// Cancel the drain; answered after its durable cleanup with whether one was running.
     Interrupt(InterruptReason, Reply<bool>),
     /// Answered when the session has no drain and no follow-up pending.
@@ -100,6 +102,16 @@ impl State {
         forced: bool,
         joiners: Vec<Reply<Result<Outcome>>>,
     ) {
+        self.start_drain(myself, forced, false, joiners);
+    }
+
+    fn start_drain(
+        &mut self,
+        myself: &ActorRef<Msg>,
+        forced: bool,
+        compact: bool,
+        joiners: Vec<Reply<Result<Outcome>>>,
+    ) {
         self.drains += 1;
         let id = self.drains;
         let cancel = Cancel::default();
@@ -107,6 +119,7 @@ impl State {
             session: self.session.clone(),
             shared: self.shared.clone(),
             forced,
+            compact,
             cancel: cancel.clone(),
         };
         self.shared.active.insert(self.session.clone(), ());
@@ -228,6 +241,15 @@ impl Actor for SessionActor {
                     }
                 }
             }
+            Msg::Compact(reply) => match &state.current {
+                Some(_) => {
+                    let _ = reply.send(Err(Error::Unavailable(format!(
+                        "session {} is running; compact it when idle",
+                        state.session
+                    ))));
+                }
+                None => state.start_drain(&myself, false, true, vec![reply]),
+            },
             Msg::Interrupt(reason, reply) => match &mut state.current {
                 None => {
                     let _ = reply.send(false);

@@ -13,11 +13,12 @@ use futures::future::FutureExt;
 use tokio::task::JoinSet;
 
 use crate::bus::{DeltaKind, Live};
+use crate::compaction::{self, threshold};
 use crate::config::Price;
 use crate::drain::{Drain, STOPPED_TOOL, mint_message_id};
 use crate::error::{Error, Result};
 use crate::hooks::{Purpose, StepReport, ToolReport};
-use crate::prepare::{Inputs, prepare};
+use crate::prepare::{Inputs, Prepared, prepare};
 use crate::tools::{Call, allowed};
 
 /// How a step ended.
@@ -39,24 +40,43 @@ const RETRY_AFTER_CAP: Duration = Duration::from_secs(15 * 60);
 /// Marker appended to tool output cut at the configured bound.
 pub const TRUNCATED: &str = "\n[output truncated]";
 
+/// The step's request from a fresh snapshot.
+fn build(d: &Drain, step: u32) -> Result<Prepared> {
+    let shared = &d.shared;
+    let snap = shared.store.snapshot()?;
+    let (row, history) = snap
+        .history(&d.session, Mode::All)?
+        .ok_or_else(|| Error::SessionNotFound(d.session.clone()))?;
+    drop(snap);
+    let inputs = Inputs {
+        catalog: &shared.catalog,
+        tools: &shared.tools,
+        hooks: &shared.hooks,
+        row: &row,
+        history: &history,
+        step,
+        purpose: Purpose::Step,
+    };
+    prepare(inputs, None)
+}
+
 pub(crate) async fn run(d: &Drain, step: u32) -> Result<StepEnd> {
     let shared = &d.shared;
-    let prepared = {
-        let snap = shared.store.snapshot()?;
-        let (row, history) = snap
-            .history(&d.session, Mode::All)?
-            .ok_or_else(|| Error::SessionNotFound(d.session.clone()))?;
-        let inputs = Inputs {
-            catalog: &shared.catalog,
-            tools: &shared.tools,
-            hooks: &shared.hooks,
-            row: &row,
-            history: &history,
-            step,
-            purpose: Purpose::Step,
-        };
-        prepare(inputs, None)?
-    };
+    let mut prepared = build(d, step)?;
+    // Compaction check: compact before the request when it would not fit (SPEC §11).
+    let limit = threshold(prepared.model.context_window, prepared.model.max_output);
+    let mut compacted = false;
+    if shared.compaction.auto && prepared.estimated_tokens > limit {
+        match compaction::compact(d, true).await {
+            Ok(_) => {
+                compacted = true;
+                prepared = build(d, step)?;
+            }
+            // Nothing older to summarize: send as is and let the provider decide.
+            Err(Error::Invalid(_)) => {}
+            Err(e) => return Ok(StepEnd::Failed(e)),
+        }
+    }
 
     let message = mint_message_id();
     d.append(vec![Event::StepStarted {
@@ -105,6 +125,23 @@ pub(crate) async fn run(d: &Drain, step: u32) -> Result<StepEnd> {
         }
 
         match a.error.take() {
+            // Context overflow before any output: compact once and rebuild the same step.
+            Some(error)
+                if error.kind() == llm::ErrorKind::ContextOverflow
+                    && !a.durable_output
+                    && shared.compaction.auto
+                    && !compacted =>
+            {
+                compacted = true;
+                match compaction::compact(d, true).await {
+                    Ok(_) => prepared = build(d, step)?,
+                    Err(_) => {
+                        // Terminal, with the original error.
+                        a.error = Some(error);
+                        return fail(d, &message, step, &mut a, &prepared).await;
+                    }
+                }
+            }
             Some(error) if error.retryable() && !a.durable_output && attempt < MAX_RETRIES => {
                 attempt += 1;
                 let delay = retry_delay(attempt, error.retry_after());
@@ -122,23 +159,8 @@ pub(crate) async fn run(d: &Drain, step: u32) -> Result<StepEnd> {
                 }
             }
             Some(error) => {
-                a.flush_partials(d, &message).await?;
-                // Tools the model called before the error still run and settle (SPEC §9.4).
-                if run_tools(d, &message, &a.calls, prepared.last_step).await? {
-                    return abort(d, &message, &mut a).await;
-                }
-                let failure = provider_failure(&error);
-                d.append(vec![Event::StepFailed {
-                    id: message.clone(),
-                    error: failure.clone(),
-                }])
-                .await?;
-                report_step(d, &message, step, Some(failure.message));
-                let error = match error.kind() {
-                    llm::ErrorKind::ContextOverflow => Error::ContextOverflow(error.to_string()),
-                    _ => Error::Provider(error),
-                };
-                return Ok(StepEnd::Failed(error));
+                a.error = Some(error);
+                return fail(d, &message, step, &mut a, &prepared).await;
             }
             None => {
                 if run_tools(d, &message, &a.calls, prepared.last_step).await? {
@@ -158,6 +180,37 @@ pub(crate) async fn run(d: &Drain, step: u32) -> Result<StepEnd> {
             }
         }
     }
+}
+
+/// Settles a step whose provider call failed for good: partial output kept as incomplete, tools
+/// the model called before the error run and settle (SPEC §9.4), exactly one `StepFailed`.
+async fn fail(
+    d: &Drain,
+    message: &MessageId,
+    step: u32,
+    a: &mut Attempt,
+    prepared: &Prepared,
+) -> Result<StepEnd> {
+    let error = a
+        .error
+        .take()
+        .expect("invariant: fail is called with the attempt's error");
+    a.flush_partials(d, message).await?;
+    if run_tools(d, message, &a.calls, prepared.last_step).await? {
+        return abort(d, message, a).await;
+    }
+    let failure = provider_failure(&error);
+    d.append(vec![Event::StepFailed {
+        id: message.clone(),
+        error: failure.clone(),
+    }])
+    .await?;
+    report_step(d, message, step, Some(failure.message));
+    let error = match error.kind() {
+        llm::ErrorKind::ContextOverflow => Error::ContextOverflow(error.to_string()),
+        _ => Error::Provider(error),
+    };
+    Ok(StepEnd::Failed(error))
 }
 
 fn report_step(d: &Drain, message: &MessageId, step: u32, error: Option<String>) {
@@ -194,7 +247,7 @@ fn provider_failure(error: &llm::Error) -> StepError {
     }
 }
 
-fn cost(usage: &llm::Usage, price: &Price) -> Usage {
+pub(crate) fn cost(usage: &llm::Usage, price: &Price) -> Usage {
     Usage {
         input: usage.input,
         output: usage.output,

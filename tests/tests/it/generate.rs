@@ -249,3 +249,65 @@ async fn unknown_sessions_and_overflow_fail_before_any_provider_call() {
     let _ = t.h.runtime.generate(&s, "recap").await;
     assert_eq!(t.h.provider.calls(), calls_before);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_instruction_source_reaches_the_generate_request_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rules = dir.path().join("RULES.md");
+    std::fs::write(&rules, "Rule one.").expect("write");
+    let path = rules.clone();
+    let h = Harness::start_with(
+        [text("answer"), text("transient")],
+        move |c| {
+            c.instructions = vec![agenthost_actors::Instruction::File {
+                name: "rules".into(),
+                path,
+            }]
+        },
+        Extensions::default(),
+    )
+    .await;
+    let s = h.session().await;
+    h.prompt(&s, "hello").await;
+    h.runtime
+        .wait_idle(&s, Duration::from_secs(30))
+        .await
+        .expect("idle");
+    std::fs::write(&rules, "Rule two.").expect("rewrite");
+    let before = contents(&h);
+    let told_before = h
+        .runtime
+        .snapshot()
+        .expect("snap")
+        .instructions(&s)
+        .expect("read");
+    assert_eq!(
+        h.runtime.generate(&s, "recap").await,
+        Ok("transient".into())
+    );
+    assert_eq!(
+        contents(&h),
+        before,
+        "no event, no instruction state written"
+    );
+    assert_eq!(
+        h.runtime
+            .snapshot()
+            .expect("snap")
+            .instructions(&s)
+            .expect("read"),
+        told_before
+    );
+    let request = h.provider.last_request().expect("recorded");
+    let texts: Vec<&str> = request
+        .messages
+        .iter()
+        .filter_map(|m| match m {
+            Message::User { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(texts[0].contains("Rule one."));
+    assert!(texts.iter().any(|t| t.contains("Rule two.")), "{texts:?}");
+    assert_eq!(texts.last(), Some(&"recap"));
+}

@@ -1,6 +1,7 @@
 //! The integration-test binary: cross-crate behaviour of the runtime over a real store, driven by
 //! the scripted provider.
 
+mod agent_loop;
 mod generate;
 mod harness;
 mod laws;

@@ -1,0 +1,132 @@
+//! Compaction (SPEC §11): replace the older part of an over-budget active history with a
+//! structured summary, keeping recent messages verbatim. The full transcript stays durable; only
+//! the active history (what the model sees) shrinks.
+//!
+//! Durable shape: `CompactionStarted` → exactly one summary request → `CompactionEnded`
+//! (summary, `kept_from`, usage) or `CompactionFailed`. With nothing older than the kept part
+//! there is nothing to compact: an error, and no provider call.
+
+use agenthost_llm as llm;
+use agenthost_model::history::{History, Mode};
+use agenthost_model::{Event, Message, Seq};
+
+use crate::drain::{Drain, mint_message_id};
+use crate::error::{Error, Result};
+use crate::hooks::Purpose;
+use crate::prepare::{Inputs, convert, estimate, prepare};
+
+/// The request that asks for the summary.
+pub const SUMMARY_PROMPT: &str = "Summarize the conversation above for a continuation of this \
+     session by someone who cannot see it. Use these sections: Goal; Decisions and facts \
+     established; Work done (including tool results that matter); Open questions; Next steps. Be \
+     specific (names, numbers, paths) and brief. Reply with the summary only.";
+
+/// Why nothing was compacted.
+pub(crate) const NOTHING: &str = "nothing to compact: the active history fits in the part kept \
+     verbatim";
+
+/// The request's size limit before compaction kicks in: the context window minus a reserve for
+/// the answer (the model's output limit, or 20 000 tokens when unknown), and never more than half
+/// the window, so a model whose output limit fills its window does not compact every step.
+pub(crate) fn threshold(context_window: u32, max_output: Option<u32>) -> u64 {
+    let window = u64::from(context_window);
+    let reserve = u64::from(max_output.unwrap_or(20_000)).min(window / 2);
+    window - reserve
+}
+
+/// Compacts the session's active history. Returns the new `kept_from`.
+pub(crate) async fn compact(d: &Drain, auto: bool) -> Result<Seq> {
+    let shared = &d.shared;
+    let (row, history) = {
+        let snap = shared.store.snapshot()?;
+        snap.history(&d.session, Mode::All)?
+            .ok_or_else(|| Error::SessionNotFound(d.session.clone()))?
+    };
+    let Some(split) = split(&history.messages, shared.compaction.keep_tokens) else {
+        return Err(Error::Invalid(NOTHING.into()));
+    };
+    let kept_from = history.messages[split].seq();
+    let older = History {
+        summary: history.summary.clone(),
+        messages: history.messages[..split].to_vec(),
+    };
+    let inputs = Inputs {
+        catalog: &shared.catalog,
+        tools: &shared.tools,
+        hooks: &shared.hooks,
+        row: &row,
+        history: &older,
+        step: 1,
+        purpose: Purpose::Compaction,
+    };
+    let prepared = prepare(inputs, Some(SUMMARY_PROMPT))?;
+    let id = mint_message_id();
+    d.append(vec![Event::CompactionStarted {
+        id: id.clone(),
+        auto,
+    }])
+    .await?;
+    let permit = shared.streams.clone().acquire_owned().await;
+    let response = match permit {
+        Ok(_permit) => prepared.provider.generate(prepared.request).await,
+        Err(_) => return Err(Error::ShuttingDown),
+    };
+    match response {
+        Ok(response) if !response.text.trim().is_empty() => {
+            let usage = &response.usage;
+            d.append(vec![Event::CompactionEnded {
+                id,
+                summary: response.text.trim().to_owned(),
+                kept_from,
+                usage: crate::step::cost(usage, &prepared.model.price),
+            }])
+            .await?;
+            Ok(kept_from)
+        }
+        Ok(_) => {
+            let error = "the summary came back empty".to_owned();
+            d.append(vec![Event::CompactionFailed {
+                id,
+                error: error.clone(),
+            }])
+            .await?;
+            Err(Error::Provider(llm::Error::invalid_output(error)))
+        }
+        Err(error) => {
+            d.append(vec![Event::CompactionFailed {
+                id,
+                error: error.to_string(),
+            }])
+            .await?;
+            Err(Error::Provider(error))
+        }
+    }
+}
+
+/// Where the verbatim part starts: walking back from the newest message until about
+/// `keep_tokens` are kept, then forward to a user message so the kept part opens a turn. `None`
+/// when that leaves nothing older to summarize.
+fn split(messages: &[Message], keep_tokens: u64) -> Option<usize> {
+    let mut kept = 0;
+    let mut at = messages.len();
+    while at > 0 {
+        let size = tokens(&messages[at - 1]);
+        if kept + size > keep_tokens {
+            break;
+        }
+        kept += size;
+        at -= 1;
+    }
+    let start = (at..messages.len()).find(|&i| matches!(messages[i], Message::User { .. }))?;
+    (start > 0).then_some(start)
+}
+
+fn tokens(message: &Message) -> u64 {
+    let history = History {
+        summary: None,
+        messages: vec![message.clone()],
+    };
+    let mut request = llm::Request::new("");
+    request.messages = convert(&history);
+    estimate(&request)
+}
