@@ -39,5 +39,5 @@ pub use hooks::{Hook, Purpose, RequestContext, StepReport, ToolReport};
 pub use instructions::Instruction;
 pub use recovery::RESTART_NOTE;
 pub use runtime::{CreateSession, Extensions, Metrics, PromptRequest, Runtime};
-pub use step::TRUNCATED;
+pub use step::{CONTINUE_NOTE, TRUNCATED};
 pub use tools::{Call, Executor, Tool, Tools};

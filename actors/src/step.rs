@@ -40,8 +40,39 @@ const RETRY_AFTER_CAP: Duration = Duration::from_secs(15 * 60);
 /// Marker appended to tool output cut at the configured bound.
 pub const TRUNCATED: &str = "\n[output truncated]";
 
+/// The note that continues a response a broken stream cut off.
+pub const CONTINUE_NOTE: &str = "Your previous response was cut off by a network error. Continue      exactly where it stopped, without repeating anything you already said.";
+
 /// The step's request from a fresh snapshot.
 fn build(d: &Drain, step: u32) -> Result<Prepared> {
+    build_with(d, step, None)
+}
+
+/// Records the step's assistant message.
+async fn start(d: &Drain, step: u32, prepared: &Prepared) -> Result<MessageId> {
+    let message = mint_message_id();
+    d.append(vec![Event::StepStarted {
+        id: message.clone(),
+        step,
+        agent: prepared.agent.clone(),
+        model: prepared.model.model.clone(),
+    }])
+    .await?;
+    Ok(message)
+}
+
+/// Usage a failed attempt reported before failing: tokens are spent even when the step is not
+/// settled by this attempt, so they count in the session totals.
+fn spent(a: &Attempt, prepared: &Prepared) -> Vec<Event> {
+    if a.usage == llm::Usage::default() {
+        return Vec::new();
+    }
+    vec![Event::UsageRecorded {
+        usage: cost(&a.usage, &prepared.model.price),
+    }]
+}
+
+fn build_with(d: &Drain, step: u32, note: Option<&str>) -> Result<Prepared> {
     let shared = &d.shared;
     let snap = shared.store.snapshot()?;
     let (row, history) = snap
@@ -57,7 +88,7 @@ fn build(d: &Drain, step: u32) -> Result<Prepared> {
         step,
         purpose: Purpose::Step,
     };
-    prepare(inputs, None)
+    prepare(inputs, note)
 }
 
 pub(crate) async fn run(d: &Drain, step: u32) -> Result<StepEnd> {
@@ -78,14 +109,7 @@ pub(crate) async fn run(d: &Drain, step: u32) -> Result<StepEnd> {
         }
     }
 
-    let message = mint_message_id();
-    d.append(vec![Event::StepStarted {
-        id: message.clone(),
-        step,
-        agent: prepared.agent.clone(),
-        model: prepared.model.model.clone(),
-    }])
-    .await?;
+    let mut message = start(d, step, &prepared).await?;
 
     let mut attempt = 0;
     loop {
@@ -128,7 +152,7 @@ pub(crate) async fn run(d: &Drain, step: u32) -> Result<StepEnd> {
             // Context overflow before any output: compact once and rebuild the same step.
             Some(error)
                 if error.kind() == llm::ErrorKind::ContextOverflow
-                    && !a.durable_output
+                    && !a.has_output()
                     && shared.compaction.auto
                     && !compacted =>
             {
@@ -142,21 +166,52 @@ pub(crate) async fn run(d: &Drain, step: u32) -> Result<StepEnd> {
                     }
                 }
             }
-            Some(error) if error.retryable() && !a.durable_output && attempt < MAX_RETRIES => {
+            Some(error) if error.retryable() && !a.has_output() && attempt < MAX_RETRIES => {
                 attempt += 1;
                 let delay = retry_delay(attempt, error.retry_after());
-                d.append(vec![Event::RetryScheduled {
+                let mut events = spent(&a, &prepared);
+                events.push(Event::RetryScheduled {
                     id: message.clone(),
                     attempt,
                     delay_ms: delay.as_millis() as u64,
                     error: provider_failure(&error),
-                }])
-                .await?;
+                });
+                d.append(events).await?;
                 tokio::select! {
                     biased;
                     _ = d.cancel.cancelled() => return abort(d, &message, &mut a).await,
                     _ = tokio::time::sleep(delay) => {}
                 }
+            }
+            // Cut off after output (SPEC §9.8): keep the partial message, settle it, and continue
+            // in a new message with a fixed note, under the same retry budget and step number.
+            Some(error) if error.retryable() && attempt < MAX_RETRIES => {
+                attempt += 1;
+                let delay = retry_delay(attempt, error.retry_after());
+                a.flush_partials(d, &message).await?;
+                if run_tools(d, &message, &a.calls, prepared.last_step).await? {
+                    return abort(d, &message, &mut a).await;
+                }
+                let mut events = spent(&a, &prepared);
+                events.push(Event::RetryScheduled {
+                    id: message.clone(),
+                    attempt,
+                    delay_ms: delay.as_millis() as u64,
+                    error: provider_failure(&error),
+                });
+                events.push(Event::StepFailed {
+                    id: message.clone(),
+                    error: provider_failure(&error),
+                });
+                d.append(events).await?;
+                tokio::select! {
+                    biased;
+                    // The partial message is settled: nothing is left open to clean up.
+                    _ = d.cancel.cancelled() => return Ok(StepEnd::Interrupted),
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                prepared = build_with(d, step, Some(CONTINUE_NOTE))?;
+                message = start(d, step, &prepared).await?;
             }
             Some(error) => {
                 a.error = Some(error);
@@ -200,11 +255,12 @@ async fn fail(
         return abort(d, message, a).await;
     }
     let failure = provider_failure(&error);
-    d.append(vec![Event::StepFailed {
+    let mut events = spent(a, prepared);
+    events.push(Event::StepFailed {
         id: message.clone(),
         error: failure.clone(),
-    }])
-    .await?;
+    });
+    d.append(events).await?;
     report_step(d, message, step, Some(failure.message));
     let error = match error.kind() {
         llm::ErrorKind::ContextOverflow => Error::ContextOverflow(error.to_string()),
@@ -315,6 +371,13 @@ struct Attempt {
 }
 
 impl Attempt {
+    /// Whether this attempt produced anything: durable parts, or streamed text or reasoning not
+    /// yet ended. Retrying from scratch would then repeat or lose what was already shown.
+    fn has_output(&self) -> bool {
+        let open = |part: &Option<(u32, String)>| part.as_ref().is_some_and(|(_, t)| !t.is_empty());
+        self.durable_output || open(&self.text) || open(&self.reasoning)
+    }
+
     async fn on_event(&mut self, d: &Drain, message: &MessageId, event: llm::Event) -> Result<()> {
         let delta = |kind, part, delta: String| {
             d.shared.bus.publish(

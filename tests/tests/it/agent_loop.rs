@@ -795,3 +795,42 @@ async fn usage_totals_equal_the_sum_of_step_usages() {
         .expect("row");
     assert_eq!((row.usage.input, row.usage.output), (40, 12));
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_stream_cut_after_output_continues_with_the_note_in_a_new_message() {
+    let cut = Script::new()
+        .text("partial answer")
+        .error(agenthost_llm::Error::incomplete(
+            "connection reset mid-stream",
+        ));
+    let h = harness(vec![cut, text("the rest")]).await;
+    let s = h.session().await;
+    h.admit(&s, "tell me").await;
+    assert_eq!(
+        h.runtime.resume(&s).await,
+        Ok(Outcome::Completed { steps: 1 })
+    );
+    let log: Vec<String> = h.log(&s).iter().skip(1).map(render).collect();
+    assert_eq!(
+        log[3..],
+        [
+            "step_started 1",
+            "text \"partial answer\" (incomplete)",
+            "retry 1",
+            "step_failed Provider",
+            "step_started 1",
+            "text \"the rest\"",
+            "step_ended Stop",
+            "execution_succeeded"
+        ]
+    );
+    let second = &h.provider.requests()[1];
+    assert!(
+        matches!(&second.messages[1], Message::Assistant { .. }),
+        "the partial message is kept"
+    );
+    assert!(
+        matches!(second.messages.last(), Some(Message::User { text, .. }) if text == agenthost_actors::CONTINUE_NOTE)
+    );
+    h.assert_replay_equal();
+}
