@@ -398,6 +398,10 @@ impl Runtime {
             .stop_and_wait(Some("shutdown".into()), Some(deadline))
             .await;
         self.preparers.stop();
+        // The registry may stop before it has processed every child's termination: forget the
+        // stopped actors here, so `live()` is exact and their handles are released.
+        self.shared.actors.clear();
+        self.shared.active.clear();
         let store = self.shared.store.clone();
         let _ = tokio::task::spawn_blocking(move || store.close()).await;
     }

@@ -55,32 +55,14 @@ impl<'t> Tables<'t> {
         Ok(rows)
     }
 
-    fn put_event(&mut self, session: &SessionId, stored: &Stored) -> Result<()> {
-        let key = (session.as_str(), stored.seq.0);
-        self.events
-            .insert(key, encode(stored).as_slice())
-            .map_err(storage)?;
-        Ok(())
-    }
-}
-
-impl Projection for Tables<'_> {
-    type Error = Error;
-
-    fn session(&mut self, id: &SessionId) -> Result<Option<SessionRow>> {
-        let value = self.sessions.get(id.as_str()).map_err(storage)?;
-        value.map(|v| decode("session row", v.value())).transpose()
-    }
-
-    fn put_session(&mut self, row: &SessionRow) -> Result<()> {
+    /// Writes a session row given the row it replaces, keeping the derived sets in step. The
+    /// caller knows `previous` (the overlay read it), which saves decoding the old value.
+    fn write_session(&mut self, row: &SessionRow, previous: Option<&SessionRow>) -> Result<()> {
         let id = row.id.as_str();
-        let previous: Option<SessionRow> = self
-            .sessions
+        self.sessions
             .insert(id, encode(row).as_slice())
-            .map_err(storage)?
-            .map(|old| decode("session row", old.value()))
-            .transpose()?;
-        let (had_claim, had_pending) = match &previous {
+            .map_err(storage)?;
+        let (had_claim, had_pending) = match previous {
             None => {
                 self.by_created
                     .insert((row.created.0, id), ())
@@ -102,6 +84,28 @@ impl Projection for Tables<'_> {
             _ => {}
         }
         Ok(())
+    }
+
+    fn put_event(&mut self, session: &SessionId, stored: &Stored) -> Result<()> {
+        let key = (session.as_str(), stored.seq.0);
+        self.events
+            .insert(key, encode(stored).as_slice())
+            .map_err(storage)?;
+        Ok(())
+    }
+}
+
+impl Projection for Tables<'_> {
+    type Error = Error;
+
+    fn session(&mut self, id: &SessionId) -> Result<Option<SessionRow>> {
+        let value = self.sessions.get(id.as_str()).map_err(storage)?;
+        value.map(|v| decode("session row", v.value())).transpose()
+    }
+
+    fn put_session(&mut self, row: &SessionRow) -> Result<()> {
+        let previous = self.session(&row.id)?;
+        self.write_session(row, previous.as_ref())
     }
 
     fn message(&mut self, session: &SessionId, seq: Seq) -> Result<Option<Message>> {
@@ -172,6 +176,10 @@ impl Projection for Tables<'_> {
 /// discards the operation without a trace.
 pub(crate) struct Overlay<'a, 't> {
     pub(crate) tables: &'a mut Tables<'t>,
+    /// Rows as the transaction had them when first read: reads are served from here after the
+    /// first, and the flush knows what each session row replaces.
+    read_sessions: HashMap<SessionId, Option<SessionRow>>,
+    read_index: HashMap<MessageId, Option<IndexEntry>>,
     sessions: HashMap<SessionId, SessionRow>,
     messages: HashMap<(SessionId, Seq), Message>,
     inbox: HashMap<(SessionId, Seq), Option<InboxRow>>,
@@ -184,6 +192,8 @@ impl<'a, 't> Overlay<'a, 't> {
     pub(crate) fn new(tables: &'a mut Tables<'t>) -> Self {
         Overlay {
             tables,
+            read_sessions: HashMap::new(),
+            read_index: HashMap::new(),
             sessions: HashMap::new(),
             messages: HashMap::new(),
             inbox: HashMap::new(),
@@ -204,7 +214,10 @@ impl<'a, 't> Overlay<'a, 't> {
             tables.put_event(session, stored)?;
         }
         for row in self.sessions.values() {
-            tables.put_session(row)?;
+            match self.read_sessions.get(&row.id) {
+                Some(previous) => tables.write_session(row, previous.as_ref())?,
+                None => tables.put_session(row)?,
+            }
         }
         for ((session, _), message) in &self.messages {
             tables.put_message(session, message)?;
@@ -229,10 +242,15 @@ impl Projection for Overlay<'_, '_> {
     type Error = Error;
 
     fn session(&mut self, id: &SessionId) -> Result<Option<SessionRow>> {
-        match self.sessions.get(id) {
-            Some(row) => Ok(Some(row.clone())),
-            None => self.tables.session(id),
+        if let Some(row) = self.sessions.get(id) {
+            return Ok(Some(row.clone()));
         }
+        if let Some(row) = self.read_sessions.get(id) {
+            return Ok(row.clone());
+        }
+        let row = self.tables.session(id)?;
+        self.read_sessions.insert(id.clone(), row.clone());
+        Ok(row)
     }
     fn put_session(&mut self, row: &SessionRow) -> Result<()> {
         self.sessions.insert(row.id.clone(), row.clone());
@@ -265,10 +283,15 @@ impl Projection for Overlay<'_, '_> {
         Ok(())
     }
     fn index(&mut self, id: &MessageId) -> Result<Option<IndexEntry>> {
-        match self.index.get(id) {
-            Some(entry) => Ok(Some(entry.clone())),
-            None => self.tables.index(id),
+        if let Some(entry) = self.index.get(id) {
+            return Ok(Some(entry.clone()));
         }
+        if let Some(entry) = self.read_index.get(id) {
+            return Ok(entry.clone());
+        }
+        let entry = self.tables.index(id)?;
+        self.read_index.insert(id.clone(), entry.clone());
+        Ok(entry)
     }
     fn put_index(&mut self, id: &MessageId, entry: &IndexEntry) -> Result<()> {
         self.index.insert(id.clone(), entry.clone());

@@ -124,3 +124,20 @@ async fn an_idle_actor_passivates_and_the_next_prompt_respawns_it() {
     assert_eq!(h.count(&s, "prompt_promoted"), 2);
     assert_eq!(h.count(&s, "execution_succeeded"), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_forgets_every_actor() {
+    let h = Harness::start([text("a"), text("b")]).await;
+    for _ in 0..2 {
+        let s = h.session().await;
+        h.prompt(&s, "hi").await;
+        h.runtime
+            .wait_idle(&s, Duration::from_secs(30))
+            .await
+            .expect("idle");
+    }
+    assert_eq!(h.runtime.live(), 2);
+    h.runtime.shutdown().await;
+    assert_eq!(h.runtime.live(), 0);
+    assert!(h.runtime.active().is_empty());
+}
