@@ -141,3 +141,75 @@ async fn shutdown_forgets_every_actor() {
     assert_eq!(h.runtime.live(), 0);
     assert!(h.runtime.active().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_session_refuses_more_input_as_unavailable() {
+    let h = Harness::start_with(
+        [],
+        |c| c.limits.pending_per_session = 2,
+        Extensions::default(),
+    )
+    .await;
+    let s = h.session().await;
+    h.admit(&s, "one").await;
+    h.admit(&s, "two").await;
+    let mut third = agenthost_actors::PromptRequest::new(&s, "three");
+    third.resume = false;
+    let refused = h.runtime.prompt(third).await;
+    assert!(
+        matches!(refused, Err(agenthost_actors::Error::Unavailable(_))),
+        "{refused:?}"
+    );
+    assert_eq!(
+        h.count(&s, "prompt_admitted"),
+        2,
+        "nothing written for the refused input"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_streams_are_bounded_and_waiting_steps_run_in_order() {
+    use agenthost_llm::scripted::{Gate, Script};
+    let gate = Gate::new();
+    let held = Script::new()
+        .gate(&gate)
+        .text("a")
+        .finish(agenthost_llm::FinishReason::Stop);
+    let h = Harness::start_with(
+        [held, text("b"), text("c")],
+        |c| c.limits.concurrent_streams = 1,
+        Extensions::default(),
+    )
+    .await;
+    let (a, b, c) = (h.session().await, h.session().await, h.session().await);
+    h.prompt(&a, "first").await;
+    gate.reached().await;
+    h.prompt(&b, "second").await;
+    // Let b's drain reach the permit queue before c's.
+    while !h.kinds(&b).contains(&"step_started") {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    h.prompt(&c, "third").await;
+    while !h.kinds(&c).contains(&"step_started") {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(
+        h.provider.calls(),
+        1,
+        "the other steps wait for the only stream permit"
+    );
+    gate.release();
+    for s in [&a, &b, &c] {
+        h.runtime
+            .wait_idle(s, Duration::from_secs(30))
+            .await
+            .expect("idle");
+    }
+    let order: Vec<String> = h
+        .provider
+        .requests()
+        .iter()
+        .map(|r| r.prompt_cache_key.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(order, [a.to_string(), b.to_string(), c.to_string()], "FIFO");
+}
