@@ -62,7 +62,7 @@ impl Cancel {
 }
 
 /// One drain's inputs.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct Drain {
     pub session: SessionId,
     pub shared: Arc<Shared>,
@@ -70,14 +70,50 @@ pub(crate) struct Drain {
     /// A manual compaction instead of the agent loop.
     pub compact: bool,
     pub cancel: Cancel,
+    /// Writes submitted and not yet confirmed durable, in submission order.
+    pub in_flight: Arc<Mutex<Vec<InFlight>>>,
 }
 
+impl std::fmt::Debug for Drain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Drain")
+            .field("session", &self.session)
+            .field("forced", &self.forced)
+            .field("compact", &self.compact)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A write submitted to the store, not yet awaited.
+pub(crate) type InFlight =
+    futures::future::BoxFuture<'static, agenthost_store::Result<Vec<agenthost_model::Stored>>>;
+
 impl Drain {
+    /// Appends and waits until these events, and every event submitted before them, are
+    /// durable.
     pub(crate) async fn append(&self, events: Vec<Event>) -> Result<()> {
-        self.shared
-            .store
-            .append(self.session.clone(), events)
-            .await?;
+        self.submit(events);
+        self.flush().await
+    }
+
+    /// Submits events without waiting. The writer applies one drain's submissions in order, so
+    /// a part's event is on its way the moment the part ends, and several of them share one
+    /// commit; [`Drain::flush`] (or the next `append`) waits for them. Used for events nothing
+    /// waits on before the step's next durable boundary (parts that ended, the step's end).
+    pub(crate) fn submit(&self, events: Vec<Event>) {
+        let write = self.shared.store.append(self.session.clone(), events);
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(write);
+    }
+
+    /// Waits for every submitted write; the first failure is returned.
+    pub(crate) async fn flush(&self) -> Result<()> {
+        let writes = std::mem::take(&mut *self.in_flight.lock().unwrap_or_else(|e| e.into_inner()));
+        for write in writes {
+            write.await?;
+        }
         Ok(())
     }
 }
@@ -118,7 +154,10 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
         } else {
             Boundary::Idle
         };
-        if owed || continuation || has_pending(&d)? {
+        // A snapshot read decides whether promotion can find anything: an empty promotion would
+        // still cost a commit.
+        let pending = has_pending(&d)?;
+        if owed || continuation || pending {
             // Instructions are sampled here, before promotion, so a change lands in history
             // ahead of the input it applies to.
             if let Err(error) = sync_instructions(&d).await {
@@ -130,7 +169,10 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
                 return Err(error);
             }
         }
-        let promoted = d.shared.store.promote(d.session.clone(), boundary).await?;
+        let promoted = match pending {
+            true => d.shared.store.promote(d.session.clone(), boundary).await?,
+            false => Vec::new(),
+        };
         if !promoted.is_empty() {
             step = 1;
             owed = true;

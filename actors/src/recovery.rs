@@ -75,6 +75,7 @@ async fn recover(runtime: &Runtime, config: &Recovery, session: &SessionId) -> R
                 forced: false,
                 compact: false,
                 cancel: Cancel::default(),
+                in_flight: Default::default(),
             };
             settle_leftovers(&drain).await?;
             let event = Event::ExecutionFailed {

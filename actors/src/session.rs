@@ -121,6 +121,7 @@ impl State {
             forced,
             compact,
             cancel: cancel.clone(),
+            in_flight: Default::default(),
         };
         self.shared.active.insert(self.session.clone(), ());
         self.shared

@@ -92,6 +92,8 @@ fn build_with(d: &Drain, step: u32, note: Option<&str>) -> Result<Prepared> {
 }
 
 pub(crate) async fn run(d: &Drain, step: u32) -> Result<StepEnd> {
+    // The previous step's settlement must be in the snapshot this step is built from.
+    d.flush().await?;
     let shared = &d.shared;
     let mut prepared = build(d, step)?;
     // Compaction check: compact before the request when it would not fit (SPEC §11).
@@ -223,12 +225,15 @@ pub(crate) async fn run(d: &Drain, step: u32) -> Result<StepEnd> {
                 }
                 let usage = cost(&a.usage, &prepared.model.price);
                 let finish = a.finish.take().unwrap_or(Finish::Stop);
-                d.append(vec![Event::StepEnded {
+                d.submit(vec![Event::StepEnded {
                     id: message.clone(),
                     finish,
                     usage,
-                }])
-                .await?;
+                }]);
+                if !d.shared.hooks.is_empty() {
+                    // Observers see settled steps only once they are durable.
+                    d.flush().await?;
+                }
                 report_step(d, &message, step, None);
                 let continuation = !a.calls.is_empty() && !prepared.last_step;
                 return Ok(StepEnd::Done { continuation });
@@ -324,6 +329,8 @@ async fn abort(d: &Drain, message: &MessageId, a: &mut Attempt) -> Result<StepEn
     if d.cancel.reason().is_none() {
         return Ok(StepEnd::Interrupted);
     }
+    // The snapshot below must see every tool call this step submitted.
+    d.flush().await?;
     a.flush_partials(d, message).await?;
     let snap = d.shared.store.snapshot()?;
     let running: Vec<String> = snap
@@ -404,12 +411,11 @@ impl Attempt {
             llm::Event::TextEnd { .. } => {
                 if let Some((_, text)) = self.text.take() {
                     self.durable_output = true;
-                    d.append(vec![Event::TextEnded {
+                    d.submit(vec![Event::TextEnded {
                         id: message.clone(),
                         text,
                         incomplete: false,
-                    }])
-                    .await?;
+                    }]);
                 }
             }
             llm::Event::ReasoningStart { part } => self.reasoning = Some((part, String::new())),
@@ -424,28 +430,27 @@ impl Attempt {
             llm::Event::ReasoningEnd { metadata, .. } => {
                 let text = self.reasoning.take().map(|(_, t)| t).unwrap_or_default();
                 self.durable_output = true;
-                d.append(vec![Event::ReasoningEnded {
+                d.submit(vec![Event::ReasoningEnded {
                     id: message.clone(),
                     text,
                     metadata: metadata.and_then(|m| serde_json::to_string(&m).ok()),
                     incomplete: false,
-                }])
-                .await?;
+                }]);
             }
             llm::Event::ToolInputStart { .. } | llm::Event::ToolInputEnd { .. } => {}
             llm::Event::ToolInputDelta { part, delta: text } => {
                 delta(DeltaKind::ToolInput, part, text)
             }
             llm::Event::ToolCall { call, .. } => {
-                // Recorded before anything runs it (SPEC §9.2).
+                // Recorded before anything runs it (SPEC §9.2): tools start only after the
+                // stream ended and every submitted write is durable (`run_tools` flushes).
                 self.durable_output = true;
-                d.append(vec![Event::ToolCalled {
+                d.submit(vec![Event::ToolCalled {
                     id: message.clone(),
                     call_id: call.id.clone(),
                     name: call.name.clone(),
                     input: call.input.clone(),
-                }])
-                .await?;
+                }]);
                 self.calls.push(call);
             }
             llm::Event::StepFinish { reason, usage, .. } => {
@@ -502,6 +507,7 @@ async fn run_tools(
     calls: &[llm::ToolCall],
     last_step: bool,
 ) -> Result<bool> {
+    d.flush().await?;
     let shared = &d.shared;
     let agent = shared.catalog.agents.get(&agent_of(d)?).cloned();
     let patterns = agent.map(|a| a.tools).unwrap_or_default();
