@@ -50,15 +50,7 @@ pub(crate) async fn compact(d: &Drain, auto: bool) -> Result<Seq> {
         summary: history.summary.clone(),
         messages: history.messages[..split].to_vec(),
     };
-    let inputs = Inputs {
-        catalog: &shared.catalog,
-        tools: &shared.tools,
-        hooks: &shared.hooks,
-        row: &row,
-        history: &older,
-        step: 1,
-        purpose: Purpose::Compaction,
-    };
+    let inputs = Inputs::of(shared, &row, &older, 1, Purpose::Compaction);
     let prepared = prepare(inputs, Some(SUMMARY_PROMPT))?;
     let id = mint_message_id();
     d.append(vec![Event::CompactionStarted {

@@ -83,6 +83,27 @@ pub struct Inputs<'a> {
     pub purpose: Purpose,
 }
 
+impl<'a> Inputs<'a> {
+    /// The runtime's catalog, tools and hooks with a session's row and selected history.
+    pub(crate) fn of(
+        shared: &'a crate::runtime::Shared,
+        row: &'a SessionRow,
+        history: &'a History,
+        step: u32,
+        purpose: Purpose,
+    ) -> Self {
+        Inputs {
+            catalog: &shared.catalog,
+            tools: &shared.tools,
+            hooks: &shared.hooks,
+            row,
+            history,
+            step,
+            purpose,
+        }
+    }
+}
+
 /// Builds the request for `inputs`. For [`Purpose::Generate`], `prompt` is appended as the last
 /// user message, no tools are offered and `tool_choice` is `none`; everything else is what a
 /// durable step at the same state would send.

@@ -97,15 +97,7 @@ fn build(shared: &Shared, session: &SessionId, prompt: &str) -> Result<Prepared>
             )));
         }
     }
-    let inputs = Inputs {
-        catalog: &shared.catalog,
-        tools: &shared.tools,
-        hooks: &shared.hooks,
-        row: &row,
-        history: &history,
-        step: 1,
-        purpose: Purpose::Generate,
-    };
+    let inputs = Inputs::of(shared, &row, &history, 1, Purpose::Generate);
     let prepared = prepare(inputs, Some(prompt))?;
     let window = u64::from(prepared.model.context_window);
     if prepared.estimated_tokens > window {

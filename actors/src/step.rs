@@ -79,15 +79,7 @@ fn build_with(d: &Drain, step: u32, note: Option<&str>) -> Result<Prepared> {
         .history(&d.session, Mode::All)?
         .ok_or_else(|| Error::SessionNotFound(d.session.clone()))?;
     drop(snap);
-    let inputs = Inputs {
-        catalog: &shared.catalog,
-        tools: &shared.tools,
-        hooks: &shared.hooks,
-        row: &row,
-        history: &history,
-        step,
-        purpose: Purpose::Step,
-    };
+    let inputs = Inputs::of(shared, &row, &history, step, Purpose::Step);
     prepare(inputs, note)
 }
 
@@ -401,11 +393,7 @@ impl Attempt {
             llm::Event::StepStart { .. } => {}
             llm::Event::TextStart { part } => self.text = Some((part, String::new())),
             llm::Event::TextDelta { part, delta: text } => {
-                if let Some((_, buf)) = self.text.as_mut() {
-                    buf.push_str(&text);
-                } else {
-                    self.text = Some((part, text.clone()));
-                }
+                grow(&mut self.text, part, &text);
                 delta(DeltaKind::Text, part, text);
             }
             llm::Event::TextEnd { .. } => {
@@ -420,11 +408,7 @@ impl Attempt {
             }
             llm::Event::ReasoningStart { part } => self.reasoning = Some((part, String::new())),
             llm::Event::ReasoningDelta { part, delta: text } => {
-                if let Some((_, buf)) = self.reasoning.as_mut() {
-                    buf.push_str(&text);
-                } else {
-                    self.reasoning = Some((part, text.clone()));
-                }
+                grow(&mut self.reasoning, part, &text);
                 delta(DeltaKind::Reasoning, part, text);
             }
             llm::Event::ReasoningEnd { metadata, .. } => {
@@ -484,6 +468,14 @@ impl Attempt {
             d.append(events).await?;
         }
         Ok(())
+    }
+}
+
+/// Appends a delta to an open part, opening it if the provider skipped the start event.
+fn grow(slot: &mut Option<(u32, String)>, part: u32, text: &str) {
+    match slot {
+        Some((_, buf)) => buf.push_str(text),
+        None => *slot = Some((part, text.to_owned())),
     }
 }
 

@@ -52,10 +52,7 @@ async fn check(h: &Harness, prompts: &[&str]) -> (SessionId, Vec<String>, Vec<Re
     for p in prompts {
         h.prompt(&s, p).await;
     }
-    h.runtime
-        .wait_idle(&s, Duration::from_secs(30))
-        .await
-        .expect("idle");
+    h.idle(&s).await;
     h.assert_replay_equal();
     let log = h.log(&s).iter().skip(1).map(render).collect();
     (s, log, h.provider.requests())
@@ -366,10 +363,7 @@ async fn the_last_step_offers_no_tools_and_a_steer_resets_the_count() {
     gate.reached().await;
     h.prompt(&s, "also this").await;
     gate.release();
-    h.runtime
-        .wait_idle(&s, Duration::from_secs(30))
-        .await
-        .expect("idle");
+    h.idle(&s).await;
     let requests = h.provider.requests();
     assert_eq!(requests.len(), 3);
     // The steer was promoted after request 1: the count restarted, so request 2 still has tools.
@@ -405,10 +399,7 @@ async fn steers_during_a_step_join_the_very_next_request_as_one_batch() {
     h.prompt(&s, "two").await;
     h.prompt(&s, "three").await;
     gate.release();
-    h.runtime
-        .wait_idle(&s, Duration::from_secs(30))
-        .await
-        .expect("idle");
+    h.idle(&s).await;
     let requests = h.provider.requests();
     assert_eq!(requests.len(), 2, "several steers cause one extra request");
     let users = |r: &Request| {
@@ -437,10 +428,7 @@ async fn queued_inputs_run_fifo_one_per_idle_boundary() {
         h.runtime.prompt(request).await.expect("queued");
     }
     gate.release();
-    h.runtime
-        .wait_idle(&s, Duration::from_secs(30))
-        .await
-        .expect("idle");
+    h.idle(&s).await;
     let users: Vec<Vec<String>> = h
         .provider
         .requests()
@@ -556,15 +544,9 @@ async fn overflow_before_output_compacts_once_and_rebuilds_the_step() {
     .await;
     let s = h.session().await;
     h.prompt(&s, &"old context ".repeat(100)).await;
-    h.runtime
-        .wait_idle(&s, Duration::from_secs(30))
-        .await
-        .expect("idle");
+    h.idle(&s).await;
     h.prompt(&s, "new question").await;
-    h.runtime
-        .wait_idle(&s, Duration::from_secs(30))
-        .await
-        .expect("idle");
+    h.idle(&s).await;
     let requests = h.provider.requests();
     assert_eq!(
         requests.len(),
@@ -602,10 +584,7 @@ async fn a_second_overflow_or_auto_off_is_terminal() {
     .await;
     let s = h.session().await;
     h.prompt(&s, &"old context ".repeat(100)).await;
-    h.runtime
-        .wait_idle(&s, Duration::from_secs(30))
-        .await
-        .expect("idle");
+    h.idle(&s).await;
     h.admit(&s, "again").await;
     assert!(matches!(
         h.runtime.resume(&s).await,
@@ -650,15 +629,9 @@ async fn manual_compaction_and_nothing_to_compact() {
     );
     assert_eq!(h.provider.calls(), 0);
     h.prompt(&s, &"lots of words ".repeat(50)).await;
-    h.runtime
-        .wait_idle(&s, Duration::from_secs(30))
-        .await
-        .expect("idle");
+    h.idle(&s).await;
     h.prompt(&s, "recent").await;
-    h.runtime
-        .wait_idle(&s, Duration::from_secs(30))
-        .await
-        .expect("idle");
+    h.idle(&s).await;
     let kept_from = h.runtime.compact(&s).await;
     assert!(kept_from.is_ok(), "{kept_from:?}");
     assert_eq!(h.provider.calls(), 3);
@@ -692,16 +665,10 @@ async fn an_instruction_change_lands_between_prompts_with_the_system_prefix_unch
     .await;
     let s = h.session().await;
     h.prompt(&s, "user1").await;
-    h.runtime
-        .wait_idle(&s, Duration::from_secs(30))
-        .await
-        .expect("idle");
+    h.idle(&s).await;
     std::fs::write(&rules, "Be very brief.").expect("rewrite");
     h.prompt(&s, "user2").await;
-    h.runtime
-        .wait_idle(&s, Duration::from_secs(30))
-        .await
-        .expect("idle");
+    h.idle(&s).await;
     let requests = h.provider.requests();
     assert_eq!(
         requests[0].system, requests[1].system,
@@ -726,10 +693,7 @@ async fn an_instruction_change_lands_between_prompts_with_the_system_prefix_unch
     // A source that becomes unreadable keeps its last value: no update, the prompt runs.
     std::fs::remove_file(&rules).expect("remove");
     h.prompt(&s, "user3").await;
-    h.runtime
-        .wait_idle(&s, Duration::from_secs(30))
-        .await
-        .expect("idle");
+    h.idle(&s).await;
     assert_eq!(h.provider.calls(), 3);
     assert_eq!(h.count(&s, "instructions_updated"), 2);
 }

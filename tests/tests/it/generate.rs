@@ -83,10 +83,7 @@ async fn generate_equals_the_step_request_minus_tools_plus_the_prompt_and_change
     let h = &t.h;
     let s = h.session().await;
     h.prompt(&s, "hello").await;
-    h.runtime
-        .wait_idle(&s, Duration::from_secs(30))
-        .await
-        .expect("idle");
+    h.idle(&s).await;
 
     let before = contents(h);
     let answer = h
@@ -186,10 +183,7 @@ async fn generate_runs_during_a_drain_from_settled_history_without_pending_input
     let h = &t.h;
     let s = h.session().await;
     h.prompt(&s, "one").await;
-    h.runtime
-        .wait_idle(&s, Duration::from_secs(30))
-        .await
-        .expect("idle");
+    h.idle(&s).await;
     h.prompt(&s, "two").await;
     gate.reached().await;
     // The drain is mid-step with a tool call recorded and unresolved; another input is pending.
@@ -219,10 +213,7 @@ async fn generate_runs_during_a_drain_from_settled_history_without_pending_input
             .any(|m| matches!(m, Message::Tool(_)))
     );
     gate.release();
-    h.runtime
-        .wait_idle(&s, Duration::from_secs(30))
-        .await
-        .expect("idle");
+    h.idle(&s).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -269,10 +260,7 @@ async fn a_changed_instruction_source_reaches_the_generate_request_only() {
     .await;
     let s = h.session().await;
     h.prompt(&s, "hello").await;
-    h.runtime
-        .wait_idle(&s, Duration::from_secs(30))
-        .await
-        .expect("idle");
+    h.idle(&s).await;
     std::fs::write(&rules, "Rule two.").expect("rewrite");
     let before = contents(&h);
     let told_before = h

@@ -64,6 +64,14 @@ impl Harness {
             .expect("admitted");
     }
 
+    /// Waits until the session has no drain and no follow-up pending.
+    pub async fn idle(&self, session: &SessionId) {
+        self.runtime
+            .wait_idle(session, Duration::from_secs(30))
+            .await
+            .expect("the session went idle");
+    }
+
     /// Admits `text` without waking.
     pub async fn admit(&self, session: &SessionId, text: &str) {
         let mut request = PromptRequest::new(session, text);

@@ -1,7 +1,6 @@
 //! The laws of SPEC §7: serialized drains, coalesced wakes, joins, interrupts.
 
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 use agenthost_actors::{Call, Executor, Extensions, Outcome, Runtime, Tool, Tools};
 use agenthost_llm::scripted::{Gate, Script};
@@ -110,10 +109,7 @@ async fn three_wakes_during_a_drain_give_exactly_two_drains() {
     }
     gate.release();
     assert_eq!(h.drains_finished(&s, 2).await, 2);
-    h.runtime
-        .wait_idle(&s, Duration::from_secs(30))
-        .await
-        .expect("idle");
+    h.idle(&s).await;
     assert_eq!(h.provider.calls(), 1, "the follow-up found nothing to do");
     assert_eq!(h.count(&s, "execution_started"), 1);
 }
@@ -135,10 +131,7 @@ async fn a_wake_during_the_follow_up_gives_a_third_drain() {
     h.runtime.wake(&s).await.expect("wake");
     second.release();
     assert_eq!(h.drains_finished(&s, 3).await, 3);
-    h.runtime
-        .wait_idle(&s, Duration::from_secs(30))
-        .await
-        .expect("idle");
+    h.idle(&s).await;
     assert_eq!(h.provider.calls(), 2);
 }
 
@@ -304,14 +297,8 @@ async fn two_sessions_drain_at_the_same_time() {
     both.sort();
     assert_eq!(h.runtime.active(), both);
     gate.open();
-    h.runtime
-        .wait_idle(&a, Duration::from_secs(30))
-        .await
-        .expect("idle");
-    h.runtime
-        .wait_idle(&b, Duration::from_secs(30))
-        .await
-        .expect("idle");
+    h.idle(&a).await;
+    h.idle(&b).await;
 }
 
 /// A tool that wakes its own session many times from inside the drain.

@@ -83,10 +83,7 @@ async fn the_restart_limit_halts_the_session_until_an_explicit_resume() {
     assert_eq!(h.runtime.metrics().restarts.load(Ordering::Relaxed), 5);
     // A wake does not revive a halted session; an explicit resume does.
     h.runtime.wake(&s).await.expect("wake");
-    h.runtime
-        .wait_idle(&s, Duration::from_secs(30))
-        .await
-        .expect("idle");
+    h.idle(&s).await;
     assert_eq!(h.provider.calls(), 0);
     let outcome = h.runtime.resume(&s).await;
     assert_eq!(
@@ -106,20 +103,14 @@ async fn an_idle_actor_passivates_and_the_next_prompt_respawns_it() {
     .await;
     let s = h.session().await;
     h.prompt(&s, "one").await;
-    h.runtime
-        .wait_idle(&s, Duration::from_secs(30))
-        .await
-        .expect("idle");
+    h.idle(&s).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while h.runtime.live() > 0 {
         assert!(tokio::time::Instant::now() < deadline, "never passivated");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     h.prompt(&s, "two").await;
-    h.runtime
-        .wait_idle(&s, Duration::from_secs(30))
-        .await
-        .expect("idle");
+    h.idle(&s).await;
     assert_eq!(h.provider.calls(), 2);
     assert_eq!(h.count(&s, "prompt_promoted"), 2);
     assert_eq!(h.count(&s, "execution_succeeded"), 2);
@@ -131,10 +122,7 @@ async fn shutdown_forgets_every_actor() {
     for _ in 0..2 {
         let s = h.session().await;
         h.prompt(&s, "hi").await;
-        h.runtime
-            .wait_idle(&s, Duration::from_secs(30))
-            .await
-            .expect("idle");
+        h.idle(&s).await;
     }
     assert_eq!(h.runtime.live(), 2);
     h.runtime.shutdown().await;
@@ -200,10 +188,7 @@ async fn provider_streams_are_bounded_and_waiting_steps_run_in_order() {
     );
     gate.release();
     for s in [&a, &b, &c] {
-        h.runtime
-            .wait_idle(s, Duration::from_secs(30))
-            .await
-            .expect("idle");
+        h.idle(s).await;
     }
     let order: Vec<String> = h
         .provider
