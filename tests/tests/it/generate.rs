@@ -299,3 +299,97 @@ async fn a_changed_instruction_source_reaches_the_generate_request_only() {
     assert!(texts.iter().any(|t| t.contains("Rule two.")), "{texts:?}");
     assert_eq!(texts.last(), Some(&"recap"));
 }
+
+/// Holds `generate` between its snapshot and its provider call until the test lets it go.
+#[derive(Debug)]
+struct Pause {
+    reached: tokio::sync::Notify,
+    go: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl Hook for Pause {
+    fn on_request(&self, ctx: &RequestContext, _request: &mut Request) {
+        if ctx.purpose == Purpose::Generate {
+            self.reached.notify_one();
+            // Hooks run on the preparer's blocking thread: waiting here blocks nothing else.
+            let _ = self.go.lock().expect("lock").recv();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generate_uses_the_state_at_its_start_even_if_a_drain_appends_before_its_call() {
+    let (go, wait) = std::sync::mpsc::channel();
+    let pause = Arc::new(Pause {
+        reached: tokio::sync::Notify::new(),
+        go: std::sync::Mutex::new(wait),
+    });
+    let h = Harness::start_with(
+        [text("one"), text("two"), text("generated")],
+        |_| {},
+        Extensions {
+            tools: Tools::default(),
+            hooks: vec![pause.clone() as Arc<dyn Hook>],
+        },
+    )
+    .await;
+    let s = h.session().await;
+    h.prompt(&s, "first").await;
+    h.idle(&s).await;
+    let generate = tokio::spawn({
+        let (r, s) = (h.runtime.clone(), s.clone());
+        async move { r.generate(&s, "recap").await }
+    });
+    pause.reached.notified().await;
+    // The snapshot is taken; now a drain appends a whole exchange before the provider call.
+    h.prompt(&s, "second").await;
+    h.idle(&s).await;
+    go.send(()).expect("release");
+    assert_eq!(generate.await.expect("joined"), Ok("generated".into()));
+    let request = h.provider.last_request().expect("recorded");
+    let users: Vec<&str> = request
+        .messages
+        .iter()
+        .filter_map(|m| match m {
+            Message::User { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        users,
+        ["first", "recap"],
+        "the drain's later input is not in the request"
+    );
+}
+
+/// The durable step's request for a recorded scenario, rendered and compared with a committed
+/// snapshot; `AGENTHOST_BLESS=1` rewrites it after an intended change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_step_request_for_a_recorded_scenario_is_unchanged() {
+    let t = setup(vec![
+        Script::new()
+            .tool_call("c1", "lookup", r#"{"q":"weather"}"#)
+            .finish(FinishReason::ToolCalls),
+        text("It is sunny."),
+    ])
+    .await;
+    let s =
+        t.h.runtime
+            .create_session(agenthost_actors::CreateSession {
+                id: Some(agenthost_model::SessionId::parse("ses_snapshot").expect("id")),
+                ..Default::default()
+            })
+            .await
+            .expect("session")
+            .id;
+    t.h.prompt(&s, "What is the weather?").await;
+    t.h.idle(&s).await;
+    let rendered = format!("{:#?}\n", t.h.provider.requests()[1]);
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/step_request.txt");
+    if std::env::var_os("AGENTHOST_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("dir");
+        std::fs::write(&path, &rendered).expect("write snapshot");
+    }
+    let expected = std::fs::read_to_string(&path).expect("the snapshot exists (bless it once)");
+    assert_eq!(rendered, expected, "the durable step's request changed");
+}

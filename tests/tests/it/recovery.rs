@@ -484,3 +484,154 @@ async fn shutdown_keeps_the_claim_of_an_interrupted_drain() {
         .collect();
     assert_eq!(kinds.last(), Some(&"execution_interrupted"));
 }
+
+/// Records the idempotency key of every execution.
+#[derive(Debug, Default)]
+struct Keys(std::sync::Mutex<Vec<String>>);
+
+impl Executor for Keys {
+    fn execute(&self, call: Call) -> BoxFuture<'static, Result<String, String>> {
+        self.0.lock().expect("lock").push(call.idempotency_key());
+        Box::pin(async { Ok("done again".to_owned()) })
+    }
+}
+
+/// A crashed session whose last step called `tool` and never settled it.
+async fn crashed_mid_tool(path: &Path, tool: &str) -> (SessionId, MessageId) {
+    let s = crashed_session(path, 0).await;
+    let store = RedbStore::open(StoreConfig::new(path)).expect("store");
+    let a = MessageId::parse("msg_assistant").expect("id");
+    store
+        .append(
+            s.clone(),
+            vec![Event::PromptPromoted {
+                id: MessageId::parse("msg_lost").expect("id"),
+            }],
+        )
+        .await
+        .expect("promoted");
+    let events = vec![
+        Event::StepStarted {
+            id: a.clone(),
+            step: 1,
+            agent: "default".into(),
+            model: "m".into(),
+        },
+        Event::ToolCalled {
+            id: a.clone(),
+            call_id: "c1".into(),
+            name: tool.into(),
+            input: "{}".into(),
+        },
+    ];
+    store.append(s.clone(), events).await.expect("mid-tool");
+    store.close();
+    (s, a)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotent_tool_cut_off_by_a_crash_runs_again_with_the_same_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store.redb");
+    let (s, a) = crashed_mid_tool(&path, "sync").await;
+    let keys = Arc::new(Keys::default());
+    let mut tool = Tool::new("sync", "idempotent", serde_json::json!({}), keys.clone());
+    tool.idempotent = true;
+    let mut tools = Tools::default();
+    tools.register(tool);
+    let provider = Arc::new(Scripted::new([text("after the tool")]));
+    let runtime = Runtime::start_with(
+        harness::config(dir.path(), provider.clone()),
+        Extensions {
+            tools,
+            hooks: Vec::new(),
+        },
+    )
+    .await
+    .expect("start");
+    runtime.recovered().await;
+    runtime
+        .wait_idle(&s, Duration::from_secs(30))
+        .await
+        .expect("idle");
+    assert_eq!(*keys.0.lock().expect("lock"), [format!("{s}/{a}/c1")]);
+    let snap = runtime.snapshot().expect("snap");
+    let messages = snap
+        .messages(&s, agenthost_model::Seq::ZERO, usize::MAX)
+        .expect("messages");
+    let settled = messages.iter().find_map(|m| match m {
+        Message::Assistant(x) if x.id == a => x.tool("c1").map(|t| t.state.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        settled,
+        Some(ToolState::Completed {
+            output: "done again".into(),
+            truncated: false
+        })
+    );
+    assert_eq!(provider.calls(), 1);
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_idempotent_tool_cut_off_by_a_crash_is_failed_not_repeated() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store.redb");
+    let (s, a) = crashed_mid_tool(&path, "charge").await;
+    let keys = Arc::new(Keys::default());
+    let mut tools = Tools::default();
+    tools.register(Tool::new(
+        "charge",
+        "not idempotent",
+        serde_json::json!({}),
+        keys.clone(),
+    ));
+    let provider = Arc::new(Scripted::new([text("told the user")]));
+    let runtime = Runtime::start_with(
+        harness::config(dir.path(), provider.clone()),
+        Extensions {
+            tools,
+            hooks: Vec::new(),
+        },
+    )
+    .await
+    .expect("start");
+    runtime.recovered().await;
+    runtime
+        .wait_idle(&s, Duration::from_secs(30))
+        .await
+        .expect("idle");
+    assert!(
+        keys.0.lock().expect("lock").is_empty(),
+        "never executed again"
+    );
+    let request = provider.last_request().expect("resumed");
+    assert!(request.messages.iter().any(
+        |m| matches!(m, agenthost_llm::Message::Tool(r) if r.is_error && r.output == STOPPED_TOOL)
+    ));
+    let _ = a;
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_off_leaves_claimed_sessions_alone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store.redb");
+    let s = crashed_session(&path, 0).await;
+    let provider = Arc::new(Scripted::new([]));
+    let mut config = harness::config(dir.path(), provider.clone());
+    config.recovery.mode = RecoveryMode::Off;
+    let runtime = Runtime::start(config).await.expect("start");
+    runtime.recovered().await;
+    let row = runtime
+        .snapshot()
+        .expect("snap")
+        .session(&s)
+        .expect("read")
+        .expect("row");
+    assert!(row.claim.is_some());
+    assert_eq!(row.resume_attempts, 0, "not even counted");
+    assert_eq!(provider.calls(), 0);
+    runtime.shutdown().await;
+}
