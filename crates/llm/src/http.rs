@@ -1,32 +1,144 @@
-//! The HTTP plumbing both wire formats share: the reqwest client, the one request per call, the
-//! idle-read timeout, error responses, and feeding body bytes to a [`Wire`] parser.
+//! The HTTP plumbing both wire formats share: the [`Endpoint`] a client holds (reqwest client,
+//! URL, key, configured headers, timeouts), the one request per call, the idle-read timeout,
+//! error responses, and feeding body bytes to a [`Wire`] parser. The protocol modules add only
+//! their body, their own headers and their parser.
 //!
 //! **Invariant:** exactly one HTTP request per stream, sent on first poll, never retried and
 //! never re-sent on a redirect (redirects are disabled: following a 301/302 would turn the POST
 //! into a GET).
 
 use std::collections::VecDeque;
+use std::fmt;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use serde_json::Value;
 
+use crate::config::Config;
 use crate::error::{Error, ErrorKind};
 use crate::provider::EventStream;
-use crate::request::Headers;
+use crate::request::{Headers, Request};
 use crate::secret::ApiKey;
 use crate::wire::{Output, Wire};
 
 /// Largest error body read to classify a non-2xx response.
 const MAX_ERROR_BODY: usize = 64 * 1024;
 
+/// Where and how one configured provider is called: what both HTTP clients hold.
+pub(crate) struct Endpoint {
+    client: reqwest::Client,
+    url: reqwest::Url,
+    api_key: Option<ApiKey>,
+    headers: Headers,
+    affinity_header: String,
+    timeouts: Timeouts,
+}
+
+impl Endpoint {
+    /// `{base_url}/{path}` for `config`, with `default_base` when it names no base URL; `kind`
+    /// names the protocol in the error for a bad URL. No connection is made yet.
+    pub fn new(config: &Config, default_base: &str, path: &str, kind: &str) -> Result<Self, Error> {
+        let base = config.base_url_or(default_base);
+        let url = reqwest::Url::parse(&format!("{base}/{path}")).map_err(|_| {
+            Error::new(
+                ErrorKind::InvalidRequest,
+                format!("invalid base_url for {kind}"),
+            )
+        })?;
+        Ok(Self {
+            client: client(config.connect_timeout)?,
+            url,
+            api_key: config.api_key.clone(),
+            headers: config.headers.clone(),
+            affinity_header: config.affinity_header.clone(),
+            timeouts: Timeouts {
+                connect: config.connect_timeout,
+                idle: config.idle_timeout,
+            },
+        })
+    }
+
+    /// The configured key, for the protocol to put in its own credential header.
+    pub fn api_key(&self) -> Option<&ApiKey> {
+        self.api_key.as_ref()
+    }
+
+    /// `Debug` of a client named `name`. Safe to print: [`ApiKey`] and [`Headers`] redact
+    /// themselves, and the reqwest client (which could show more) is left out.
+    pub fn fmt_as(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(name)
+            .field("endpoint", &self.url.as_str())
+            .field("api_key", &self.api_key)
+            .field("headers", &self.headers)
+            .finish_non_exhaustive()
+    }
+
+    /// The POST of `body` for `request`: the protocol's own `headers` (from [`stream_headers`],
+    /// plus its credential and version), then the session-affinity header, the configured
+    /// headers and the request's own, each later one winning.
+    pub fn post(
+        &self,
+        mut headers: HeaderMap,
+        request: &Request,
+        body: &Value,
+    ) -> Result<reqwest::Request, Error> {
+        let mut extra = Headers::new();
+        if let Some(session) = &request.session_id
+            && !self.affinity_header.is_empty()
+        {
+            extra.insert(self.affinity_header.clone(), session.clone());
+        }
+        add_headers(&mut headers, &extra)?;
+        add_headers(&mut headers, &self.headers)?;
+        add_headers(&mut headers, &request.headers)?;
+        let body = serde_json::to_vec(body).map_err(|error| {
+            Error::new(
+                ErrorKind::InvalidRequest,
+                format!("cannot encode the body: {error}"),
+            )
+        })?;
+        let mut http_request = reqwest::Request::new(reqwest::Method::POST, self.url.clone());
+        *http_request.headers_mut() = headers;
+        *http_request.body_mut() = Some(body.into());
+        Ok(http_request)
+    }
+
+    /// Runs `request` and parses its body with `wire`; a request that could not be built is a
+    /// stream of that one error. Nothing is sent until the stream is polled.
+    pub fn stream<W: Wire>(
+        &self,
+        request: Result<reqwest::Request, Error>,
+        wire: W,
+    ) -> EventStream {
+        match request {
+            Ok(request) => stream(
+                self.client.clone(),
+                request,
+                wire,
+                self.timeouts,
+                self.api_key.clone(),
+            ),
+            Err(error) => Box::pin(futures::stream::once(async move { Err(error) })),
+        }
+    }
+}
+
+/// The headers every call starts with: a JSON body in, an event stream back.
+pub(crate) fn stream_headers() -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
+    headers
+}
+
 /// Builds the client shared by every call of one provider.
 ///
 /// No total timeout: it would kill long streams (SPEC §13.4). Idle time is enforced per read in
 /// [`stream`] instead.
-pub(crate) fn client(connect_timeout: Duration) -> Result<reqwest::Client, Error> {
+fn client(connect_timeout: Duration) -> Result<reqwest::Client, Error> {
     // reqwest is built without a bundled crypto provider (see the workspace manifest); install
     // ring unless the embedding program installed one already, in which case `Err` just says so.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -44,7 +156,7 @@ pub(crate) fn client(connect_timeout: Duration) -> Result<reqwest::Client, Error
 }
 
 /// Adds `headers` to `map`, marking credentials sensitive so that hyper never prints them.
-pub(crate) fn add_headers(map: &mut HeaderMap, headers: &Headers) -> Result<(), Error> {
+fn add_headers(map: &mut HeaderMap, headers: &Headers) -> Result<(), Error> {
     for (name, value) in headers.iter() {
         let header = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
             Error::new(
@@ -81,9 +193,9 @@ pub(crate) fn secret_header(value: String) -> Result<HeaderValue, Error> {
 
 /// Timeouts of one streaming call.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Timeouts {
-    pub connect: Duration,
-    pub idle: Duration,
+struct Timeouts {
+    connect: Duration,
+    idle: Duration,
 }
 
 enum Phase {
@@ -105,7 +217,7 @@ struct State<W> {
 
 /// Runs one request and parses its body with `wire`. Nothing happens until the stream is
 /// polled; dropping it drops the connection.
-pub(crate) fn stream<W: Wire>(
+fn stream<W: Wire>(
     client: reqwest::Client,
     request: reqwest::Request,
     wire: W,

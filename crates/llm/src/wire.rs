@@ -1,8 +1,13 @@
 //! What the two wire parsers share: the step bracket of the stream contract (start once, finish
-//! once, fail once) and the trait the HTTP layer drives them through.
+//! once, fail once), the SSE framing that feeds each format's [`Frames`] and stops once the step
+//! is done, the few events both build alike, and the trait the HTTP layer drives them through.
+
+use serde_json::Value;
 
 use crate::error::Error;
 use crate::event::{Event, FinishReason, Usage};
+use crate::request::ToolCall;
+use crate::sse::Decoder;
 
 /// Items a parser produces while fed.
 pub type Output = Vec<Result<Event, Error>>;
@@ -17,6 +22,74 @@ pub(crate) trait Wire: Send + 'static {
     fn fail(&mut self, error: Error, out: &mut Output);
     /// Nothing more will be produced (finished or failed).
     fn is_done(&self) -> bool;
+}
+
+/// What one wire format does with the frames of its SSE body; [`Framed`] calls it.
+pub(crate) trait Frames {
+    fn step(&self) -> &Step;
+    fn step_mut(&mut self) -> &mut Step;
+    /// One SSE frame. Called only while the step is not done.
+    fn frame(&mut self, event: &str, data: &str, out: &mut Output);
+    /// The body ended after the last frame and the step is not done: complete it or fail it.
+    fn end(&mut self, out: &mut Output);
+}
+
+/// A format's [`Frames`] behind the SSE decoder: the body of each public `Parser`.
+#[derive(Debug, Default)]
+pub(crate) struct Framed<F> {
+    sse: Decoder,
+    frames: F,
+}
+
+impl<F: Frames + Send + 'static> Wire for Framed<F> {
+    fn feed(&mut self, bytes: &[u8], out: &mut Output) {
+        if self.is_done() {
+            return;
+        }
+        let frames = &mut self.frames;
+        self.sse
+            .feed_with(bytes, |event, data| deliver(frames, event, data, out));
+    }
+
+    fn finish(&mut self, out: &mut Output) {
+        if self.is_done() {
+            return;
+        }
+        let frames = &mut self.frames;
+        // A last frame without its blank line still counts.
+        self.sse
+            .finish_with(|event, data| deliver(frames, event, data, out));
+        if !frames.step().is_done() {
+            frames.end(out);
+        }
+    }
+
+    fn fail(&mut self, error: Error, out: &mut Output) {
+        self.frames.step_mut().fail(error, out);
+    }
+
+    fn is_done(&self) -> bool {
+        self.frames.step().is_done()
+    }
+}
+
+/// Frames after the step ended (later in the same chunk as `[DONE]` or an error) are not parsed.
+fn deliver<F: Frames>(frames: &mut F, event: &str, data: &str, out: &mut Output) {
+    if !frames.step().is_done() {
+        frames.frame(event, data, out);
+    }
+}
+
+/// The error an SSE `error` event reports; a payload that is not JSON is classified as text.
+pub(crate) fn error_event(data: &str) -> Error {
+    let body = serde_json::from_str(data).unwrap_or_else(|_| Value::String(data.into()));
+    Error::from_stream_body(&body)
+}
+
+/// Ends a complete tool input: `ToolInputEnd`, then the `ToolCall` the contract pairs with it.
+pub(crate) fn end_tool(part: u32, call: ToolCall, out: &mut Output) {
+    out.push(Ok(Event::ToolInputEnd { part }));
+    out.push(Ok(Event::ToolCall { part, call }));
 }
 
 /// The step bracket: enforces "`StepStart` once, then exactly one `StepFinish`, `Err` last".

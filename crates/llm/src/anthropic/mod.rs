@@ -15,20 +15,19 @@ mod parse;
 use std::fmt;
 use std::sync::Arc;
 
-use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::{Map, Value, json};
 
 pub use parse::Parser;
 
 use crate::config::Config;
-use crate::error::{Error, ErrorKind};
-use crate::http::{self, Timeouts};
-use crate::openai::file_text;
+use crate::error::Error;
+use crate::http::{self, Endpoint};
+use crate::openai::{file_link, file_text};
 use crate::provider::{EventStream, Provider};
 use crate::request::{
-    AssistantPart, File, FileContent, Headers, Message, ReasoningMetadata, Request, ToolChoice,
+    AssistantPart, File, FileContent, Message, ReasoningMetadata, Request, ToolChoice,
 };
-use crate::secret::ApiKey;
 
 /// Anthropic's public endpoint.
 pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com/v1";
@@ -39,48 +38,27 @@ pub const API_VERSION: &str = "2023-06-01";
 /// A Messages client. Cheap to clone; clones share the connection pool.
 #[derive(Clone)]
 pub struct Anthropic {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    client: reqwest::Client,
-    endpoint: reqwest::Url,
-    api_key: Option<ApiKey>,
-    headers: Headers,
-    affinity_header: String,
-    timeouts: Timeouts,
+    endpoint: Arc<Endpoint>,
     default_max_output: u32,
 }
 
 impl fmt::Debug for Anthropic {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Anthropic")
-            .field("endpoint", &self.inner.endpoint.as_str())
-            .field("api_key", &self.inner.api_key)
-            .field("headers", &self.inner.headers)
-            .finish_non_exhaustive()
+        self.endpoint.fmt_as("Anthropic", f)
     }
 }
 
 impl Anthropic {
     /// A client for `config` (its `kind` is not checked). No connection is made yet.
     pub fn new(config: &Config) -> Result<Self, Error> {
-        let base = config.base_url_or(DEFAULT_BASE_URL);
-        let endpoint = reqwest::Url::parse(&format!("{base}/messages"))
-            .map_err(|_| Error::new(ErrorKind::InvalidRequest, "invalid base_url for anthropic"))?;
         Ok(Self {
-            inner: Arc::new(Inner {
-                client: http::client(config.connect_timeout)?,
-                endpoint,
-                api_key: config.api_key.clone(),
-                headers: config.headers.clone(),
-                affinity_header: config.affinity_header.clone(),
-                timeouts: Timeouts {
-                    connect: config.connect_timeout,
-                    idle: config.idle_timeout,
-                },
-                default_max_output: config.default_max_output,
-            }),
+            endpoint: Arc::new(Endpoint::new(
+                config,
+                DEFAULT_BASE_URL,
+                "messages",
+                "anthropic",
+            )?),
+            default_max_output: config.default_max_output,
         })
     }
 
@@ -90,7 +68,7 @@ impl Anthropic {
         body.insert("model".into(), json!(request.model));
         body.insert(
             "max_tokens".into(),
-            json!(request.max_output.unwrap_or(self.inner.default_max_output)),
+            json!(request.max_output.unwrap_or(self.default_max_output)),
         );
         body.insert("stream".into(), json!(true));
         let system = system(request);
@@ -134,54 +112,25 @@ impl Anthropic {
     /// `anthropic-version`, the session-affinity header, configured then per-request headers,
     /// and [`Anthropic::body`].
     pub fn http_request(&self, request: &Request) -> Result<reqwest::Request, Error> {
-        let inner = &self.inner;
-        let mut headers = HeaderMap::new();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
+        let mut headers = http::stream_headers();
         headers.insert(
             HeaderName::from_static("anthropic-version"),
             HeaderValue::from_static(API_VERSION),
         );
-        if let Some(key) = &inner.api_key {
+        if let Some(key) = self.endpoint.api_key() {
             headers.insert(
                 HeaderName::from_static("x-api-key"),
                 http::secret_header(key.expose().to_owned())?,
             );
         }
-        let mut extra = Headers::new();
-        if let Some(session) = &request.session_id
-            && !inner.affinity_header.is_empty()
-        {
-            extra.insert(inner.affinity_header.clone(), session.clone());
-        }
-        http::add_headers(&mut headers, &extra)?;
-        http::add_headers(&mut headers, &inner.headers)?;
-        http::add_headers(&mut headers, &request.headers)?;
-        let body = serde_json::to_vec(&self.body(request)).map_err(|error| {
-            Error::new(
-                ErrorKind::InvalidRequest,
-                format!("cannot encode the body: {error}"),
-            )
-        })?;
-        let mut http_request = reqwest::Request::new(reqwest::Method::POST, inner.endpoint.clone());
-        *http_request.headers_mut() = headers;
-        *http_request.body_mut() = Some(body.into());
-        Ok(http_request)
+        self.endpoint.post(headers, request, &self.body(request))
     }
 }
 
 impl Provider for Anthropic {
     fn stream(&self, request: Request) -> EventStream {
-        match self.http_request(&request) {
-            Ok(http_request) => http::stream(
-                self.inner.client.clone(),
-                http_request,
-                Parser::new(),
-                self.inner.timeouts,
-                self.inner.api_key.clone(),
-            ),
-            Err(error) => Box::pin(futures::stream::once(async move { Err(error) })),
-        }
+        self.endpoint
+            .stream(self.http_request(&request), Parser::new().into_wire())
     }
 }
 
@@ -251,10 +200,7 @@ fn user(text: &str, files: &[File]) -> Vec<Value> {
             FileContent::Url(url) if file.media_type == "application/pdf" => {
                 json!({ "type": "document", "source": { "type": "url", "url": url } })
             }
-            FileContent::Url(url) => json!({
-                "type": "text",
-                "text": format!("[file {}: {url}]", file.name.as_deref().unwrap_or("attachment")),
-            }),
+            FileContent::Url(url) => json!({ "type": "text", "text": file_link(file, url) }),
             FileContent::Text(body) => json!({ "type": "text", "text": file_text(file, body) }),
         });
     }

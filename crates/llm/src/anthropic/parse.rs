@@ -13,18 +13,16 @@ use serde_json::Value;
 use crate::error::Error;
 use crate::event::{Event, FinishReason, Usage};
 use crate::request::{ReasoningMetadata, ToolCall};
-use crate::sse::Decoder;
-use crate::wire::{Output, Step, Str, Wire};
+use crate::wire::{self, Framed, Frames, Output, Step, Str, Wire};
 
 /// Parses one Messages response body. Feed bytes as they arrive, then call
 /// [`Parser::finish`] at end of body.
 #[derive(Debug, Default)]
 pub struct Parser {
-    sse: Decoder,
-    state: State,
+    framed: Framed<State>,
 }
 
-/// Everything but the SSE decoder, so that the decoder's frame callback can borrow it.
+/// What the frames build up; [`Framed`] keeps the SSE decoder beside it.
 #[derive(Debug, Default)]
 struct State {
     step: Step,
@@ -158,42 +156,38 @@ impl Parser {
 
     /// Parses more bytes, appending events (and at most one final error) to `out`.
     pub fn feed(&mut self, bytes: &[u8], out: &mut Output) {
-        if self.state.step.is_done() {
-            return;
-        }
-        let state = &mut self.state;
-        self.sse
-            .feed_with(bytes, |event, data| state.frame(event, data, out));
+        self.framed.feed(bytes, out);
     }
 
     /// The body ended; without `message_stop` that is an
     /// [`crate::ErrorKind::IncompleteStream`].
     pub fn finish(&mut self, out: &mut Output) {
-        if self.state.step.is_done() {
-            return;
-        }
-        let state = &mut self.state;
-        self.sse
-            .finish_with(|event, data| state.frame(event, data, out));
-        state.step.fail(
-            Error::incomplete("the stream ended before message_stop"),
-            out,
-        );
+        self.framed.finish(out);
     }
 
     /// Whether the stream is over (completed or failed).
     pub fn is_done(&self) -> bool {
-        self.state.step.is_done()
+        self.framed.is_done()
+    }
+
+    /// The parser as the HTTP layer drives it.
+    pub(super) fn into_wire(self) -> impl Wire {
+        self.framed
     }
 }
 
-impl State {
+impl Frames for State {
+    fn step(&self) -> &Step {
+        &self.step
+    }
+
+    fn step_mut(&mut self) -> &mut Step {
+        &mut self.step
+    }
+
     fn frame(&mut self, event: &str, data: &str, out: &mut Output) {
-        if self.step.is_done() {
-            return;
-        }
         if event == "error" {
-            return self.error(data, out);
+            return self.step.fail(wire::error_event(data), out);
         }
         let payload: Payload<'_> = match serde_json::from_str(data) {
             Ok(payload) => payload,
@@ -254,17 +248,21 @@ impl State {
                 }
                 self.step.finish(FinishReason::Other, out);
             }
-            "error" => self.error(data, out),
+            "error" => self.step.fail(wire::error_event(data), out),
             // `ping` and future event types.
             _ => {}
         }
     }
 
-    fn error(&mut self, data: &str, out: &mut Output) {
-        let body = serde_json::from_str(data).unwrap_or_else(|_| Value::String(data.into()));
-        self.step.fail(Error::from_stream_body(&body), out);
+    fn end(&mut self, out: &mut Output) {
+        self.step.fail(
+            Error::incomplete("the stream ended before message_stop"),
+            out,
+        );
     }
+}
 
+impl State {
     fn block_start(&mut self, index: u32, block: BlockStart<'_>, out: &mut Output) {
         let part = index;
         let kind = match block.kind.as_str() {
@@ -394,35 +392,14 @@ impl State {
                 } else {
                     json.clone()
                 };
-                out.push(Ok(Event::ToolInputEnd { part }));
-                out.push(Ok(Event::ToolCall {
-                    part,
-                    call: ToolCall {
-                        id: id.clone(),
-                        name: name.clone(),
-                        input,
-                    },
-                }));
+                let call = ToolCall {
+                    id: id.clone(),
+                    name: name.clone(),
+                    input,
+                };
+                wire::end_tool(part, call, out);
             }
             BlockKind::Ignored => {}
         }
-    }
-}
-
-impl Wire for Parser {
-    fn feed(&mut self, bytes: &[u8], out: &mut Output) {
-        Parser::feed(self, bytes, out);
-    }
-
-    fn finish(&mut self, out: &mut Output) {
-        Parser::finish(self, out);
-    }
-
-    fn fail(&mut self, error: Error, out: &mut Output) {
-        self.state.step.fail(error, out);
-    }
-
-    fn is_done(&self) -> bool {
-        self.state.step.is_done()
     }
 }

@@ -13,17 +13,16 @@ mod parse;
 use std::fmt;
 use std::sync::Arc;
 
-use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue};
+use reqwest::header::AUTHORIZATION;
 use serde_json::{Map, Value, json};
 
 pub use parse::Parser;
 
 use crate::config::Config;
-use crate::error::{Error, ErrorKind};
-use crate::http::{self, Timeouts};
+use crate::error::Error;
+use crate::http::{self, Endpoint};
 use crate::provider::{EventStream, Provider};
-use crate::request::{AssistantPart, File, FileContent, Headers, Message, Request, ToolChoice};
-use crate::secret::ApiKey;
+use crate::request::{AssistantPart, File, FileContent, Message, Request, ToolChoice};
 
 /// OpenAI's public endpoint.
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
@@ -31,48 +30,27 @@ pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 /// A Chat Completions client. Cheap to clone; clones share the connection pool.
 #[derive(Clone)]
 pub struct OpenAi {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    client: reqwest::Client,
-    endpoint: reqwest::Url,
-    api_key: Option<ApiKey>,
-    headers: Headers,
-    affinity_header: String,
-    timeouts: Timeouts,
+    endpoint: Arc<Endpoint>,
     legacy_max_tokens: bool,
 }
 
 impl fmt::Debug for OpenAi {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OpenAi")
-            .field("endpoint", &self.inner.endpoint.as_str())
-            .field("api_key", &self.inner.api_key)
-            .field("headers", &self.inner.headers)
-            .finish_non_exhaustive()
+        self.endpoint.fmt_as("OpenAi", f)
     }
 }
 
 impl OpenAi {
     /// A client for `config` (its `kind` is not checked). No connection is made yet.
     pub fn new(config: &Config) -> Result<Self, Error> {
-        let base = config.base_url_or(DEFAULT_BASE_URL);
-        let endpoint = reqwest::Url::parse(&format!("{base}/chat/completions"))
-            .map_err(|_| Error::new(ErrorKind::InvalidRequest, "invalid base_url for openai"))?;
         Ok(Self {
-            inner: Arc::new(Inner {
-                client: http::client(config.connect_timeout)?,
-                endpoint,
-                api_key: config.api_key.clone(),
-                headers: config.headers.clone(),
-                affinity_header: config.affinity_header.clone(),
-                timeouts: Timeouts {
-                    connect: config.connect_timeout,
-                    idle: config.idle_timeout,
-                },
-                legacy_max_tokens: config.legacy_max_tokens,
-            }),
+            endpoint: Arc::new(Endpoint::new(
+                config,
+                DEFAULT_BASE_URL,
+                "chat/completions",
+                "openai",
+            )?),
+            legacy_max_tokens: config.legacy_max_tokens,
         })
     }
 
@@ -110,7 +88,7 @@ impl OpenAi {
             body.insert("tool_choice".into(), choice);
         }
         if let Some(max) = request.max_output {
-            let field = if self.inner.legacy_max_tokens {
+            let field = if self.legacy_max_tokens {
                 "max_tokens"
             } else {
                 "max_completion_tokens"
@@ -133,50 +111,21 @@ impl OpenAi {
     /// bearer key, the session-affinity header, configured then per-request headers, and
     /// [`OpenAi::body`].
     pub fn http_request(&self, request: &Request) -> Result<reqwest::Request, Error> {
-        let inner = &self.inner;
-        let mut headers = HeaderMap::new();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
-        if let Some(key) = &inner.api_key {
+        let mut headers = http::stream_headers();
+        if let Some(key) = self.endpoint.api_key() {
             headers.insert(
                 AUTHORIZATION,
                 http::secret_header(format!("Bearer {}", key.expose()))?,
             );
         }
-        let mut extra = Headers::new();
-        if let Some(session) = &request.session_id
-            && !inner.affinity_header.is_empty()
-        {
-            extra.insert(inner.affinity_header.clone(), session.clone());
-        }
-        http::add_headers(&mut headers, &extra)?;
-        http::add_headers(&mut headers, &inner.headers)?;
-        http::add_headers(&mut headers, &request.headers)?;
-        let body = serde_json::to_vec(&self.body(request)).map_err(|error| {
-            Error::new(
-                ErrorKind::InvalidRequest,
-                format!("cannot encode the body: {error}"),
-            )
-        })?;
-        let mut http_request = reqwest::Request::new(reqwest::Method::POST, inner.endpoint.clone());
-        *http_request.headers_mut() = headers;
-        *http_request.body_mut() = Some(body.into());
-        Ok(http_request)
+        self.endpoint.post(headers, request, &self.body(request))
     }
 }
 
 impl Provider for OpenAi {
     fn stream(&self, request: Request) -> EventStream {
-        match self.http_request(&request) {
-            Ok(http_request) => http::stream(
-                self.inner.client.clone(),
-                http_request,
-                Parser::new(),
-                self.inner.timeouts,
-                self.inner.api_key.clone(),
-            ),
-            Err(error) => Box::pin(futures::stream::once(async move { Err(error) })),
-        }
+        self.endpoint
+            .stream(self.http_request(&request), Parser::new().into_wire())
     }
 }
 
@@ -222,14 +171,20 @@ fn user(text: &str, files: &[File]) -> Value {
                 json!({ "type": "image_url", "image_url": { "url": url } })
             }
             // Chat Completions takes other files only as uploads or base64, so a URL is named.
-            FileContent::Url(url) => json!({
-                "type": "text",
-                "text": format!("[file {}: {url}]", file.name.as_deref().unwrap_or("attachment")),
-            }),
+            FileContent::Url(url) => json!({ "type": "text", "text": file_link(file, url) }),
             FileContent::Text(body) => json!({ "type": "text", "text": file_text(file, body) }),
         });
     }
     json!({ "role": "user", "content": content })
+}
+
+/// A file by URL where the API cannot attach it: named, so the model knows it exists. Shared
+/// with the Anthropic mapping.
+pub(crate) fn file_link(file: &File, url: &str) -> String {
+    format!(
+        "[file {}: {url}]",
+        file.name.as_deref().unwrap_or("attachment")
+    )
 }
 
 /// Inline text attachments, shared with the Anthropic mapping.

@@ -13,18 +13,16 @@ use serde_json::Value;
 use crate::error::Error;
 use crate::event::{Event, FinishReason, Usage};
 use crate::request::ToolCall;
-use crate::sse::Decoder;
-use crate::wire::{Output, Step, Str, Wire};
+use crate::wire::{self, Framed, Frames, Output, Step, Str, Wire};
 
 /// Parses one Chat Completions response body. Feed bytes as they arrive, then call
 /// [`Parser::finish`] at end of body.
 #[derive(Debug, Default)]
 pub struct Parser {
-    sse: Decoder,
-    state: State,
+    framed: Framed<State>,
 }
 
-/// Everything but the SSE decoder, so that the decoder's frame callback can borrow it.
+/// What the frames build up; [`Framed`] keeps the SSE decoder beside it.
 #[derive(Debug, Default)]
 struct State {
     step: Step,
@@ -160,55 +158,43 @@ impl Parser {
 
     /// Parses more bytes, appending events (and at most one final error) to `out`.
     pub fn feed(&mut self, bytes: &[u8], out: &mut Output) {
-        if self.state.step.is_done() {
-            return;
-        }
-        let state = &mut self.state;
-        self.sse
-            .feed_with(bytes, |event, data| state.frame(event, data, out));
+        self.framed.feed(bytes, out);
     }
 
     /// The body ended. Without `[DONE]` the stream still counts as complete when a
     /// `finish_reason` arrived (some compatible servers omit `[DONE]`); otherwise it is an
     /// [`crate::ErrorKind::IncompleteStream`].
     pub fn finish(&mut self, out: &mut Output) {
-        if self.state.step.is_done() {
-            return;
-        }
-        let state = &mut self.state;
-        self.sse
-            .finish_with(|event, data| state.frame(event, data, out));
-        if state.step.is_done() {
-            return;
-        }
-        if state.step.reason.is_some() {
-            state.complete(out);
-        } else {
-            state.step.fail(
-                Error::incomplete("the stream ended before a finish_reason or [DONE]"),
-                out,
-            );
-        }
+        self.framed.finish(out);
     }
 
     /// Whether the stream is over (completed or failed).
     pub fn is_done(&self) -> bool {
-        self.state.step.is_done()
+        self.framed.is_done()
+    }
+
+    /// The parser as the HTTP layer drives it.
+    pub(super) fn into_wire(self) -> impl Wire {
+        self.framed
     }
 }
 
-impl State {
+impl Frames for State {
+    fn step(&self) -> &Step {
+        &self.step
+    }
+
+    fn step_mut(&mut self) -> &mut Step {
+        &mut self.step
+    }
+
     fn frame(&mut self, event: &str, data: &str, out: &mut Output) {
-        if self.step.is_done() {
-            return;
-        }
         let data = data.trim();
         if data == "[DONE]" {
             return self.complete(out);
         }
         if event == "error" {
-            let body = serde_json::from_str(data).unwrap_or_else(|_| Value::String(data.into()));
-            return self.step.fail(Error::from_stream_body(&body), out);
+            return self.step.fail(wire::error_event(data), out);
         }
         let chunk: Chunk<'_> = match serde_json::from_str(data) {
             Ok(chunk) => chunk,
@@ -242,6 +228,19 @@ impl State {
         }
     }
 
+    fn end(&mut self, out: &mut Output) {
+        if self.step.reason.is_some() {
+            self.complete(out);
+        } else {
+            self.step.fail(
+                Error::incomplete("the stream ended before a finish_reason or [DONE]"),
+                out,
+            );
+        }
+    }
+}
+
+impl State {
     fn choice(&mut self, choice: Choice<'_>, out: &mut Output) {
         if let Some(delta) = choice.delta {
             let reasoning = delta.reasoning_content.or(delta.reasoning);
@@ -373,15 +372,12 @@ impl State {
             if truncated && serde_json::from_str::<serde::de::IgnoredAny>(&input).is_err() {
                 continue;
             }
-            out.push(Ok(Event::ToolInputEnd { part: tool.part }));
-            out.push(Ok(Event::ToolCall {
-                part: tool.part,
-                call: ToolCall {
-                    id: tool.id.clone(),
-                    name: tool.name.clone(),
-                    input,
-                },
-            }));
+            let call = ToolCall {
+                id: tool.id.clone(),
+                name: tool.name.clone(),
+                input,
+            };
+            wire::end_tool(tool.part, call, out);
         }
     }
 
@@ -416,23 +412,5 @@ impl State {
         let part = self.next_part;
         self.next_part += 1;
         part
-    }
-}
-
-impl Wire for Parser {
-    fn feed(&mut self, bytes: &[u8], out: &mut Output) {
-        Parser::feed(self, bytes, out);
-    }
-
-    fn finish(&mut self, out: &mut Output) {
-        Parser::finish(self, out);
-    }
-
-    fn fail(&mut self, error: Error, out: &mut Output) {
-        self.state.step.fail(error, out);
-    }
-
-    fn is_done(&self) -> bool {
-        self.state.step.is_done()
     }
 }
