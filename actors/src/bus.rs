@@ -1,11 +1,14 @@
 //! Live events: every durable event right after its commit, plus ephemeral deltas and status
-//! changes that are never stored (SPEC §4.1). One broadcast channel for the runtime; subscribers
-//! filter by session. A subscriber that lags loses live events and must resync from the durable
-//! log by seq, which is what `events?after=N` is for.
+//! changes that are never stored (SPEC §4.1). One broadcast channel carries every session's
+//! events (for observers such as metrics); each session with a subscriber also has its own
+//! channel, so a thousand event streams do not each filter every session's traffic. A
+//! subscriber that lags loses live events and must resync from the durable log by seq, which is
+//! what `events?after=N` is for.
 
 use std::sync::Arc;
 
 use agenthost_model::{MessageId, SessionId, Stored};
+use dashmap::DashMap;
 use tokio::sync::broadcast;
 
 /// Something that happened in a session, as subscribers see it.
@@ -41,26 +44,67 @@ impl DeltaKind {
     }
 }
 
+/// Capacity of a session's own channel: the events a slow reader may fall behind by before it
+/// has to resync from the store.
+const SESSION_CAPACITY: usize = 1024;
+
+type Item = Arc<(SessionId, Live)>;
+
 /// The runtime's event bus.
 #[derive(Debug, Clone)]
 pub struct Bus {
-    tx: broadcast::Sender<Arc<(SessionId, Live)>>,
+    tx: broadcast::Sender<Item>,
+    sessions: Arc<DashMap<SessionId, broadcast::Sender<Item>>>,
 }
 
 impl Bus {
     pub(crate) fn new(capacity: usize) -> Self {
         let (tx, _) = broadcast::channel(capacity);
-        Bus { tx }
-    }
-
-    /// Publishes to whoever listens; with no subscriber the event is simply dropped.
-    pub(crate) fn publish(&self, session: &SessionId, live: Live) {
-        if self.tx.receiver_count() > 0 {
-            let _ = self.tx.send(Arc::new((session.clone(), live)));
+        Bus {
+            tx,
+            sessions: Arc::new(DashMap::new()),
         }
     }
 
-    pub fn subscribe(&self) -> broadcast::Receiver<Arc<(SessionId, Live)>> {
+    /// Publishes to whoever listens; with no subscriber the event is simply dropped. A session
+    /// channel whose last subscriber left is removed here.
+    pub(crate) fn publish(&self, session: &SessionId, live: Live) {
+        let listened = self.sessions.get(session).map(|tx| tx.receiver_count() > 0);
+        if self.tx.receiver_count() == 0 && listened != Some(true) {
+            if listened == Some(false) {
+                self.sessions
+                    .remove_if(session, |_, tx| tx.receiver_count() == 0);
+            }
+            return;
+        }
+        let item = Arc::new((session.clone(), live));
+        if self.tx.receiver_count() > 0 {
+            let _ = self.tx.send(item.clone());
+        }
+        match listened {
+            Some(true) => {
+                if let Some(tx) = self.sessions.get(session) {
+                    let _ = tx.send(item);
+                }
+            }
+            Some(false) => {
+                self.sessions
+                    .remove_if(session, |_, tx| tx.receiver_count() == 0);
+            }
+            None => {}
+        }
+    }
+
+    /// Every session's events.
+    pub fn subscribe(&self) -> broadcast::Receiver<Item> {
         self.tx.subscribe()
+    }
+
+    /// One session's events only.
+    pub fn subscribe_session(&self, session: &SessionId) -> broadcast::Receiver<Item> {
+        self.sessions
+            .entry(session.clone())
+            .or_insert_with(|| broadcast::channel(SESSION_CAPACITY).0)
+            .subscribe()
     }
 }

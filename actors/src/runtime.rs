@@ -355,6 +355,15 @@ impl Runtime {
         self.shared.bus.subscribe()
     }
 
+    /// Live events of one session; cheaper than filtering [`Runtime::subscribe`] when many
+    /// sessions are watched at once.
+    pub fn subscribe_session(
+        &self,
+        session: &SessionId,
+    ) -> broadcast::Receiver<Arc<(SessionId, Live)>> {
+        self.shared.bus.subscribe_session(session)
+    }
+
     /// A consistent read view of the store.
     pub fn snapshot(&self) -> Result<Box<dyn Snapshot>> {
         Ok(self.shared.store.snapshot()?)

@@ -1,0 +1,858 @@
+//! The configuration file (SPEC §16): one TOML file, every key optional.
+//!
+//! Loading is two steps. [`parse`] turns the text into [`File`], refusing unknown keys and
+//! values of the wrong type (serde's `deny_unknown_fields`; toml's messages carry the line and
+//! column). [`resolve`] checks what types cannot (references between sections, ranges, URLs,
+//! names), reads the secrets from the environment variables the file names, and builds the
+//! runtime's configuration. Every error names the file, the key and the reason, and nothing
+//! touches the data directory before both steps succeeded.
+//!
+//! Relative paths (`data_dir`) are relative to the current directory.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agenthost_actors as actors;
+use agenthost_llm as llm;
+use agenthost_server::{DEFAULT_BIND, Token, tools};
+use serde::Deserialize;
+
+/// The default data directory.
+pub const DEFAULT_DATA_DIR: &str = ".agenthost";
+/// The environment variable holding the API token unless `[server] token_env` names another.
+pub const DEFAULT_TOKEN_ENV: &str = "AGENTHOST_TOKEN";
+
+/// A configuration error: where and why.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read config file {file}: {reason}")]
+    Read { file: String, reason: String },
+    #[error("config file {file}: {message}")]
+    Parse { file: String, message: String },
+    #[error("config file {file}: `{key}`: {reason}")]
+    Invalid {
+        file: String,
+        key: String,
+        reason: String,
+    },
+}
+
+// ---------------------------------------------------------------------------------------------
+// The file, as written.
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct File {
+    data_dir: Option<PathBuf>,
+    /// The agent of sessions created without one; `default`, or the only agent.
+    default_agent: Option<String>,
+    #[serde(default)]
+    server: Server,
+    #[serde(default)]
+    providers: BTreeMap<String, Provider>,
+    #[serde(default)]
+    models: BTreeMap<String, Model>,
+    #[serde(default)]
+    agents: BTreeMap<String, Agent>,
+    #[serde(default)]
+    tools: Vec<Tool>,
+    #[serde(default)]
+    recovery: Recovery,
+    #[serde(default)]
+    compaction: Compaction,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Server {
+    bind: Option<String>,
+    token_env: Option<String>,
+    /// Largest request body in bytes.
+    body_limit: Option<usize>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Provider {
+    kind: llm::Kind,
+    base_url: Option<String>,
+    api_key_env: Option<String>,
+    /// Seconds of silence tolerated while streaming.
+    idle_timeout_secs: Option<u64>,
+    // Behaviour of `kind = "mock"` only.
+    latency_ms: Option<u64>,
+    tokens_per_sec: Option<f64>,
+    tool_ratio: Option<f64>,
+    reply_tokens: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Model {
+    provider: Option<String>,
+    model: Option<String>,
+    context_window: Option<u32>,
+    max_output: Option<u32>,
+    /// US dollars per million tokens.
+    #[serde(default)]
+    price: Price,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Price {
+    input: Option<f64>,
+    output: Option<f64>,
+    cache_read: Option<f64>,
+    cache_write: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Agent {
+    model: Option<String>,
+    system: Option<String>,
+    steps: Option<u32>,
+    tools: Option<Vec<String>>,
+    temperature: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Tool {
+    name: String,
+    kind: ToolKind,
+    url: String,
+    #[serde(default)]
+    idempotent: bool,
+    #[serde(default)]
+    description: String,
+    parameters: Option<serde_json::Value>,
+    timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum ToolKind {
+    Http,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Recovery {
+    mode: Option<RecoveryMode>,
+    max_attempts: Option<u32>,
+    concurrency: Option<usize>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum RecoveryMode {
+    Resume,
+    Pause,
+    Off,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Compaction {
+    auto: Option<bool>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loading.
+
+/// Reads and parses `path`.
+pub fn load(path: &Path) -> Result<File, Error> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| Error::Read {
+        file: name.clone(),
+        reason: e.to_string(),
+    })?;
+    parse(&name, &text)
+}
+
+/// Parses configuration text; `file` names it in errors.
+pub fn parse(file: &str, text: &str) -> Result<File, Error> {
+    toml::from_str(text).map_err(|e| Error::Parse {
+        file: file.to_owned(),
+        message: e.to_string().trim_end().to_owned(),
+    })
+}
+
+/// Everything `serve` needs, checked.
+pub struct Settings {
+    pub data_dir: PathBuf,
+    pub bind: SocketAddr,
+    /// Where the token came from, for messages.
+    pub token_env: String,
+    pub token: Option<Token>,
+    pub body_limit: Option<usize>,
+    /// No provider was configured: the built-in mock answers.
+    pub builtin_mock: bool,
+    pub providers: BTreeMap<String, Arc<dyn llm::Provider>>,
+    pub models: BTreeMap<String, actors::Model>,
+    pub agents: BTreeMap<String, actors::Agent>,
+    pub default_agent: String,
+    pub recovery: actors::Recovery,
+    pub compaction_auto: bool,
+    pub tools: Vec<tools::Spec>,
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings")
+            .field("data_dir", &self.data_dir)
+            .field("bind", &self.bind)
+            .field("token", &self.token)
+            .field("providers", &self.providers.keys().collect::<Vec<_>>())
+            .field("models", &self.models)
+            .field("agents", &self.agents)
+            .field("default_agent", &self.default_agent)
+            .field("tools", &self.tools)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Settings {
+    /// The runtime configuration storing at `store`.
+    pub fn runtime(&self, store: PathBuf) -> actors::Config {
+        let mut config = actors::Config::new(store);
+        config.providers = self.providers.clone();
+        config.models = self.models.clone();
+        config.agents = self.agents.clone();
+        config.default_agent = self.default_agent.clone();
+        config.recovery = self.recovery.clone();
+        config.compaction.auto = self.compaction_auto;
+        config
+    }
+}
+
+/// Checks `file` and builds the settings, reading secrets through `env`.
+pub fn resolve(
+    name: &str,
+    file: File,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Settings, Error> {
+    let invalid = |key: &str, reason: String| Error::Invalid {
+        file: name.to_owned(),
+        key: key.to_owned(),
+        reason,
+    };
+
+    let bind_text = file.server.bind.as_deref().unwrap_or(DEFAULT_BIND);
+    let bind = parse_bind(bind_text).map_err(|reason| invalid("server.bind", reason))?;
+    let (token_env, explicit) = match &file.server.token_env {
+        Some(var) => (var.clone(), true),
+        None => (DEFAULT_TOKEN_ENV.to_owned(), false),
+    };
+    let token = env(&token_env).and_then(Token::new);
+    if explicit && token.is_none() {
+        return Err(invalid(
+            "server.token_env",
+            format!("environment variable {token_env} is not set (or empty)"),
+        ));
+    }
+    if file.server.body_limit == Some(0) {
+        return Err(invalid("server.body_limit", "must be at least 1".into()));
+    }
+
+    let builtin_mock = file.providers.is_empty();
+    let mut providers: BTreeMap<String, Arc<dyn llm::Provider>> = BTreeMap::new();
+    if builtin_mock {
+        providers.insert(
+            "mock".into(),
+            Arc::new(llm::Mock::new(llm::mock::Config::default())),
+        );
+    }
+    let mut kinds = BTreeMap::new();
+    for (pname, p) in &file.providers {
+        let key = |field: &str| format!("providers.{pname}.{field}");
+        check_name(pname).map_err(|reason| invalid(&format!("providers.{pname}"), reason))?;
+        let mut config = llm::Config::new(p.kind);
+        if let Some(url) = &p.base_url {
+            check_url(url).map_err(|reason| invalid(&key("base_url"), reason))?;
+            config.base_url = Some(url.clone());
+        }
+        if let Some(var) = &p.api_key_env {
+            let secret = env(var).filter(|v| !v.is_empty()).ok_or_else(|| {
+                invalid(
+                    &key("api_key_env"),
+                    format!("environment variable {var} is not set (or empty)"),
+                )
+            })?;
+            config.api_key = Some(llm::ApiKey::new(secret));
+        }
+        if let Some(secs) = p.idle_timeout_secs {
+            if secs == 0 {
+                return Err(invalid(
+                    &key("idle_timeout_secs"),
+                    "must be at least 1".into(),
+                ));
+            }
+            config.idle_timeout = Duration::from_secs(secs);
+        }
+        let mock_keys = [
+            ("latency_ms", p.latency_ms.is_some()),
+            ("tokens_per_sec", p.tokens_per_sec.is_some()),
+            ("tool_ratio", p.tool_ratio.is_some()),
+            ("reply_tokens", p.reply_tokens.is_some()),
+        ];
+        if p.kind != llm::Kind::Mock {
+            if let Some((field, _)) = mock_keys.iter().find(|(_, set)| *set) {
+                return Err(invalid(
+                    &key(field),
+                    "only applies to kind = \"mock\"".into(),
+                ));
+            }
+        } else {
+            if p.base_url.is_some() || p.api_key_env.is_some() {
+                return Err(invalid(
+                    &key(if p.base_url.is_some() {
+                        "base_url"
+                    } else {
+                        "api_key_env"
+                    }),
+                    "does not apply to kind = \"mock\" (it runs in-process)".into(),
+                ));
+            }
+            if let Some(ms) = p.latency_ms {
+                config.mock.latency = Duration::from_millis(ms);
+            }
+            if let Some(rate) = p.tokens_per_sec {
+                if !(rate.is_finite() && rate >= 0.0) {
+                    return Err(invalid(&key("tokens_per_sec"), "must be 0 or more".into()));
+                }
+                config.mock.tokens_per_second = rate;
+            }
+            if let Some(ratio) = p.tool_ratio {
+                if !(0.0..=1.0).contains(&ratio) {
+                    return Err(invalid(
+                        &key("tool_ratio"),
+                        "must be between 0 and 1".into(),
+                    ));
+                }
+                config.mock.tool_call_ratio = ratio;
+            }
+            if let Some(tokens) = p.reply_tokens {
+                config.mock.reply_tokens = tokens;
+            }
+        }
+        let built = config
+            .build()
+            .map_err(|e| invalid(&format!("providers.{pname}"), e.to_string()))?;
+        providers.insert(pname.clone(), built);
+        kinds.insert(pname.clone(), p.kind);
+    }
+
+    let mut models = BTreeMap::new();
+    let only_provider = (providers.len() == 1)
+        .then(|| providers.keys().next().cloned())
+        .flatten();
+    if file.models.is_empty() {
+        if builtin_mock {
+            models.insert("default".to_owned(), actors::Model::new("mock", "mock-1"));
+        } else {
+            return Err(invalid(
+                "models",
+                "define at least one [models.NAME] to use the configured providers".into(),
+            ));
+        }
+    }
+    for (mname, m) in &file.models {
+        let key = |field: &str| format!("models.{mname}.{field}");
+        check_name(mname).map_err(|reason| invalid(&format!("models.{mname}"), reason))?;
+        let provider = match (&m.provider, &only_provider) {
+            (Some(p), _) => p.clone(),
+            (None, Some(only)) => only.clone(),
+            (None, None) => {
+                return Err(invalid(
+                    &key("provider"),
+                    "required when several providers are configured".into(),
+                ));
+            }
+        };
+        if !providers.contains_key(&provider) {
+            return Err(invalid(
+                &key("provider"),
+                format!(
+                    "unknown provider {provider:?} (configured: {})",
+                    list(providers.keys())
+                ),
+            ));
+        }
+        let is_mock = builtin_mock || kinds.get(&provider) == Some(&llm::Kind::Mock);
+        let model_name = match (&m.model, is_mock) {
+            (Some(name), _) if name.trim().is_empty() => {
+                return Err(invalid(&key("model"), "must not be empty".into()));
+            }
+            (Some(name), _) => name.clone(),
+            (None, true) => "mock-1".to_owned(),
+            (None, false) => {
+                return Err(invalid(
+                    &key("model"),
+                    "required: the provider's name of the model".into(),
+                ));
+            }
+        };
+        let mut model = actors::Model::new(provider, model_name);
+        if let Some(window) = m.context_window {
+            if window == 0 {
+                return Err(invalid(&key("context_window"), "must be at least 1".into()));
+            }
+            model.context_window = window;
+        }
+        if let Some(max) = m.max_output {
+            if max == 0 {
+                return Err(invalid(&key("max_output"), "must be at least 1".into()));
+            }
+            model.max_output = Some(max);
+        }
+        if model
+            .max_output
+            .is_some_and(|max| max > model.context_window)
+        {
+            return Err(invalid(
+                &key("max_output"),
+                format!(
+                    "{} is larger than context_window {}",
+                    model.max_output.unwrap_or_default(),
+                    model.context_window
+                ),
+            ));
+        }
+        let per_token = |field: &str, usd: Option<f64>| -> Result<u64, Error> {
+            match usd {
+                None => Ok(0),
+                // Dollars per million tokens are nano-dollars per thousandth of a token:
+                // $1 / 1e6 tokens = 1e9 n$ / 1e6 tokens = 1000 n$ per token.
+                Some(v) if v.is_finite() && v >= 0.0 => Ok((v * 1000.0).round() as u64),
+                Some(_) => Err(invalid(
+                    &key(&format!("price.{field}")),
+                    "must be 0 or more".into(),
+                )),
+            }
+        };
+        model.price = actors::Price {
+            input: per_token("input", m.price.input)?,
+            output: per_token("output", m.price.output)?,
+            cache_read: per_token("cache_read", m.price.cache_read)?,
+            cache_write: per_token("cache_write", m.price.cache_write)?,
+        };
+        models.insert(mname.clone(), model);
+    }
+
+    let only_model = (models.len() == 1)
+        .then(|| models.keys().next().cloned())
+        .flatten();
+    let mut agents = BTreeMap::new();
+    if file.agents.is_empty() {
+        let model = if models.contains_key("default") {
+            "default".to_owned()
+        } else if let Some(only) = &only_model {
+            only.clone()
+        } else {
+            return Err(invalid(
+                "agents",
+                "with several models and none named \"default\", define [agents.default] \
+                 and choose its model"
+                    .into(),
+            ));
+        };
+        agents.insert(
+            "default".to_owned(),
+            actors::Agent {
+                model,
+                ..actors::Agent::default()
+            },
+        );
+    }
+    for (aname, a) in &file.agents {
+        let key = |field: &str| format!("agents.{aname}.{field}");
+        check_name(aname).map_err(|reason| invalid(&format!("agents.{aname}"), reason))?;
+        let model = match (&a.model, &only_model) {
+            (Some(m), _) => m.clone(),
+            (None, _) if models.contains_key("default") => "default".to_owned(),
+            (None, Some(only)) => only.clone(),
+            (None, None) => {
+                return Err(invalid(
+                    &key("model"),
+                    "required: no model is named \"default\"".into(),
+                ));
+            }
+        };
+        if !models.contains_key(&model) {
+            return Err(invalid(
+                &key("model"),
+                format!(
+                    "unknown model {model:?} (configured: {})",
+                    list(models.keys())
+                ),
+            ));
+        }
+        let mut agent = actors::Agent {
+            model,
+            ..actors::Agent::default()
+        };
+        if let Some(system) = &a.system {
+            agent.system = system.clone();
+        }
+        if let Some(steps) = a.steps {
+            if steps == 0 {
+                return Err(invalid(&key("steps"), "must be at least 1".into()));
+            }
+            agent.steps = steps;
+        }
+        if let Some(patterns) = &a.tools {
+            for pattern in patterns {
+                let glob = pattern.strip_prefix('!').unwrap_or(pattern);
+                if glob.is_empty() || glob.matches('*').count() > 1 {
+                    return Err(invalid(
+                        &key("tools"),
+                        format!(
+                            "pattern {pattern:?} must be a name, `*`, or a name with one `*`, \
+                             optionally negated with `!`"
+                        ),
+                    ));
+                }
+            }
+            agent.tools = patterns.clone();
+        }
+        if let Some(t) = a.temperature {
+            if !(0.0..=2.0).contains(&t) {
+                return Err(invalid(
+                    &key("temperature"),
+                    "must be between 0 and 2".into(),
+                ));
+            }
+            agent.temperature = Some(t);
+        }
+        agents.insert(aname.clone(), agent);
+    }
+    let default_agent = match &file.default_agent {
+        Some(a) if agents.contains_key(a) => a.clone(),
+        Some(a) => {
+            return Err(invalid(
+                "default_agent",
+                format!("unknown agent {a:?} (configured: {})", list(agents.keys())),
+            ));
+        }
+        None if agents.contains_key("default") => "default".to_owned(),
+        None if agents.len() == 1 => agents.keys().next().cloned().unwrap_or_default(),
+        None => {
+            return Err(invalid(
+                "default_agent",
+                "required when several agents exist and none is named \"default\"".into(),
+            ));
+        }
+    };
+
+    let mut specs: Vec<tools::Spec> = Vec::new();
+    for (n, t) in file.tools.iter().enumerate() {
+        let key = |field: &str| format!("tools[{n}].{field}");
+        let ToolKind::Http = t.kind;
+        check_name(&t.name).map_err(|reason| invalid(&key("name"), reason))?;
+        if specs.iter().any(|s| s.name == t.name) {
+            return Err(invalid(
+                &key("name"),
+                format!("tool {:?} is declared twice", t.name),
+            ));
+        }
+        check_url(&t.url).map_err(|reason| invalid(&key("url"), reason))?;
+        let parameters = t
+            .parameters
+            .clone()
+            .unwrap_or_else(|| serde_json::json!({"type": "object", "properties": {}}));
+        if parameters.get("type").and_then(|v| v.as_str()) != Some("object") {
+            return Err(invalid(
+                &key("parameters"),
+                "must be a JSON schema of type \"object\"".into(),
+            ));
+        }
+        let timeout = match t.timeout_ms {
+            Some(0) => return Err(invalid(&key("timeout_ms"), "must be at least 1".into())),
+            Some(ms) => Duration::from_millis(ms),
+            None => Duration::from_secs(120),
+        };
+        let spec = tools::Spec {
+            name: t.name.clone(),
+            description: t.description.clone(),
+            parameters,
+            url: t.url.clone(),
+            idempotent: t.idempotent,
+            timeout,
+        };
+        // Build once here so that a tool that cannot be built is a configuration error.
+        spec.build()
+            .map_err(|e| invalid(&key("url"), e.to_string()))?;
+        specs.push(spec);
+    }
+
+    let mut recovery = actors::Recovery::default();
+    if let Some(mode) = file.recovery.mode {
+        recovery.mode = match mode {
+            RecoveryMode::Resume => actors::RecoveryMode::Resume,
+            RecoveryMode::Pause => actors::RecoveryMode::Pause,
+            RecoveryMode::Off => actors::RecoveryMode::Off,
+        };
+    }
+    if let Some(max) = file.recovery.max_attempts {
+        if max == 0 {
+            return Err(invalid(
+                "recovery.max_attempts",
+                "must be at least 1".into(),
+            ));
+        }
+        recovery.max_attempts = max;
+    }
+    if let Some(c) = file.recovery.concurrency {
+        if c == 0 {
+            return Err(invalid("recovery.concurrency", "must be at least 1".into()));
+        }
+        recovery.concurrency = c;
+    }
+
+    Ok(Settings {
+        data_dir: file
+            .data_dir
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
+        bind,
+        token_env,
+        token,
+        body_limit: file.server.body_limit,
+        builtin_mock,
+        providers,
+        models,
+        agents,
+        default_agent,
+        recovery,
+        compaction_auto: file.compaction.auto.unwrap_or(true),
+        tools: specs,
+    })
+}
+
+/// An `ip:port` address.
+pub fn parse_bind(text: &str) -> Result<SocketAddr, String> {
+    text.parse::<SocketAddr>().map_err(|_| {
+        format!("{text:?} is not an address of the form IP:PORT (for example 127.0.0.1:4096)")
+    })
+}
+
+/// Names of providers, models, agents and tools: what ids and prompts can carry safely.
+fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "name {name:?} must be 1 to 64 of ASCII letters, digits, '_', '-' and '.'"
+        ))
+    }
+}
+
+fn check_url(url: &str) -> Result<(), String> {
+    let scheme_ok = url.starts_with("http://") || url.starts_with("https://");
+    let host_ok = url
+        .split_once("://")
+        .is_some_and(|(_, rest)| !rest.is_empty() && !rest.starts_with('/'));
+    if scheme_ok && host_ok && !url.contains(char::is_whitespace) {
+        Ok(())
+    } else {
+        Err(format!("{url:?} is not an http:// or https:// URL"))
+    }
+}
+
+fn list<'a>(names: impl Iterator<Item = &'a String>) -> String {
+    let names: Vec<&str> = names.map(String::as_str).collect();
+    if names.is_empty() {
+        "none".to_owned()
+    } else {
+        names.join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
+        let vars: BTreeMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |k| vars.get(k).cloned()
+    }
+
+    fn settings(text: &str) -> Result<Settings, Error> {
+        let file = parse("test.toml", text)?;
+        resolve("test.toml", file, &env(&[("KEY", "sk-1"), ("TOK", "t0k")]))
+    }
+
+    #[test]
+    fn empty_file_means_the_builtin_mock() {
+        let s = settings("").expect("defaults");
+        assert!(s.builtin_mock);
+        assert_eq!(s.bind.to_string(), DEFAULT_BIND);
+        assert_eq!(s.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
+        assert!(s.token.is_none());
+        assert_eq!(s.default_agent, "default");
+        assert_eq!(s.models["default"].provider, "mock");
+        assert!(s.compaction_auto);
+        assert_eq!(s.recovery, actors::Recovery::default());
+    }
+
+    #[test]
+    fn the_spec_example_resolves() {
+        let text = r#"
+data_dir = "/tmp/x"
+[server]
+bind = "127.0.0.1:4096"
+token_env = "TOK"
+[providers.local]
+kind = "openai"
+base_url = "http://127.0.0.1:8080/v1"
+api_key_env = "KEY"
+[models.default]
+provider = "local"
+model = "gpt-4o-mini"
+context_window = 128000
+max_output = 16384
+price = { input = 0.15, output = 0.6 }
+[agents.default]
+model = "default"
+system = "You are a helpful agent."
+steps = 25
+tools = ["*", "!shell"]
+[[tools]]
+name = "lookup"
+kind = "http"
+url = "http://127.0.0.1:9000/lookup"
+idempotent = false
+description = "Look a thing up"
+parameters = { type = "object", properties = { q = { type = "string" } } }
+[recovery]
+mode = "pause"
+max_attempts = 3
+[compaction]
+auto = false
+"#;
+        let s = settings(text).expect("valid");
+        assert!(!s.builtin_mock);
+        assert_eq!(s.token.as_ref().map(Token::expose), Some("t0k"));
+        assert_eq!(s.models["default"].model, "gpt-4o-mini");
+        assert_eq!(s.models["default"].price.input, 150);
+        assert_eq!(s.models["default"].price.output, 600);
+        assert_eq!(s.agents["default"].tools, ["*", "!shell"]);
+        assert_eq!(s.tools[0].name, "lookup");
+        assert_eq!(s.tools[0].parameters["properties"]["q"]["type"], "string");
+        assert_eq!(s.recovery.mode, actors::RecoveryMode::Pause);
+        assert_eq!(s.recovery.max_attempts, 3);
+        assert!(!s.compaction_auto);
+        let runtime = s.runtime(PathBuf::from("/tmp/x/store.redb"));
+        assert!(!runtime.compaction.auto);
+        assert_eq!(runtime.default_agent, "default");
+    }
+
+    /// Each bad file, and a fragment of the message it must produce.
+    #[test]
+    fn bad_files_say_where_and_why() {
+        let cases: &[(&str, &str)] = &[
+            ("colour = 1", "unknown field `colour`"),
+            ("[server]\nport = 1", "unknown field `port`"),
+            ("[server]\nbind = \"localhost\"", "`server.bind`"),
+            ("[server]\ntoken_env = \"MISSING\"", "MISSING is not set"),
+            (
+                "[providers.p]\nkind = \"gemini\"",
+                "unknown variant `gemini`",
+            ),
+            (
+                "[providers.p]\nkind = \"openai\"",
+                "`models`: define at least one",
+            ),
+            (
+                "[providers.p]\nkind = \"openai\"\napi_key_env = \"NOPE\"",
+                "`providers.p.api_key_env`: environment variable NOPE is not set",
+            ),
+            (
+                "[providers.p]\nkind = \"openai\"\nbase_url = \"ftp://x\"",
+                "`providers.p.base_url`",
+            ),
+            (
+                "[providers.p]\nkind = \"openai\"\nlatency_ms = 5",
+                "`providers.p.latency_ms`: only applies to kind = \"mock\"",
+            ),
+            (
+                "[models.m]\nprovider = \"ghost\"",
+                "unknown provider \"ghost\"",
+            ),
+            (
+                "[providers.p]\nkind = \"openai\"\n[models.m]\nprovider = \"p\"",
+                "`models.m.model`: required",
+            ),
+            (
+                "[models.default]\ncontext_window = 0",
+                "`models.default.context_window`",
+            ),
+            (
+                "[models.default]\ncontext_window = 100\nmax_output = 200",
+                "larger than context_window",
+            ),
+            ("[models.default]\ncontext_window = \"big\"", "invalid type"),
+            (
+                "[agents.a]\nmodel = \"nope\"",
+                "`agents.a.model`: unknown model \"nope\"",
+            ),
+            ("[agents.a]\nsteps = 0", "`agents.a.steps`"),
+            ("[agents.a]\ntools = [\"a*b*\"]", "`agents.a.tools`"),
+            ("[agents.a]\nstep = 3", "unknown field `step`"),
+            ("default_agent = \"x\"", "`default_agent`: unknown agent"),
+            (
+                "[[tools]]\nname = \"t\"\nkind = \"grpc\"\nurl = \"http://x\"",
+                "unknown variant `grpc`",
+            ),
+            (
+                "[[tools]]\nname = \"t\"\nkind = \"http\"\nurl = \"x\"",
+                "`tools[0].url`",
+            ),
+            (
+                "[[tools]]\nname = \"t\"\nkind = \"http\"",
+                "missing field `url`",
+            ),
+            (
+                "[[tools]]\nname = \"t t\"\nkind = \"http\"\nurl = \"http://x\"",
+                "`tools[0].name`",
+            ),
+            (
+                "[[tools]]\nname = \"t\"\nkind = \"http\"\nurl = \"http://x\"\n[[tools]]\nname = \"t\"\nkind = \"http\"\nurl = \"http://y\"",
+                "declared twice",
+            ),
+            (
+                "[[tools]]\nname = \"t\"\nkind = \"http\"\nurl = \"http://x\"\nparameters = { type = \"string\" }",
+                "`tools[0].parameters`",
+            ),
+            ("[recovery]\nmode = \"later\"", "unknown variant `later`"),
+            ("[recovery]\nmax_attempts = 0", "`recovery.max_attempts`"),
+            ("[compaction]\nauto = \"yes\"", "invalid type"),
+            ("[compaction]\nkeep = 1", "unknown field `keep`"),
+            ("data_dir = ", "config file test.toml"),
+        ];
+        for (text, expected) in cases {
+            let error = match settings(text) {
+                Ok(_) => panic!("accepted:\n{text}"),
+                Err(e) => e.to_string(),
+            };
+            assert!(
+                error.contains(expected),
+                "{text:?}\n  gave: {error}\n  expected: {expected}"
+            );
+            assert!(error.contains("test.toml"), "the file is named: {error}");
+        }
+    }
+}

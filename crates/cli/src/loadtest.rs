@@ -1,0 +1,728 @@
+//! `agenthost loadtest`: N sessions × M prompts, all sessions at once, each session's prompts one
+//! after another (a turn is admit → promote → steps → settle). By default it drives an embedded
+//! runtime with the in-process mock provider; with `--url` it drives a running server through
+//! the HTTP API and its event streams.
+//!
+//! Measured per turn, from just before the prompt is sent:
+//! - admission: until the prompt call returned (the input is durable and the session woken);
+//! - first token: until the first streamed delta of the turn arrived;
+//! - full turn: until the execution that answered it settled (`execution_succeeded`).
+//!
+//! A turn fails when its prompt is refused, its execution fails or is interrupted, or it does
+//! not settle within `--turn-timeout-secs`. The report ends with the resident memory of this
+//! process (the runtime's, in embedded mode).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agenthost_actors::{
+    Call, Config, CreateSession, Executor, Extensions, Live, PromptRequest, Runtime, Tool, Tools,
+};
+use agenthost_llm as llm;
+use agenthost_model::{Event, Seq, SessionId};
+use agenthost_server::client::{self, Client, Frame};
+use agenthost_server::{Token, wire};
+use anyhow::{Context, anyhow};
+use clap::Parser;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use crate::{Classify, Failure};
+
+#[derive(Debug, Parser)]
+pub struct Args {
+    /// Concurrent sessions.
+    #[arg(long, default_value_t = 100)]
+    sessions: usize,
+    /// Prompts per session, sent one after another.
+    #[arg(long, default_value_t = 5)]
+    prompts: usize,
+    /// Drive the server at this URL (`http://127.0.0.1:4096`) instead of an embedded runtime.
+    #[arg(long)]
+    url: Option<String>,
+    /// With `--url`: the environment variable holding the server's token, if it has one.
+    #[arg(long, default_value = crate::config::DEFAULT_TOKEN_ENV)]
+    token_env: String,
+    /// Embedded: the data directory (default: a temporary one, removed afterwards).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Embedded: the mock's delay before the first token, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    latency_ms: u64,
+    /// Embedded: the mock's tokens per second; 0 streams as fast as possible.
+    #[arg(long, default_value_t = 0.0)]
+    tokens_per_sec: f64,
+    /// Embedded: share of steps answered with a tool call (to a built-in `echo` tool).
+    #[arg(long, default_value_t = 0.0)]
+    tool_ratio: f64,
+    /// Embedded: tokens in a mock reply.
+    #[arg(long, default_value_t = 24)]
+    reply_tokens: u32,
+    /// A turn that has not settled after this long counts as failed.
+    #[arg(long, default_value_t = 120)]
+    turn_timeout_secs: u64,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// What the driver of a session hears about it.
+#[derive(Debug, Clone, Copy)]
+enum Signal {
+    /// A streamed delta.
+    Token,
+    /// An execution settled at `seq`.
+    End { seq: u64, ok: bool },
+    /// Signals may have been lost; check the store.
+    Resync,
+}
+
+type Routes = Mutex<HashMap<SessionId, mpsc::UnboundedSender<Signal>>>;
+
+/// What the load is driven through.
+enum Target {
+    Embedded {
+        runtime: Runtime,
+        routes: Arc<Routes>,
+    },
+    Remote {
+        client: Client,
+    },
+}
+
+/// A session under load; dropping it stops its event reader.
+struct Session {
+    id: SessionId,
+    signals: mpsc::UnboundedReceiver<Signal>,
+    reader: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if let Some(reader) = self.reader.take() {
+            reader.abort();
+        }
+    }
+}
+
+impl Target {
+    async fn open(&self) -> anyhow::Result<Session> {
+        let (tx, signals) = mpsc::unbounded_channel();
+        match self {
+            Target::Embedded { runtime, routes } => {
+                let row = runtime.create_session(CreateSession::default()).await?;
+                routes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(row.id.clone(), tx);
+                Ok(Session {
+                    id: row.id,
+                    signals,
+                    reader: None,
+                })
+            }
+            Target::Remote { client } => {
+                let session = client
+                    .create_session(&wire::CreateSession::default())
+                    .await?;
+                let id = SessionId::parse(&session.id)?;
+                // Opened before the first prompt: the server subscribes before it answers.
+                let events = client.events(&session.id, Some(session.last_seq)).await?;
+                let reader = tokio::spawn(read_events(
+                    client.clone(),
+                    session.id.clone(),
+                    events,
+                    session.last_seq,
+                    tx,
+                ));
+                Ok(Session {
+                    id,
+                    signals,
+                    reader: Some(reader),
+                })
+            }
+        }
+    }
+
+    /// Sends a prompt; the admitted seq.
+    async fn prompt(&self, session: &SessionId, text: String) -> anyhow::Result<u64> {
+        match self {
+            Target::Embedded { runtime, .. } => {
+                let receipt = runtime.prompt(PromptRequest::new(session, text)).await?;
+                Ok(receipt.admitted_seq.0)
+            }
+            Target::Remote { client } => {
+                let body = wire::Prompt {
+                    text,
+                    ..wire::Prompt::default()
+                };
+                Ok(client.prompt(session.as_str(), &body).await?.admitted_seq)
+            }
+        }
+    }
+
+    /// After lost signals: whether an execution settled after `after`, and how.
+    async fn settled(&self, session: &SessionId, after: u64) -> anyhow::Result<Option<bool>> {
+        let Target::Embedded { runtime, .. } = self else {
+            return Ok(None);
+        };
+        let runtime = runtime.clone();
+        let session = session.clone();
+        tokio::task::spawn_blocking(move || -> anyhow::Result<Option<bool>> {
+            let events = runtime
+                .snapshot()?
+                .events(&session, Seq(after + 1), usize::MAX)?;
+            Ok(events.iter().find_map(|e| end(&e.event)))
+        })
+        .await?
+    }
+}
+
+/// Whether `event` settles an execution, and successfully.
+fn end(event: &Event) -> Option<bool> {
+    match event {
+        Event::ExecutionSucceeded => Some(true),
+        Event::ExecutionFailed { .. } | Event::ExecutionInterrupted { .. } => Some(false),
+        _ => None,
+    }
+}
+
+/// Forwards the bus to the sessions' drivers.
+async fn dispatch(runtime: Runtime, routes: Arc<Routes>) {
+    let mut rx = runtime.subscribe();
+    drop(runtime);
+    loop {
+        let (session, signal) = match rx.recv().await {
+            Ok(message) => {
+                let (session, live) = &*message;
+                let signal = match live {
+                    Live::Delta { .. } => Signal::Token,
+                    Live::Event(stored) => match end(&stored.event) {
+                        Some(ok) => Signal::End {
+                            seq: stored.seq.0,
+                            ok,
+                        },
+                        None => continue,
+                    },
+                    Live::Status { .. } => continue,
+                };
+                (session.clone(), signal)
+            }
+            Err(RecvError::Lagged(_)) => {
+                for tx in routes.lock().unwrap_or_else(|e| e.into_inner()).values() {
+                    let _ = tx.send(Signal::Resync);
+                }
+                continue;
+            }
+            Err(RecvError::Closed) => return,
+        };
+        if let Some(tx) = routes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&session)
+        {
+            let _ = tx.send(signal);
+        }
+    }
+}
+
+/// Reads one session's event stream, reconnecting after the last seen seq if it breaks.
+async fn read_events(
+    client: Client,
+    session: String,
+    mut events: client::Events,
+    mut last: u64,
+    tx: mpsc::UnboundedSender<Signal>,
+) {
+    let mut reconnects = 0;
+    loop {
+        while let Some(frame) = events.next().await {
+            let signal = match frame {
+                Ok(Frame::Delta(_)) => Signal::Token,
+                Ok(Frame::Event(event)) => {
+                    last = event.seq;
+                    match event.body {
+                        wire::EventBody::ExecutionSucceeded => Signal::End {
+                            seq: event.seq,
+                            ok: true,
+                        },
+                        wire::EventBody::ExecutionFailed { .. }
+                        | wire::EventBody::ExecutionInterrupted { .. } => Signal::End {
+                            seq: event.seq,
+                            ok: false,
+                        },
+                        _ => continue,
+                    }
+                }
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::debug!(%session, error = %e, "event stream broke");
+                    break;
+                }
+            };
+            if tx.send(signal).is_err() {
+                return;
+            }
+        }
+        reconnects += 1;
+        if reconnects > 3 {
+            return;
+        }
+        match client.events(&session, Some(last)).await {
+            Ok(next) => events = next,
+            Err(e) => {
+                tracing::warn!(%session, error = %e, "cannot reopen the event stream");
+                return;
+            }
+        }
+    }
+}
+
+/// Latencies one session recorded, in microseconds. A session records only a few, so it keeps
+/// them as a list; a histogram per session would cost about 190 KiB each and dominate the
+/// report's own memory at a thousand sessions.
+#[derive(Default)]
+struct Samples(Vec<u64>);
+
+impl Samples {
+    fn saturating_record(&mut self, micros: u64) {
+        self.0.push(micros);
+    }
+}
+
+/// What one session's driver saw.
+#[derive(Default)]
+struct Seen {
+    admission: Samples,
+    first_token: Samples,
+    turn: Samples,
+    ok: u64,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+impl Seen {
+    fn error(&mut self, message: String) {
+        self.errors += 1;
+        self.first_error.get_or_insert(message);
+    }
+}
+
+/// Latencies of the whole run, in microseconds.
+struct Stats {
+    admission: Histogram<u64>,
+    first_token: Histogram<u64>,
+    turn: Histogram<u64>,
+    ok: u64,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+impl Stats {
+    fn new() -> Stats {
+        // Fixed bounds (1 µs to 1 h), because `saturating_record` clamps rather than grows an
+        // auto-resizing histogram; a turn longer than an hour is recorded as one hour.
+        let h = || {
+            Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3)
+                .expect("invariant: 1 µs to 1 h at 3 significant figures is a valid range")
+        };
+        Stats {
+            admission: h(),
+            first_token: h(),
+            turn: h(),
+            ok: 0,
+            errors: 0,
+            first_error: None,
+        }
+    }
+
+    fn error(&mut self, message: String) {
+        self.errors += 1;
+        self.first_error.get_or_insert(message);
+    }
+
+    fn merge(&mut self, other: &Seen) {
+        for (histogram, samples) in [
+            (&mut self.admission, &other.admission),
+            (&mut self.first_token, &other.first_token),
+            (&mut self.turn, &other.turn),
+        ] {
+            for &micros in &samples.0 {
+                histogram.saturating_record(micros);
+            }
+        }
+        self.ok += other.ok;
+        self.errors += other.errors;
+        if self.first_error.is_none() {
+            self.first_error.clone_from(&other.first_error);
+        }
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    d.as_micros().min(u64::MAX as u128) as u64
+}
+
+async fn drive(
+    target: Arc<Target>,
+    n: usize,
+    prompts: usize,
+    timeout: Duration,
+    bar: ProgressBar,
+) -> Seen {
+    let mut stats = Seen::default();
+    let mut session = match target.open().await {
+        Ok(s) => s,
+        Err(e) => {
+            for _ in 0..prompts {
+                stats.error(format!("cannot create a session: {e:#}"));
+                bar.inc(1);
+            }
+            return stats;
+        }
+    };
+    for k in 0..prompts {
+        let started = Instant::now();
+        let text = format!("load test: session {n}, prompt {k}. Please answer briefly.");
+        let admitted = match target.prompt(&session.id, text).await {
+            Ok(seq) => seq,
+            Err(e) => {
+                stats.error(format!("prompt refused: {e:#}"));
+                bar.inc(1);
+                continue;
+            }
+        };
+        stats.admission.saturating_record(micros(started.elapsed()));
+        let deadline = tokio::time::Instant::from_std(started + timeout);
+        let mut first = None;
+        loop {
+            let signal = match tokio::time::timeout_at(deadline, session.signals.recv()).await {
+                Err(_) => {
+                    stats.error(format!("turn did not settle within {timeout:?}"));
+                    break;
+                }
+                Ok(None) => {
+                    stats.error("the event stream ended".into());
+                    break;
+                }
+                Ok(Some(signal)) => signal,
+            };
+            let settled = match signal {
+                Signal::Token => {
+                    first.get_or_insert_with(|| started.elapsed());
+                    continue;
+                }
+                Signal::End { seq, ok } if seq > admitted => Some(ok),
+                Signal::End { .. } => continue,
+                Signal::Resync => match target.settled(&session.id, admitted).await {
+                    Ok(found) => found,
+                    Err(e) => {
+                        stats.error(format!("cannot read the store: {e:#}"));
+                        break;
+                    }
+                },
+            };
+            match settled {
+                Some(true) => {
+                    stats.turn.saturating_record(micros(started.elapsed()));
+                    if let Some(first) = first {
+                        stats.first_token.saturating_record(micros(first));
+                    }
+                    stats.ok += 1;
+                    break;
+                }
+                Some(false) => {
+                    stats.error("the execution failed or was interrupted".into());
+                    break;
+                }
+                None => {}
+            }
+        }
+        bar.inc(1);
+    }
+    if let Target::Embedded { routes, .. } = &*target {
+        routes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&session.id);
+    }
+    stats
+}
+
+/// The built-in tool the mock can call in embedded mode.
+#[derive(Debug)]
+struct Echo;
+
+impl Executor for Echo {
+    fn execute(&self, call: Call) -> BoxFuture<'static, Result<String, String>> {
+        async move { Ok(call.input.to_string()) }.boxed()
+    }
+}
+
+pub async fn run(args: Args) -> Result<(), Failure> {
+    if args.sessions == 0 || args.prompts == 0 {
+        return Err(Failure::Usage(anyhow!(
+            "--sessions and --prompts must be at least 1"
+        )));
+    }
+    if !(0.0..=1.0).contains(&args.tool_ratio) {
+        return Err(Failure::Usage(anyhow!(
+            "--tool-ratio must be between 0 and 1"
+        )));
+    }
+    if !(args.tokens_per_sec.is_finite() && args.tokens_per_sec >= 0.0) {
+        return Err(Failure::Usage(anyhow!(
+            "--tokens-per-sec must be 0 or more"
+        )));
+    }
+    let embedded_flags = args.data_dir.is_some()
+        || args.latency_ms != 0
+        || args.tokens_per_sec != 0.0
+        || args.tool_ratio != 0.0
+        || args.reply_tokens != 24;
+    if args.url.is_some() && embedded_flags {
+        return Err(Failure::Usage(anyhow!(
+            "--data-dir, --latency-ms, --tokens-per-sec, --tool-ratio and --reply-tokens \
+             configure the embedded runtime; with --url, configure the server instead"
+        )));
+    }
+
+    let mut temp = None;
+    let mut dispatcher = None;
+    let target = match &args.url {
+        Some(url) => {
+            let token = std::env::var(&args.token_env).ok().and_then(Token::new);
+            let client = Client::new(url, token).usage()?;
+            Target::Remote { client }
+        }
+        None => {
+            let dir = match &args.data_dir {
+                Some(dir) => dir.clone(),
+                None => {
+                    let dir = tempfile::tempdir()
+                        .context("cannot create a temporary data directory")
+                        .runtime()?;
+                    let path = dir.path().to_owned();
+                    temp = Some(dir);
+                    path
+                }
+            };
+            let mock = llm::Mock::new(llm::mock::Config {
+                latency: Duration::from_millis(args.latency_ms),
+                tokens_per_second: args.tokens_per_sec,
+                tool_call_ratio: args.tool_ratio,
+                reply_tokens: args.reply_tokens,
+                seed: 0,
+            });
+            let config = Config::new(crate::store_path(&dir)).with_provider("mock", Arc::new(mock));
+            let mut tools = Tools::default();
+            if args.tool_ratio > 0.0 {
+                tools.register(Tool::new(
+                    "echo",
+                    "Echoes its input.",
+                    serde_json::json!({"type": "object", "properties": {"text": {"type": "string"}}}),
+                    Arc::new(Echo),
+                ));
+            }
+            let runtime = Runtime::start_with(
+                config,
+                Extensions {
+                    tools,
+                    hooks: Vec::new(),
+                },
+            )
+            .await
+            .context("cannot start the runtime")
+            .runtime()?;
+            let routes: Arc<Routes> = Arc::default();
+            dispatcher = Some(tokio::spawn(dispatch(runtime.clone(), routes.clone())));
+            Target::Embedded { runtime, routes }
+        }
+    };
+    let target = Arc::new(target);
+
+    let total = (args.sessions * args.prompts) as u64;
+    let bar = ProgressBar::new(total);
+    if let Ok(style) = ProgressStyle::with_template(
+        "{elapsed_precise} [{bar:40}] {pos}/{len} turns ({per_sec}, eta {eta})",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    let timeout = Duration::from_secs(args.turn_timeout_secs.max(1));
+    let started = Instant::now();
+    let mut tasks = JoinSet::new();
+    for n in 0..args.sessions {
+        tasks.spawn(drive(target.clone(), n, args.prompts, timeout, bar.clone()));
+    }
+    let mut stats = Stats::new();
+    while let Some(done) = tasks.join_next().await {
+        match done {
+            Ok(s) => stats.merge(&s),
+            Err(e) => stats.error(format!("a session driver panicked: {e}")),
+        }
+    }
+    let elapsed = started.elapsed();
+    bar.finish_and_clear();
+    let memory = Memory::read();
+
+    if let Some(dispatcher) = dispatcher {
+        dispatcher.abort();
+        let _ = dispatcher.await;
+    }
+    if let Target::Embedded { runtime, .. } = &*target {
+        runtime.shutdown().await;
+    }
+    drop(temp);
+
+    let report = Report {
+        mode: if args.url.is_some() {
+            "server"
+        } else {
+            "embedded"
+        },
+        sessions: args.sessions,
+        prompts: args.prompts,
+        elapsed,
+        stats: &stats,
+        memory,
+    };
+    if args.json {
+        println!("{}", report.json());
+    } else {
+        print!("{}", report.text());
+    }
+    if stats.errors > 0 {
+        return Err(Failure::Check(anyhow!(
+            "{} of {total} turns failed (first: {})",
+            stats.errors,
+            stats.first_error.as_deref().unwrap_or("unknown")
+        )));
+    }
+    Ok(())
+}
+
+/// Resident memory of this process, from `/proc/self/status` (Linux).
+#[derive(Debug, Clone, Copy, Default)]
+struct Memory {
+    rss_kib: Option<u64>,
+    peak_kib: Option<u64>,
+}
+
+impl Memory {
+    fn read() -> Memory {
+        let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+            return Memory::default();
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        };
+        Memory {
+            rss_kib: field("VmRSS:"),
+            peak_kib: field("VmHWM:"),
+        }
+    }
+}
+
+struct Report<'a> {
+    mode: &'static str,
+    sessions: usize,
+    prompts: usize,
+    elapsed: Duration,
+    stats: &'a Stats,
+    memory: Memory,
+}
+
+impl Report<'_> {
+    fn rate(&self) -> f64 {
+        self.stats.ok as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    fn rows(&self) -> [(&'static str, &Histogram<u64>); 3] {
+        [
+            ("admission", &self.stats.admission),
+            ("first_token", &self.stats.first_token),
+            ("turn", &self.stats.turn),
+        ]
+    }
+
+    fn text(&self) -> String {
+        let mut out = format!(
+            "{} sessions x {} prompts ({}): {} turns ok, {} failed in {:.2} s = {:.1} turns/s\n",
+            self.sessions,
+            self.prompts,
+            self.mode,
+            self.stats.ok,
+            self.stats.errors,
+            self.elapsed.as_secs_f64(),
+            self.rate()
+        );
+        out.push_str(&format!(
+            "{:<12} {:>10} {:>10} {:>10} {:>10} {:>8}\n",
+            "latency ms", "p50", "p90", "p99", "max", "count"
+        ));
+        for (name, h) in self.rows() {
+            let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+            out.push_str(&format!(
+                "{:<12} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>8}\n",
+                name.replace('_', " "),
+                ms(0.5),
+                ms(0.9),
+                ms(0.99),
+                h.max() as f64 / 1000.0,
+                h.len()
+            ));
+        }
+        let mib = |k: Option<u64>| {
+            k.map_or("n/a".to_owned(), |k| {
+                format!("{:.1} MiB", k as f64 / 1024.0)
+            })
+        };
+        out.push_str(&format!(
+            "memory: rss {} (peak {})\n",
+            mib(self.memory.rss_kib),
+            mib(self.memory.peak_kib)
+        ));
+        if let Some(e) = &self.stats.first_error {
+            out.push_str(&format!("first error: {e}\n"));
+        }
+        out
+    }
+
+    fn json(&self) -> String {
+        let mut latency = serde_json::Map::new();
+        for (name, h) in self.rows() {
+            let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+            latency.insert(
+                name.to_owned(),
+                serde_json::json!({
+                    "p50_ms": ms(0.5), "p90_ms": ms(0.9), "p99_ms": ms(0.99),
+                    "max_ms": h.max() as f64 / 1000.0, "count": h.len(),
+                }),
+            );
+        }
+        serde_json::json!({
+            "mode": self.mode,
+            "sessions": self.sessions,
+            "prompts": self.prompts,
+            "turns_ok": self.stats.ok,
+            "turns_failed": self.stats.errors,
+            "seconds": self.elapsed.as_secs_f64(),
+            "turns_per_second": self.rate(),
+            "latency": latency,
+            "rss_kib": self.memory.rss_kib,
+            "peak_rss_kib": self.memory.peak_kib,
+            "first_error": self.stats.first_error,
+        })
+        .to_string()
+    }
+}

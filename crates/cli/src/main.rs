@@ -1,0 +1,164 @@
+//! `agenthost`: the command-line front of agenthost (SPEC §16).
+//!
+//! Commands: `serve` (the HTTP+SSE API over an embedded runtime), `mock-provider` (the
+//! OpenAI-wire mock model server), `loadtest` (many sessions through an embedded runtime or a
+//! running server, with a latency report) and `inspect` (an offline dump and verification of a
+//! store).
+//!
+//! It owns the configuration file ([`config`]), logging setup, signal handling and exit codes;
+//! HTTP and JSON belong to `agenthost-server`, execution to `agenthost-actors`.
+//!
+//! Exit codes: 0 success; 1 runtime failure (cannot bind, cannot open the store, the server
+//! failed); 2 usage or configuration error (bad flags, bad config file, refused bind); 3 a
+//! check failed (`inspect` found projections that differ from a replay, `loadtest` had failed
+//! turns).
+
+mod config;
+mod inspect;
+mod loadtest;
+mod mock;
+mod serve;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "agenthost",
+    version,
+    about = "Durable LLM agent sessions: server, load test and tools"
+)]
+struct Cli {
+    /// Log as JSON lines instead of text (logs go to stderr; filter with RUST_LOG).
+    #[arg(long, global = true)]
+    log_json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the HTTP+SSE API over an embedded runtime.
+    Serve(serve::Args),
+    /// Serve the mock model provider (OpenAI Chat Completions wire format).
+    MockProvider(mock::Args),
+    /// Drive many sessions and report throughput and latency.
+    Loadtest(loadtest::Args),
+    /// Dump a store offline and verify its projections against a replay.
+    Inspect(inspect::Args),
+}
+
+/// A failure, with the exit code it maps to.
+#[derive(Debug)]
+pub enum Failure {
+    /// Exit 1.
+    Runtime(anyhow::Error),
+    /// Exit 2.
+    Usage(anyhow::Error),
+    /// Exit 3.
+    Check(anyhow::Error),
+}
+
+impl Failure {
+    fn code(&self) -> u8 {
+        match self {
+            Failure::Runtime(_) => 1,
+            Failure::Usage(_) => 2,
+            Failure::Check(_) => 3,
+        }
+    }
+
+    fn error(&self) -> &anyhow::Error {
+        match self {
+            Failure::Runtime(e) | Failure::Usage(e) | Failure::Check(e) => e,
+        }
+    }
+}
+
+/// Shorthands for classifying errors.
+pub trait Classify<T> {
+    fn usage(self) -> Result<T, Failure>;
+    fn runtime(self) -> Result<T, Failure>;
+}
+
+impl<T, E: Into<anyhow::Error>> Classify<T> for Result<T, E> {
+    fn usage(self) -> Result<T, Failure> {
+        self.map_err(|e| Failure::Usage(e.into()))
+    }
+
+    fn runtime(self) -> Result<T, Failure> {
+        self.map_err(|e| Failure::Runtime(e.into()))
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_json);
+    let tokio = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = tokio.block_on(async {
+        match cli.command {
+            Command::Serve(args) => serve::run(args).await,
+            Command::MockProvider(args) => mock::run(args).await,
+            Command::Loadtest(args) => loadtest::run(args).await,
+            Command::Inspect(args) => inspect::run(args).await,
+        }
+    });
+    // Background tasks (connections, timers) must not hold the exit up.
+    tokio.shutdown_timeout(std::time::Duration::from_secs(1));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("error: {:#}", failure.error());
+            ExitCode::from(failure.code())
+        }
+    }
+}
+
+fn init_logging(json: bool) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    use std::io::IsTerminal;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// The store file inside a data directory.
+pub fn store_path(data_dir: &std::path::Path) -> PathBuf {
+    data_dir.join("store.redb")
+}
+
+/// Resolves when the process receives SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let term = async {
+        match signal(SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            // Without a SIGTERM handler, Ctrl-C still works.
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
+}

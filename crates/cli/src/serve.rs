@@ -1,0 +1,121 @@
+//! `agenthost serve`: loads the configuration, checks it completely, then binds, starts the
+//! runtime over `<data_dir>/store.redb` and serves the API until SIGINT or SIGTERM.
+//!
+//! Order matters: configuration errors (exit 2) are found before anything touches the data
+//! directory or the network; a non-loopback bind without a token is refused the same way.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use agenthost_actors::{Extensions, Runtime, Tools};
+use agenthost_server::{Api, Options, metrics};
+use anyhow::{Context, anyhow};
+use clap::Parser;
+
+use crate::config::{self, Settings};
+use crate::{Classify, Failure};
+
+#[derive(Debug, Parser)]
+pub struct Args {
+    /// The configuration file (TOML); every key is optional.
+    #[arg(long, env = "AGENTHOST_CONFIG")]
+    config: Option<PathBuf>,
+    /// Where the store lives (`<dir>/store.redb`); overrides `data_dir`.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Address to listen on; overrides `[server] bind`. Port 0 picks a free port.
+    #[arg(long)]
+    bind: Option<String>,
+}
+
+/// Loads and checks everything `serve` needs, without side effects.
+pub fn settings(args: &Args) -> Result<Settings, Failure> {
+    let (name, file) = match &args.config {
+        Some(path) => (path.display().to_string(), config::load(path).usage()?),
+        None => ("(defaults)".to_owned(), config::File::default()),
+    };
+    let mut settings = config::resolve(&name, file, &|var| std::env::var(var).ok()).usage()?;
+    if let Some(dir) = &args.data_dir {
+        settings.data_dir = dir.clone();
+    }
+    if let Some(bind) = &args.bind {
+        settings.bind = config::parse_bind(bind)
+            .map_err(|reason| Failure::Usage(anyhow!("--bind: {reason}")))?;
+    }
+    if !settings.bind.ip().is_loopback() && settings.token.is_none() {
+        return Err(Failure::Usage(anyhow!(
+            "refusing to listen on {} without a token: anyone who can reach it could drive \
+             your sessions. Set {} (or name another variable in [server] token_env), or bind a \
+             loopback address such as 127.0.0.1",
+            settings.bind,
+            settings.token_env
+        )));
+    }
+    Ok(settings)
+}
+
+pub async fn run(args: Args) -> Result<(), Failure> {
+    let settings = settings(&args)?;
+    let providers = Arc::new(metrics::Providers::default());
+    let mut config = settings.runtime(crate::store_path(&settings.data_dir));
+    // Time every provider call for /metrics.
+    config.providers = config
+        .providers
+        .iter()
+        .map(|(name, p)| (name.clone(), providers.wrap(name, p.clone())))
+        .collect();
+    let mut tools = Tools::default();
+    for spec in &settings.tools {
+        tools.register(spec.build().usage()?);
+    }
+
+    let listener = tokio::net::TcpListener::bind(settings.bind)
+        .await
+        .with_context(|| format!("cannot listen on {}", settings.bind))
+        .runtime()?;
+    let addr = listener.local_addr().runtime()?;
+    if settings.builtin_mock {
+        eprintln!(
+            "agenthost: no provider configured, using the built-in mock provider (add \
+             [providers.NAME] to the config file for a real model)"
+        );
+    }
+    let runtime = Runtime::start_with(
+        config,
+        Extensions {
+            tools,
+            hooks: Vec::new(),
+        },
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "cannot start the runtime over {}",
+            crate::store_path(&settings.data_dir).display()
+        )
+    })
+    .runtime()?;
+    let mut options = Options {
+        token: settings.token.clone(),
+        providers: Some(providers),
+        ..Options::default()
+    };
+    if let Some(limit) = settings.body_limit {
+        options.body_limit = limit;
+    }
+    let api = Api::new(runtime, options);
+    tracing::info!(
+        %addr,
+        data_dir = %settings.data_dir.display(),
+        auth = settings.token.is_some(),
+        "serving"
+    );
+    // The one line on stdout: scripts and tests read the address from it.
+    println!("agenthost listening on http://{addr}");
+    api.serve(listener, crate::shutdown_signal())
+        .await
+        .context("the server failed")
+        .runtime()?;
+    tracing::info!("stopped");
+    Ok(())
+}

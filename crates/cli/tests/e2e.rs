@@ -1,0 +1,637 @@
+//! End-to-end tests of the real `agenthost` binary: `serve` on a free loopback port over a
+//! temporary data directory, with `agenthost mock-provider` processes as the model, driven
+//! through HTTP only. Every wait is bounded, and every child process is killed on every exit
+//! path (the [`Proc`] guard).
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_agenthost");
+/// The longest any single wait in these tests may take.
+const LIMIT: Duration = Duration::from_secs(20);
+
+/// A child process that is killed when the guard drops.
+struct Proc {
+    name: String,
+    child: Child,
+    stdout: mpsc::Receiver<String>,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn spawn(name: &str, dir: &Path, args: &[&str]) -> Proc {
+        let log = dir.join(format!("{name}.log"));
+        let stderr = std::fs::File::create(&log).expect("log file");
+        let mut child = Command::new(BIN)
+            .args(args)
+            .env_remove("AGENTHOST_TOKEN")
+            .env_remove("AGENTHOST_CONFIG")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn agenthost");
+        let (tx, stdout) = mpsc::channel();
+        let out = child.stdout.take().expect("piped stdout");
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Proc {
+            name: name.to_owned(),
+            child,
+            stdout,
+            log,
+        }
+    }
+
+    /// The URL from the "listening on …" line.
+    fn url(&self) -> String {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.stdout.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(url) = line.split("listening on ").nth(1) {
+                        return url.trim().to_owned();
+                    }
+                }
+                Err(_) => panic!("{} printed no address: {}", self.name, self.log_text()),
+            }
+        }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill {signal} failed");
+    }
+
+    fn wait_exit(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not exit: {}",
+                self.name,
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn sigkill(&mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.wait_exit();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("--- {} log ---\n{}", self.name, self.log_text());
+        }
+    }
+}
+
+/// Runs the binary to completion (bounded), returning its status, stdout and stderr.
+fn run(args: &[&str]) -> (ExitStatus, String, String) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env_remove("AGENTHOST_TOKEN")
+        .env_remove("AGENTHOST_CONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn agenthost");
+    let mut out = child.stdout.take().expect("stdout");
+    let mut err = child.stderr.take().expect("stderr");
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let errors = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("agenthost {args:?} did not finish");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stdout = reader.join().unwrap_or_default();
+    (status, stdout, errors.join().unwrap_or_default())
+}
+
+// ---------------------------------------------------------------------------------------------
+// HTTP helpers.
+
+struct Http {
+    base: String,
+    client: reqwest::Client,
+}
+
+impl Http {
+    fn new(base: &str) -> Http {
+        // reqwest is built without a bundled TLS provider (see the workspace manifest).
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        Http {
+            base: base.to_owned(),
+            client: reqwest::Client::builder()
+                .timeout(LIMIT)
+                .build()
+                .expect("client"),
+        }
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut request = self.client.request(method, format!("{}{path}", self.base));
+        if let Some(body) = body {
+            request = request
+                .header("content-type", "application/json")
+                .body(body.to_string());
+        }
+        let response = request.send().await.expect("request sent");
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("body");
+        let json = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, json)
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        let (status, json) = self.call(reqwest::Method::GET, path, None).await;
+        assert_eq!(status, 200, "GET {path}: {json}");
+        json
+    }
+
+    async fn post(&self, path: &str, body: Option<Value>) -> Value {
+        let (status, json) = self.call(reqwest::Method::POST, path, body).await;
+        assert!(
+            status == 200 || status == 202,
+            "POST {path}: {status} {json}"
+        );
+        json
+    }
+
+    async fn session(&self, agent: &str) -> String {
+        let reply = self
+            .post("/api/session", Some(json!({"agent": agent})))
+            .await;
+        reply["data"]["id"].as_str().expect("id").to_owned()
+    }
+
+    async fn events(&self, session: &str) -> Sse {
+        let response = self
+            .client
+            .get(format!("{}/api/session/{session}/events", self.base))
+            // The stream outlives the client's default deadline.
+            .timeout(Duration::from_secs(120))
+            .send()
+            .await
+            .expect("stream opened");
+        assert_eq!(response.status(), 200);
+        Sse {
+            response,
+            buffer: String::new(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Frame {
+    event: String,
+    id: Option<u64>,
+    data: Value,
+}
+
+struct Sse {
+    response: reqwest::Response,
+    buffer: String,
+}
+
+impl Sse {
+    async fn next(&mut self) -> Frame {
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let raw: String = self.buffer.drain(..end + 2).collect();
+                let (mut event, mut id, mut data) = (String::new(), None, String::new());
+                for line in raw.lines() {
+                    if let Some(v) = line.strip_prefix("event: ") {
+                        event = v.to_owned();
+                    } else if let Some(v) = line.strip_prefix("id: ") {
+                        id = v.parse().ok();
+                    } else if let Some(v) = line.strip_prefix("data: ") {
+                        data.push_str(v);
+                    }
+                }
+                if event.is_empty() {
+                    continue;
+                }
+                let data = serde_json::from_str(&data).expect("JSON data");
+                return Frame { event, id, data };
+            }
+            let chunk = tokio::time::timeout(LIMIT, self.response.chunk())
+                .await
+                .expect("an event in time")
+                .expect("stream readable")
+                .expect("stream open");
+            self.buffer
+                .push_str(std::str::from_utf8(&chunk).expect("utf-8"));
+        }
+    }
+
+    /// Frames up to and including the first named `event`.
+    async fn until(&mut self, event: &str) -> Vec<Frame> {
+        let mut frames = Vec::new();
+        loop {
+            let frame = self.next().await;
+            let done = frame.event == event;
+            frames.push(frame);
+            if done {
+                return frames;
+            }
+        }
+    }
+}
+
+fn config(dir: &Path, fast: &str, slow: &str, slow_provider: &str) -> PathBuf {
+    let path = dir.join("agenthost.toml");
+    let text = format!(
+        r#"
+data_dir = "{data}"
+[providers.fast]
+kind = "openai"
+base_url = "{fast}"
+[providers.slow]
+kind = "openai"
+base_url = "{slow}"
+[models.default]
+provider = "fast"
+model = "mock-1"
+[models.slow]
+provider = "{slow_provider}"
+model = "mock-1"
+[agents.default]
+model = "default"
+[agents.slow]
+model = "slow"
+"#,
+        data = dir.join("data").display()
+    );
+    std::fs::write(&path, text).expect("config written");
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_end_to_end_with_interrupt_and_sigkill_recovery() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let fast = Proc::spawn(
+        "fast-mock",
+        d,
+        &[
+            "mock-provider",
+            "--bind",
+            "127.0.0.1:0",
+            "--tokens-per-sec",
+            "500",
+        ],
+    );
+    let slow = Proc::spawn(
+        "slow-mock",
+        d,
+        &[
+            "mock-provider",
+            "--bind",
+            "127.0.0.1:0",
+            "--tokens-per-sec",
+            "4",
+        ],
+    );
+    let (fast_url, slow_url) = (fast.url(), slow.url());
+    let cfg = config(d, &fast_url, &slow_url, "slow");
+    let cfg = cfg.to_str().expect("utf-8 path");
+    let mut server = Proc::spawn(
+        "serve-1",
+        d,
+        &["serve", "--config", cfg, "--bind", "127.0.0.1:0"],
+    );
+    let http = Http::new(&server.url());
+
+    assert_eq!(http.get("/healthz").await, json!({"status": "ok"}));
+    let doc = http.get("/openapi.json").await;
+    assert!(doc["openapi"].as_str().is_some_and(|v| v.starts_with("3.")));
+    assert!(doc["paths"]["/api/session/{id}/events"]["get"].is_object());
+
+    // A turn, streamed: replay, synced, live events in seq order, text deltas.
+    let a = http.session("default").await;
+    let mut stream = http.events(&a).await;
+    let replay = stream.until("synced").await;
+    assert_eq!(replay.len(), 2, "session_created then synced: {replay:?}");
+    let admitted = http
+        .post(
+            &format!("/api/session/{a}/prompt"),
+            Some(json!({"text": "hello"})),
+        )
+        .await;
+    assert_eq!(admitted["data"]["admitted_seq"], 1);
+    let live = stream.until("execution_succeeded").await;
+    let seqs: Vec<u64> = live.iter().filter_map(|f| f.id).collect();
+    assert_eq!(
+        seqs,
+        (1..=seqs.len() as u64).collect::<Vec<_>>(),
+        "{live:?}"
+    );
+    assert!(
+        live.iter()
+            .any(|f| f.event == "delta" && f.data["kind"] == "text")
+    );
+    let messages = http.get(&format!("/api/session/{a}/messages")).await;
+    let messages = messages["data"].as_array().expect("messages").clone();
+    assert_eq!(messages.len(), 2);
+    assert_eq!(messages[0]["text"], "hello");
+    assert_eq!(messages[1]["finish"], "stop");
+    assert!(
+        messages[1]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| !t.is_empty())
+    );
+
+    // Generate records nothing.
+    let before = http.get(&format!("/api/session/{a}")).await["data"]["last_seq"].clone();
+    let generated = http
+        .post(
+            &format!("/api/session/{a}/generate"),
+            Some(json!({"prompt": "recap"})),
+        )
+        .await;
+    assert!(
+        generated["data"]["text"]
+            .as_str()
+            .is_some_and(|t| !t.is_empty())
+    );
+    assert_eq!(
+        http.get(&format!("/api/session/{a}")).await["data"]["last_seq"],
+        before
+    );
+
+    // A forced resume runs one more step.
+    let resumed = http
+        .post(&format!("/api/session/{a}/resume?wait=true"), None)
+        .await;
+    assert_eq!(resumed["data"], json!({"outcome": "completed", "steps": 1}));
+
+    // Interrupt mid-stream: the partial text is kept, marked incomplete.
+    let b = http.session("slow").await;
+    let mut stream = http.events(&b).await;
+    http.post(
+        &format!("/api/session/{b}/prompt"),
+        Some(json!({"text": "long one"})),
+    )
+    .await;
+    stream.until("delta").await;
+    let interrupted = http
+        .post(&format!("/api/session/{b}/interrupt"), None)
+        .await;
+    assert_eq!(interrupted["data"], json!({"interrupted": true}));
+    stream.until("execution_interrupted").await;
+    let messages = http.get(&format!("/api/session/{b}/messages")).await;
+    let last = messages["data"]
+        .as_array()
+        .and_then(|m| m.last())
+        .cloned()
+        .expect("assistant");
+    assert_eq!(last["error"]["kind"], "aborted", "{last}");
+    assert_eq!(last["content"][0]["incomplete"], true, "{last}");
+
+    // SIGKILL mid-turn, then a restart that resumes the session by itself (SPEC §12).
+    let c = http.session("slow").await;
+    let mut stream = http.events(&c).await;
+    http.post(
+        &format!("/api/session/{c}/prompt"),
+        Some(json!({"text": "survive this"})),
+    )
+    .await;
+    stream.until("delta").await;
+    drop(stream);
+    server.sigkill();
+    let cfg = config(d, &fast_url, &slow_url, "fast");
+    let cfg = cfg.to_str().expect("utf-8 path");
+    let mut server = Proc::spawn(
+        "serve-2",
+        d,
+        &["serve", "--config", cfg, "--bind", "127.0.0.1:0"],
+    );
+    let http = Http::new(&server.url());
+    let idle = http
+        .post(&format!("/api/session/{c}/wait?timeout_ms=15000"), None)
+        .await;
+    assert_eq!(idle["data"]["idle"], true);
+    let session = http.get(&format!("/api/session/{c}")).await;
+    assert_eq!(session["data"]["claimed"], false, "{session}");
+    assert_eq!(session["data"]["pending"], 0);
+    let messages = http.get(&format!("/api/session/{c}/messages")).await;
+    let messages = messages["data"].as_array().expect("messages").clone();
+    let kinds: Vec<&str> = messages.iter().filter_map(|m| m["type"].as_str()).collect();
+    assert_eq!(kinds.first(), Some(&"user"), "{messages:#?}");
+    assert_eq!(messages[1]["error"]["kind"], "restarted", "{messages:#?}");
+    let last = messages.last().expect("answer");
+    assert_eq!(last["type"], "assistant");
+    assert_eq!(last["finish"], "stop", "{messages:#?}");
+    // The recovery is in the log, and the interrupted session B was not resumed.
+    let mut replay = http.events(&c).await;
+    let log = replay.until("synced").await;
+    assert!(log.iter().any(|f| f.event == "recovery_attempted"));
+    assert_eq!(
+        log.iter()
+            .filter(|f| f.event == "execution_succeeded")
+            .count(),
+        1
+    );
+    drop(replay);
+    let b_row = http.get(&format!("/api/session/{b}")).await;
+    assert_eq!(b_row["data"]["claimed"], false);
+
+    // The load test through this server.
+    let (status, out, err) = run(&[
+        "loadtest",
+        "--url",
+        &http.base,
+        "--sessions",
+        "3",
+        "--prompts",
+        "2",
+    ]);
+    assert!(status.success(), "{out}\n{err}");
+    assert!(out.contains("6 turns ok, 0 failed"), "{out}");
+
+    // Graceful stop, not held up by an open event stream, then an offline inspection of the
+    // same store.
+    let mut open = http.events(&a).await;
+    open.until("synced").await;
+    let stopping = Instant::now();
+    server.signal("-TERM");
+    let status = server.wait_exit();
+    assert_eq!(status.code(), Some(0), "{}", server.log_text());
+    assert!(
+        stopping.elapsed() < Duration::from_secs(5),
+        "shutdown took {:?}",
+        stopping.elapsed()
+    );
+    drop(open);
+    let data = d.join("data");
+    let data = data.to_str().expect("utf-8 path");
+    let (status, out, err) = run(&["inspect", "--data-dir", data]);
+    assert_eq!(status.code(), Some(0), "{out}\n{err}");
+    assert!(out.contains(&c) && out.contains(&a), "{out}");
+    assert!(
+        out.contains("verified: projections equal a replay"),
+        "{out}"
+    );
+    let (status, out, err) = run(&["inspect", "--data-dir", data, &c]);
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert!(out.contains("recovery_attempted"), "{out}");
+    assert!(out.contains("\"type\":\"assistant\""), "{out}");
+    let (status, _, err) = run(&["inspect", "--data-dir", data, "ses_missing"]);
+    assert_eq!(status.code(), Some(2), "{err}");
+    drop((fast, slow));
+}
+
+#[test]
+fn embedded_loadtest_reports() {
+    let (status, out, err) = run(&["loadtest", "--sessions", "4", "--prompts", "3"]);
+    assert!(status.success(), "{out}\n{err}");
+    assert!(out.contains("12 turns ok, 0 failed"), "{out}");
+    for row in ["admission", "first token", "turn", "turns/s", "memory: rss"] {
+        assert!(out.contains(row), "{row} missing: {out}");
+    }
+    let (status, out, err) = run(&["loadtest", "--sessions", "2", "--prompts", "1", "--json"]);
+    assert!(status.success(), "{err}");
+    let report: Value = serde_json::from_str(out.trim()).expect("JSON report");
+    assert_eq!(report["turns_ok"], 2);
+    for row in ["admission", "first_token", "turn"] {
+        let max = report["latency"][row]["max_ms"].as_f64().expect("a figure");
+        assert!(max > 0.0, "{row}: {report}");
+        assert_eq!(report["latency"][row]["count"], 2, "{row}: {report}");
+    }
+    let p50 = report["latency"]["turn"]["p50_ms"]
+        .as_f64()
+        .expect("a figure");
+    assert!(p50 > 0.0 && p50 <= report["latency"]["turn"]["max_ms"].as_f64().unwrap_or(0.0));
+}
+
+/// Bad configuration: a clear message, exit code 2, and the data directory never created.
+#[test]
+fn config_errors_exit_2_without_touching_the_data_dir() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cases: &[(&str, &str)] = &[
+        ("colour = \"red\"", "unknown field `colour`"),
+        ("[server]\nbind = \"everywhere\"", "`server.bind`"),
+        (
+            "[server]\ntoken_env = \"AGENTHOST_TEST_UNSET\"",
+            "AGENTHOST_TEST_UNSET is not set",
+        ),
+        (
+            "[providers.p]\nkind = \"gemini\"",
+            "unknown variant `gemini`",
+        ),
+        (
+            "[providers.p]\nkind = \"openai\"\napi_key_env = \"AGENTHOST_TEST_UNSET\"\n[models.m]\nmodel = \"x\"",
+            "`providers.p.api_key_env`",
+        ),
+        (
+            "[models.m]\nprovider = \"ghost\"",
+            "unknown provider \"ghost\"",
+        ),
+        ("[agents.a]\nmodel = \"ghost\"", "unknown model \"ghost\""),
+        (
+            "[[tools]]\nname = \"t\"\nkind = \"http\"\nurl = \"nowhere\"",
+            "`tools[0].url`",
+        ),
+        (
+            "[recovery]\nmode = \"sometimes\"",
+            "unknown variant `sometimes`",
+        ),
+        ("[server\nbind = 1", "config file"),
+    ];
+    for (n, (text, expected)) in cases.iter().enumerate() {
+        let file = dir.path().join(format!("bad{n}.toml"));
+        std::fs::write(&file, text).expect("write config");
+        let data = dir.path().join(format!("data{n}"));
+        let (status, _, err) = run(&[
+            "serve",
+            "--config",
+            file.to_str().expect("utf-8"),
+            "--data-dir",
+            data.to_str().expect("utf-8"),
+            "--bind",
+            "127.0.0.1:0",
+        ]);
+        assert_eq!(status.code(), Some(2), "{text:?}: {err}");
+        assert!(
+            err.contains(expected),
+            "{text:?}: expected {expected:?} in\n{err}"
+        );
+        assert!(
+            err.contains(file.to_str().expect("utf-8")),
+            "names the file: {err}"
+        );
+        assert!(!data.exists(), "{text:?} touched the data dir");
+    }
+    let data = dir.path().join("data-flags");
+    let data = data.to_str().expect("utf-8");
+    let (status, _, err) = run(&["serve", "--data-dir", data, "--bind", "0.0.0.0:0"]);
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("refusing to listen on 0.0.0.0:0 without a token"),
+        "{err}"
+    );
+    let (status, _, err) = run(&["serve", "--data-dir", data, "--bind", "localhost"]);
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("--bind"), "{err}");
+    let (status, _, err) = run(&[
+        "serve",
+        "--config",
+        "/nonexistent/agenthost.toml",
+        "--data-dir",
+        data,
+    ]);
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("cannot read config file"), "{err}");
+    let (status, _, err) = run(&["serve", "--no-such-flag"]);
+    assert_eq!(status.code(), Some(2), "{err}");
+    let (status, _, err) = run(&["inspect", "--data-dir", data]);
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("no store at"), "{err}");
+    assert!(!Path::new(data).exists());
+}

@@ -1,0 +1,517 @@
+//! The route handlers of SPEC §15 (except the event stream, in `crate::events`). Each handler
+//! parses its input with [`crate::extract`], calls the runtime, and wraps the result as
+//! `{"data": …}`; every failure is an [`ApiError`].
+//!
+//! Not here yet: `POST /api/session/{id}/compact` arrives with compaction in the runtime.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agenthost_actors::{CreateSession, Error, PromptRequest};
+use agenthost_model::{
+    Delivery, FileAttachment, MessageId, Prompt, Seq, SessionId, SessionRow, Timestamp,
+};
+use axum::Router;
+use axum::extract::State;
+use axum::http::{Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Serialize;
+
+use crate::error::{ApiError, ErrorType};
+use crate::extract::{Json, NoBody, OptionalJson, Query, SessionPath};
+use crate::wire::{self, Data, ErrorEnvelope};
+use crate::{Shared, read};
+
+type AppState = State<Arc<Shared>>;
+
+/// Default and largest page sizes.
+const SESSIONS_PAGE: usize = 50;
+const MESSAGES_PAGE: usize = 100;
+const MAX_PAGE: usize = 1000;
+/// Default `timeout_ms` of `wait`.
+const DEFAULT_WAIT: Duration = Duration::from_secs(30);
+
+/// The `/api` routes (state still to be supplied).
+pub(crate) fn routes() -> Router<Arc<Shared>> {
+    Router::new()
+        .route("/api/session", post(create).get(list))
+        .route("/api/session/active", get(active))
+        .route("/api/session/{id}", get(session))
+        .route("/api/session/{id}/prompt", post(prompt))
+        .route("/api/session/{id}/resume", post(resume))
+        .route("/api/session/{id}/interrupt", post(interrupt))
+        .route("/api/session/{id}/wait", post(wait))
+        .route("/api/session/{id}/generate", post(generate))
+        .route("/api/session/{id}/compact", post(compact))
+        .route("/api/session/{id}/messages", get(messages))
+        .route("/api/session/{id}/inbox", get(inbox))
+        .route("/api/session/{id}/events", get(crate::events::stream))
+}
+
+/// A JSON response with `status`.
+pub(crate) fn json_response<T: Serialize>(status: StatusCode, body: &T) -> Response {
+    match serde_json::to_vec(body) {
+        Ok(bytes) => (status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
+        // Our wire types serialize infallibly (string keys, no custom serializers); this arm
+        // exists only so a future mistake is a 500, not a panic.
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot serialize the response: {e}"),
+        )
+            .into_response(),
+    }
+}
+
+/// `{"data": payload}` with 200.
+pub(crate) fn data<T: Serialize>(payload: T) -> Response {
+    json_response(StatusCode::OK, &Data { data: payload })
+}
+
+fn running(shared: &Shared, id: &SessionId) -> bool {
+    shared.runtime.active().binary_search(id).is_ok()
+}
+
+/// Reads the session row or fails `session_not_found`.
+async fn row(shared: &Shared, id: &SessionId) -> Result<SessionRow, ApiError> {
+    let id = id.clone();
+    read(&shared.runtime, move |snap| {
+        snap.session(&id)?
+            .ok_or_else(|| Error::SessionNotFound(id.clone()).into())
+    })
+    .await
+}
+
+/// Liveness: `ok`, or 503 `shutting_down` once shutdown began. Not under `/api`, never needs
+/// the token, and is not wrapped in `data`.
+#[utoipa::path(get, path = "/healthz", operation_id = "health", tag = "meta",
+    responses(
+        (status = 200, description = "Serving", body = wire::Health),
+        (status = 503, description = "Shutting down", body = wire::Health),
+    ))]
+pub(crate) async fn healthz(State(shared): AppState) -> Response {
+    if shared.closing.is_cancelled() {
+        json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &wire::Health {
+                status: "shutting_down".into(),
+            },
+        )
+    } else {
+        json_response(
+            StatusCode::OK,
+            &wire::Health {
+                status: "ok".into(),
+            },
+        )
+    }
+}
+
+/// Creates a session, or returns the existing session when `id` names one.
+#[utoipa::path(post, path = "/api/session", operation_id = "createSession", tag = "session",
+    request_body(content = wire::CreateSession, description = "All fields optional; an empty body is `{}`"),
+    responses(
+        (status = 200, description = "The session", body = Data<wire::Session>),
+        (status = 400, description = "Invalid id, unknown agent, `model` given, malformed body", body = ErrorEnvelope),
+        (status = 401, body = ErrorEnvelope),
+        (status = 503, body = ErrorEnvelope),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn create(
+    State(shared): AppState,
+    OptionalJson(body): OptionalJson<wire::CreateSession>,
+) -> Result<Response, ApiError> {
+    if let Some(model) = body.model {
+        return Err(ApiError::invalid(format!(
+            "per-session models are not supported yet (got model {model:?}): a session uses its \
+             agent's model, so create it with the agent that has the model you want"
+        )));
+    }
+    let id = body.id.as_deref().map(SessionId::parse).transpose()?;
+    let row = shared
+        .runtime
+        .create_session(CreateSession {
+            id,
+            agent: body.agent,
+            title: body.title,
+        })
+        .await?;
+    let running = running(&shared, &row.id);
+    Ok(data(wire::Session::from_row(&row, running)))
+}
+
+/// Sessions, newest first, one page at a time.
+#[utoipa::path(get, path = "/api/session", operation_id = "listSessions", tag = "session",
+    params(wire::ListQuery),
+    responses(
+        (status = 200, description = "One page of sessions", body = Data<wire::SessionPage>),
+        (status = 400, description = "Bad limit or cursor", body = ErrorEnvelope),
+        (status = 401, body = ErrorEnvelope),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn list(
+    State(shared): AppState,
+    Query(query): Query<wire::ListQuery>,
+) -> Result<Response, ApiError> {
+    let limit = page_size(query.limit, SESSIONS_PAGE)?;
+    let cursor = query.cursor.as_deref().map(parse_cursor).transpose()?;
+    let mut rows = read(&shared.runtime, move |snap| {
+        Ok(snap.sessions(cursor, limit + 1)?)
+    })
+    .await?;
+    let next = if rows.len() > limit {
+        rows.truncate(limit);
+        rows.last().map(|r| format!("{}.{}", r.created.0, r.id))
+    } else {
+        None
+    };
+    let active = shared.runtime.active();
+    let sessions = rows
+        .iter()
+        .map(|r| wire::Session::from_row(r, active.binary_search(&r.id).is_ok()))
+        .collect();
+    Ok(data(wire::SessionPage {
+        sessions,
+        cursor: wire::Cursor { next },
+    }))
+}
+
+fn page_size(limit: Option<usize>, default: usize) -> Result<usize, ApiError> {
+    match limit {
+        None => Ok(default),
+        Some(n) if (1..=MAX_PAGE).contains(&n) => Ok(n),
+        Some(n) => Err(ApiError::invalid(format!(
+            "limit must be between 1 and {MAX_PAGE}, got {n}"
+        ))),
+    }
+}
+
+/// A cursor is `<created ms>.<session id>` of the last session of the previous page.
+fn parse_cursor(raw: &str) -> Result<(Timestamp, SessionId), ApiError> {
+    let bad = || {
+        ApiError::invalid(format!(
+            "invalid cursor {raw:?}: pass `cursor.next` as given"
+        ))
+    };
+    let (created, id) = raw.split_once('.').ok_or_else(bad)?;
+    let created = created.parse::<u64>().map_err(|_| bad())?;
+    let id = SessionId::parse(id).map_err(|_| bad())?;
+    Ok((Timestamp(created), id))
+}
+
+/// Sessions with a drain in progress in this process.
+#[utoipa::path(get, path = "/api/session/active", operation_id = "activeSessions", tag = "session",
+    responses(
+        (status = 200, description = "Map of running session ids", body = Data<BTreeMap<String, wire::Status>>),
+        (status = 401, body = ErrorEnvelope),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn active(State(shared): AppState) -> Response {
+    let map: BTreeMap<String, wire::Status> = shared
+        .runtime
+        .active()
+        .into_iter()
+        .map(|id| (id.to_string(), wire::Status::new(true)))
+        .collect();
+    data(map)
+}
+
+/// One session with its usage, status and last seq.
+#[utoipa::path(get, path = "/api/session/{id}", operation_id = "getSession", tag = "session",
+    params(("id" = String, Path, description = "Session id, `ses_…`")),
+    responses(
+        (status = 200, description = "The session", body = Data<wire::Session>),
+        (status = 400, description = "Malformed id", body = ErrorEnvelope),
+        (status = 401, body = ErrorEnvelope),
+        (status = 404, description = "No such session", body = ErrorEnvelope),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn session(
+    State(shared): AppState,
+    SessionPath(id): SessionPath,
+) -> Result<Response, ApiError> {
+    let row = row(&shared, &id).await?;
+    Ok(data(wire::Session::from_row(&row, running(&shared, &id))))
+}
+
+/// Admits a prompt durably and idempotently (SPEC §5) and, unless `resume` is false, wakes the
+/// session. Returns once the input is durable.
+#[utoipa::path(post, path = "/api/session/{id}/prompt", operation_id = "prompt", tag = "session",
+    params(("id" = String, Path, description = "Session id, `ses_…`")),
+    request_body = wire::Prompt,
+    responses(
+        (status = 200, description = "The admission receipt (the original one for an exact retry)", body = Data<wire::Admitted>),
+        (status = 400, description = "Empty prompt, bad id, unknown delivery, malformed body", body = ErrorEnvelope),
+        (status = 401, body = ErrorEnvelope),
+        (status = 404, body = ErrorEnvelope),
+        (status = 409, description = "The id was used with another prompt, delivery or session", body = ErrorEnvelope),
+        (status = 413, description = "Prompt over the size limit", body = ErrorEnvelope),
+        (status = 503, description = "Too many pending inputs, or shutting down", body = ErrorEnvelope),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn prompt(
+    State(shared): AppState,
+    SessionPath(session): SessionPath,
+    Json(body): Json<wire::Prompt>,
+) -> Result<Response, ApiError> {
+    let id = body.id.as_deref().map(MessageId::parse).transpose()?;
+    let delivery = match body.delivery.as_deref() {
+        None => Delivery::Steer,
+        Some(d) => d.parse::<Delivery>()?,
+    };
+    let prompt = Prompt {
+        text: body.text,
+        files: body
+            .files
+            .into_iter()
+            .map(|f| FileAttachment {
+                mime: f.mime,
+                url: f.url,
+                filename: f.filename,
+            })
+            .collect(),
+    };
+    // Validated here as well as in the store so that an oversized prompt is a 413, not a 400.
+    prompt.validate(shared.runtime.store().prompt_limit())?;
+    let receipt = shared
+        .runtime
+        .prompt(PromptRequest {
+            session,
+            id,
+            prompt,
+            delivery,
+            resume: body.resume.unwrap_or(true),
+        })
+        .await?;
+    Ok(data(wire::Admitted::from(&receipt)))
+}
+
+/// Compacts the session's active history now: the older part becomes a summary, the recent part
+/// stays verbatim. Refused while a drain runs (503) and when there is nothing to compact (400,
+/// no provider call).
+#[utoipa::path(post, path = "/api/session/{id}/compact", operation_id = "compact", tag = "session",
+    params(("id" = String, Path, description = "Session id, `ses_…`")),
+    responses(
+        (status = 200, description = "The compaction outcome", body = Data<wire::DrainOutcome>),
+        (status = 400, description = "Nothing to compact, or a malformed request", body = ErrorEnvelope),
+        (status = 401, body = ErrorEnvelope),
+        (status = 404, body = ErrorEnvelope),
+        (status = 502, description = "The summary request failed", body = ErrorEnvelope),
+        (status = 503, description = "A drain is running, or the runtime is shutting down", body = ErrorEnvelope),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn compact(
+    State(shared): AppState,
+    SessionPath(id): SessionPath,
+    _: NoBody,
+) -> Result<Response, ApiError> {
+    let kept_from = shared.runtime.compact(&id).await?;
+    Ok(data(wire::DrainOutcome::Compacted {
+        kept_from: kept_from.0,
+    }))
+}
+
+/// Starts a forced drain or joins the running one. Without `wait`, answers 202 at once; with
+/// `wait=true`, answers with the drain's outcome (or its error).
+#[utoipa::path(post, path = "/api/session/{id}/resume", operation_id = "resume", tag = "session",
+    params(("id" = String, Path, description = "Session id, `ses_…`"), wire::ResumeQuery),
+    responses(
+        (status = 200, description = "With `wait=true`: how the drain ended", body = Data<wire::DrainOutcome>),
+        (status = 202, description = "Without `wait`: the resume was handed to the session", body = Data<wire::Accepted>),
+        (status = 400, body = ErrorEnvelope),
+        (status = 401, body = ErrorEnvelope),
+        (status = 404, body = ErrorEnvelope),
+        (status = 422, description = "History does not fit the context window", body = ErrorEnvelope),
+        (status = 500, description = "The drain panicked", body = ErrorEnvelope),
+        (status = 502, description = "The provider failed", body = ErrorEnvelope),
+        (status = 503, body = ErrorEnvelope),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn resume(
+    State(shared): AppState,
+    SessionPath(id): SessionPath,
+    Query(query): Query<wire::ResumeQuery>,
+    _: NoBody,
+) -> Result<Response, ApiError> {
+    if query.wait.unwrap_or(false) {
+        let outcome = shared.runtime.resume(&id).await?;
+        return Ok(data(wire::DrainOutcome::from(outcome)));
+    }
+    row(&shared, &id).await?;
+    if shared.closing.is_cancelled() {
+        return Err(Error::ShuttingDown.into());
+    }
+    let runtime = shared.runtime.clone();
+    // The drain belongs to the session actor; this task only carries the request to it and
+    // logs the outcome nobody waits for. The tracker lets shutdown wait for it.
+    shared.tasks.spawn(async move {
+        match runtime.resume(&id).await {
+            Ok(outcome) => tracing::debug!(session = %id, ?outcome, "resume finished"),
+            Err(e) => tracing::warn!(session = %id, error = %e, "resume failed"),
+        }
+    });
+    Ok(json_response(
+        StatusCode::ACCEPTED,
+        &Data {
+            data: wire::Accepted {
+                status: "accepted".into(),
+            },
+        },
+    ))
+}
+
+/// Interrupts the running drain and answers after its durable cleanup.
+#[utoipa::path(post, path = "/api/session/{id}/interrupt", operation_id = "interrupt", tag = "session",
+    params(("id" = String, Path, description = "Session id, `ses_…`")),
+    responses(
+        (status = 200, description = "Whether a drain was running", body = Data<wire::Interrupted>),
+        (status = 400, body = ErrorEnvelope),
+        (status = 401, body = ErrorEnvelope),
+        (status = 404, body = ErrorEnvelope),
+        (status = 503, body = ErrorEnvelope),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn interrupt(
+    State(shared): AppState,
+    SessionPath(id): SessionPath,
+    _: NoBody,
+) -> Result<Response, ApiError> {
+    row(&shared, &id).await?;
+    let interrupted = shared.runtime.interrupt(&id).await?;
+    Ok(data(wire::Interrupted { interrupted }))
+}
+
+/// Returns when the session has no drain and no follow-up pending, or when `timeout_ms` passed
+/// (then `idle` is false).
+#[utoipa::path(post, path = "/api/session/{id}/wait", operation_id = "waitIdle", tag = "session",
+    params(("id" = String, Path, description = "Session id, `ses_…`"), wire::WaitQuery),
+    responses(
+        (status = 200, description = "Idle, or not idle when the timeout passed", body = Data<wire::Idle>),
+        (status = 400, description = "timeout_ms over the limit", body = ErrorEnvelope),
+        (status = 401, body = ErrorEnvelope),
+        (status = 404, body = ErrorEnvelope),
+        (status = 503, body = ErrorEnvelope),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn wait(
+    State(shared): AppState,
+    SessionPath(id): SessionPath,
+    Query(query): Query<wire::WaitQuery>,
+    _: NoBody,
+) -> Result<Response, ApiError> {
+    let timeout = match query.timeout_ms {
+        None => DEFAULT_WAIT.min(shared.options.max_wait),
+        Some(ms) if Duration::from_millis(ms) <= shared.options.max_wait => {
+            Duration::from_millis(ms)
+        }
+        Some(ms) => {
+            return Err(ApiError::invalid(format!(
+                "timeout_ms {ms} is over the limit of {} ms",
+                shared.options.max_wait.as_millis()
+            )));
+        }
+    };
+    match shared.runtime.wait_idle(&id, timeout).await {
+        Ok(()) => Ok(data(wire::Idle { idle: true })),
+        // The timeout we passed elapsed: a normal answer for a long poll, not a failure.
+        Err(Error::Timeout { .. }) => Ok(data(wire::Idle { idle: false })),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A transient, session-aware, one-shot model call (SPEC §14); nothing is recorded.
+#[utoipa::path(post, path = "/api/session/{id}/generate", operation_id = "generate", tag = "session",
+    params(("id" = String, Path, description = "Session id, `ses_…`")),
+    request_body = wire::Generate,
+    responses(
+        (status = 200, description = "The model's answer (possibly empty)", body = Data<wire::Generated>),
+        (status = 400, description = "Empty prompt, malformed body", body = ErrorEnvelope),
+        (status = 401, body = ErrorEnvelope),
+        (status = 404, body = ErrorEnvelope),
+        (status = 422, description = "The history plus prompt does not fit the context window", body = ErrorEnvelope),
+        (status = 502, description = "The provider failed", body = ErrorEnvelope),
+        (status = 503, body = ErrorEnvelope),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn generate(
+    State(shared): AppState,
+    SessionPath(id): SessionPath,
+    Json(body): Json<wire::Generate>,
+) -> Result<Response, ApiError> {
+    let text = shared.runtime.generate(&id, &body.prompt).await?;
+    Ok(data(wire::Generated { text }))
+}
+
+/// Messages in seq order, after `after_seq`.
+#[utoipa::path(get, path = "/api/session/{id}/messages", operation_id = "listMessages", tag = "session",
+    params(("id" = String, Path, description = "Session id, `ses_…`"), wire::MessagesQuery),
+    responses(
+        (status = 200, description = "Messages; page on with the last one's seq", body = Data<Vec<wire::Message>>),
+        (status = 400, body = ErrorEnvelope),
+        (status = 401, body = ErrorEnvelope),
+        (status = 404, body = ErrorEnvelope),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn messages(
+    State(shared): AppState,
+    SessionPath(id): SessionPath,
+    Query(query): Query<wire::MessagesQuery>,
+) -> Result<Response, ApiError> {
+    let limit = page_size(query.limit, MESSAGES_PAGE)?;
+    let from = match query.after_seq {
+        None => Some(Seq::ZERO),
+        Some(after) => after.checked_add(1).map(Seq),
+    };
+    let messages = read(&shared.runtime, move |snap| {
+        snap.session(&id)?
+            .ok_or_else(|| ApiError::from(Error::SessionNotFound(id.clone())))?;
+        match from {
+            Some(from) => Ok(snap.messages(&id, from, limit)?),
+            None => Ok(Vec::new()),
+        }
+    })
+    .await?;
+    Ok(data(
+        messages.iter().map(wire::Message::from).collect::<Vec<_>>(),
+    ))
+}
+
+/// Admitted inputs not yet promoted, in admission order.
+#[utoipa::path(get, path = "/api/session/{id}/inbox", operation_id = "listInbox", tag = "session",
+    params(("id" = String, Path, description = "Session id, `ses_…`")),
+    responses(
+        (status = 200, description = "Pending inputs", body = Data<Vec<wire::InboxItem>>),
+        (status = 400, body = ErrorEnvelope),
+        (status = 401, body = ErrorEnvelope),
+        (status = 404, body = ErrorEnvelope),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn inbox(
+    State(shared): AppState,
+    SessionPath(id): SessionPath,
+) -> Result<Response, ApiError> {
+    let rows = read(&shared.runtime, move |snap| {
+        snap.session(&id)?
+            .ok_or_else(|| ApiError::from(Error::SessionNotFound(id.clone())))?;
+        Ok(snap.pending(&id)?)
+    })
+    .await?;
+    Ok(data(
+        rows.iter().map(wire::InboxItem::from).collect::<Vec<_>>(),
+    ))
+}
+
+pub(crate) async fn not_found(method: Method, uri: Uri) -> ApiError {
+    ApiError::new(
+        ErrorType::NotFound,
+        format!("no route for {method} {}", uri.path()),
+    )
+}
+
+pub(crate) async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::new(
+        ErrorType::MethodNotAllowed,
+        format!("{} does not accept {method}", uri.path()),
+    )
+}

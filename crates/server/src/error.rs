@@ -1,0 +1,247 @@
+//! [`ApiError`]: the one place where failures become HTTP statuses and the
+//! `{"error": {"type", "message"}}` body (SPEC §15).
+
+use agenthost_actors::Error;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::wire::{ErrorBody, ErrorEnvelope};
+
+/// The `type` of an error body. Stable: clients branch on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorType {
+    /// 404: the session does not exist.
+    SessionNotFound,
+    /// 409: a prompt id was reused with a different prompt, session or delivery.
+    PromptConflict,
+    /// 400: malformed JSON, an unknown field, an invalid id, value or query parameter.
+    InvalidRequest,
+    /// 413: the body or the prompt is over its size limit.
+    PayloadTooLarge,
+    /// 415: a body sent with a content type other than JSON.
+    UnsupportedMediaType,
+    /// 422: the session's history does not fit the model's context window.
+    ContextOverflow,
+    /// 401: a token is configured and the request lacks it or has another one.
+    Unauthorized,
+    /// 404: no such route.
+    NotFound,
+    /// 405: the route exists, the method does not.
+    MethodNotAllowed,
+    /// 502: the model provider failed.
+    ProviderError,
+    /// 503: overloaded, shutting down, or a session actor did not answer in time.
+    Unavailable,
+    /// 500: a storage failure, a configuration that cannot serve the session, or a bug (a
+    /// panicked drain).
+    Internal,
+}
+
+impl ErrorType {
+    pub fn status(self) -> StatusCode {
+        match self {
+            ErrorType::SessionNotFound | ErrorType::NotFound => StatusCode::NOT_FOUND,
+            ErrorType::PromptConflict => StatusCode::CONFLICT,
+            ErrorType::InvalidRequest => StatusCode::BAD_REQUEST,
+            ErrorType::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorType::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ErrorType::ContextOverflow => StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorType::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorType::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ErrorType::ProviderError => StatusCode::BAD_GATEWAY,
+            ErrorType::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorType::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The wire name, as in the body's `type`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorType::SessionNotFound => "session_not_found",
+            ErrorType::PromptConflict => "prompt_conflict",
+            ErrorType::InvalidRequest => "invalid_request",
+            ErrorType::PayloadTooLarge => "payload_too_large",
+            ErrorType::UnsupportedMediaType => "unsupported_media_type",
+            ErrorType::ContextOverflow => "context_overflow",
+            ErrorType::Unauthorized => "unauthorized",
+            ErrorType::NotFound => "not_found",
+            ErrorType::MethodNotAllowed => "method_not_allowed",
+            ErrorType::ProviderError => "provider_error",
+            ErrorType::Unavailable => "unavailable",
+            ErrorType::Internal => "internal",
+        }
+    }
+}
+
+/// A failed request: its type (which decides the status) and a message for humans.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{kind:?}: {message}")]
+pub struct ApiError {
+    kind: ErrorType,
+    message: String,
+}
+
+impl ApiError {
+    pub fn new(kind: ErrorType, message: impl Into<String>) -> Self {
+        ApiError {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorType::InvalidRequest, message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(ErrorType::Internal, message)
+    }
+
+    pub fn kind(&self) -> ErrorType {
+        self.kind
+    }
+
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(error: Error) -> Self {
+        let kind = match &error {
+            Error::SessionNotFound(_) => ErrorType::SessionNotFound,
+            Error::PromptConflict { .. } => ErrorType::PromptConflict,
+            Error::Invalid(_) => ErrorType::InvalidRequest,
+            Error::Provider(e) if e.kind() == agenthost_llm::ErrorKind::ContextOverflow => {
+                ErrorType::ContextOverflow
+            }
+            Error::Provider(_) => ErrorType::ProviderError,
+            Error::ContextOverflow(_) => ErrorType::ContextOverflow,
+            Error::Unavailable(_)
+            | Error::ShuttingDown
+            | Error::Timeout { .. }
+            | Error::ActorDied(_) => ErrorType::Unavailable,
+            // A configuration the session cannot run under (its agent or model is gone) is the
+            // server's problem, not the request's.
+            Error::Storage(_) | Error::Panicked(_) | Error::Config(_) => ErrorType::Internal,
+        };
+        ApiError::new(kind, error.to_string())
+    }
+}
+
+impl From<agenthost_store::Error> for ApiError {
+    fn from(error: agenthost_store::Error) -> Self {
+        Error::from(error).into()
+    }
+}
+
+impl From<agenthost_model::Error> for ApiError {
+    fn from(error: agenthost_model::Error) -> Self {
+        match error {
+            agenthost_model::Error::PromptTooLarge { .. } => {
+                ApiError::new(ErrorType::PayloadTooLarge, error.to_string())
+            }
+            other => ApiError::invalid(other.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.kind.status();
+        if status.is_server_error() {
+            tracing::warn!(status = status.as_u16(), error = %self.message, "request failed");
+        }
+        let body = ErrorEnvelope {
+            error: ErrorBody {
+                kind: self.kind,
+                message: self.message,
+            },
+        };
+        let mut response = crate::api::json_response(status, &body);
+        let headers = response.headers_mut();
+        match self.kind {
+            ErrorType::Unauthorized => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            // A hint for well-behaved clients; overload and shutdown pass quickly.
+            ErrorType::Unavailable => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            _ => {}
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agenthost_model::{MessageId, SessionId};
+
+    #[test]
+    fn every_runtime_error_has_its_type() {
+        let session = SessionId::parse("ses_x").expect("invariant: valid id");
+        let cases = [
+            (
+                Error::SessionNotFound(session.clone()),
+                404,
+                "session_not_found",
+            ),
+            (
+                Error::PromptConflict {
+                    id: MessageId::parse("msg_x").expect("invariant: valid id"),
+                    reason: "different prompt",
+                },
+                409,
+                "prompt_conflict",
+            ),
+            (Error::Invalid("bad".into()), 400, "invalid_request"),
+            (Error::Config("bad".into()), 500, "internal"),
+            (Error::Unavailable("busy".into()), 503, "unavailable"),
+            (Error::ShuttingDown, 503, "unavailable"),
+            (Error::ActorDied(session.clone()), 503, "unavailable"),
+            (
+                Error::Timeout {
+                    session,
+                    what: "wake",
+                },
+                503,
+                "unavailable",
+            ),
+            (
+                Error::ContextOverflow("big".into()),
+                422,
+                "context_overflow",
+            ),
+            (
+                Error::Provider(agenthost_llm::Error::new(
+                    agenthost_llm::ErrorKind::RateLimit,
+                    "slow down",
+                )),
+                502,
+                "provider_error",
+            ),
+            (
+                Error::Provider(agenthost_llm::Error::new(
+                    agenthost_llm::ErrorKind::ContextOverflow,
+                    "too long",
+                )),
+                422,
+                "context_overflow",
+            ),
+            (Error::Storage("disk full".into()), 500, "internal"),
+            (Error::Panicked("boom".into()), 500, "internal"),
+        ];
+        for (error, status, kind) in cases {
+            let api = ApiError::from(error.clone());
+            assert_eq!(api.kind().status().as_u16(), status, "{error:?}");
+            assert_eq!(api.kind().as_str(), kind, "{error:?}");
+            let json = serde_json::to_value(api.kind()).expect("invariant: serializable");
+            assert_eq!(json, kind);
+        }
+    }
+}

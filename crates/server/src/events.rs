@@ -1,0 +1,241 @@
+//! `GET /api/session/{id}/events`: durable events replayed from the store, one `synced` event,
+//! then live events, as server-sent events (SPEC §15).
+//!
+//! Frames:
+//! - a durable event: `event: <type>`, `id: <seq>`, `data:` its [`wire::Event`] JSON;
+//! - `event: synced`, `data: {"last_seq": …}` once, when the replay is complete;
+//! - `event: delta`, `data:` a [`wire::Delta`] (ephemeral; no `id`);
+//! - `event: status`, `data: {"type": "running"|"idle"}` (ephemeral; no `id`);
+//! - `event: error`, `data:` an error body, if reading the store failed (the stream then ends).
+//!
+//! **Invariant:** no durable event is skipped or sent twice. The stream subscribes to the bus
+//! *before* it reads the replay, so every commit is either in the replay, on the bus, or both;
+//! bus events with a seq already sent are dropped. If the bus lags (this subscriber fell behind
+//! and lost messages) or shows a gap, the missing events are read from the store by seq. The
+//! `id` of every durable frame is its seq, so a reconnecting client's `Last-Event-ID` resumes
+//! exactly after the last event it received.
+//!
+//! The stream is a state machine polled by the response body, not a spawned task: when the
+//! client goes away the body is dropped and with it the bus subscription.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use agenthost_actors::Live;
+use agenthost_model::{Seq, SessionId, Stored};
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures::Stream;
+use tokio::sync::broadcast::{self, error::RecvError};
+
+use crate::error::ApiError;
+use crate::extract::{Query, SessionPath};
+use crate::wire::{self, ErrorEnvelope};
+use crate::{Shared, read};
+
+/// Durable events read from the store at once, during replay and catch-up.
+const PAGE: usize = 256;
+
+/// The event stream of one session.
+#[utoipa::path(get, path = "/api/session/{id}/events", operation_id = "streamEvents", tag = "session",
+    params(
+        ("id" = String, Path, description = "Session id, `ses_…`"),
+        wire::EventsQuery,
+        ("Last-Event-ID" = Option<u64>, Header, description = "Seq of the last event received; replay resumes after it (wins over `after`)"),
+    ),
+    responses(
+        (status = 200, description = "Server-sent events: durable events (`event: <type>`, `id: <seq>`, data: Event), then `synced` (data: Synced), then live durable events, `delta` (data: Delta) and `status` (data: Status)", content_type = "text/event-stream", body = wire::Event),
+        (status = 400, description = "Malformed id, `after` or `Last-Event-ID`", body = ErrorEnvelope),
+        (status = 401, body = ErrorEnvelope),
+        (status = 404, body = ErrorEnvelope),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn stream(
+    State(shared): State<Arc<Shared>>,
+    SessionPath(session): SessionPath,
+    Query(query): Query<wire::EventsQuery>,
+    headers: HeaderMap,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let after = match headers.get("last-event-id") {
+        Some(value) => Some(
+            value
+                .to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or_else(|| ApiError::invalid("Last-Event-ID must be an event seq"))?,
+        ),
+        None => query.after,
+    };
+    // Subscribe first: whatever commits from now on is on the bus, whatever committed before
+    // is in the store.
+    let rx = shared.runtime.subscribe_session(&session);
+    let id = session.clone();
+    read(&shared.runtime, move |snap| {
+        snap.session(&id)?
+            .ok_or_else(|| ApiError::from(agenthost_actors::Error::SessionNotFound(id.clone())))
+    })
+    .await?;
+    let feed = Feed {
+        shared: shared.clone(),
+        session,
+        rx,
+        // `after = u64::MAX` leaves nothing to send; saturating keeps that true.
+        next: after.map_or(0, |a| a.saturating_add(1)),
+        last: after,
+        replaying: true,
+        queue: VecDeque::new(),
+        done: false,
+    };
+    shared.counters.sse_opened();
+    let stream = futures::stream::unfold(feed, |mut feed| async move {
+        feed.next_frame().await.map(|event| (Ok(event), feed))
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(shared.options.keep_alive)))
+}
+
+struct Feed {
+    shared: Arc<Shared>,
+    session: SessionId,
+    rx: broadcast::Receiver<Arc<(SessionId, Live)>>,
+    /// The seq of the next durable event to send.
+    next: u64,
+    /// The seq of the last durable event sent (or the client's starting point).
+    last: Option<u64>,
+    replaying: bool,
+    queue: VecDeque<Event>,
+    /// An error frame was queued; end after it.
+    done: bool,
+}
+
+impl Drop for Feed {
+    fn drop(&mut self) {
+        self.shared.counters.sse_closed();
+    }
+}
+
+impl Feed {
+    async fn next_frame(&mut self) -> Option<Event> {
+        loop {
+            if let Some(event) = self.queue.pop_front() {
+                return Some(event);
+            }
+            if self.done {
+                return None;
+            }
+            if self.replaying {
+                match self.catch_up().await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        self.replaying = false;
+                        let synced = wire::Synced {
+                            last_seq: self.last,
+                        };
+                        self.queue.push_back(json_event("synced", &synced));
+                    }
+                    Err(e) => self.fail(e),
+                }
+                continue;
+            }
+            let received = tokio::select! {
+                // Shutdown ends every stream, so the server's graceful stop is not held up.
+                () = self.shared.closing.cancelled() => return None,
+                received = self.rx.recv() => received,
+            };
+            match received {
+                Ok(message) => {
+                    let (session, live) = &*message;
+                    if *session != self.session {
+                        continue;
+                    }
+                    match live {
+                        Live::Event(stored) if stored.seq.0 < self.next => {}
+                        Live::Event(stored) if stored.seq.0 == self.next => self.push(stored),
+                        // A gap means bus messages were lost without a lag report: the store
+                        // has them (this event is committed, so everything before it is too).
+                        Live::Event(_) => {
+                            if let Err(e) = self.catch_up_all().await {
+                                self.fail(e);
+                            }
+                        }
+                        Live::Delta {
+                            message,
+                            kind,
+                            part,
+                            delta,
+                        } => {
+                            let delta = wire::Delta {
+                                message_id: message.to_string(),
+                                kind: (*kind).into(),
+                                part: *part,
+                                delta: delta.clone(),
+                            };
+                            self.queue.push_back(json_event("delta", &delta));
+                        }
+                        Live::Status { running } => {
+                            let status = wire::Status::new(*running);
+                            self.queue.push_back(json_event("status", &status));
+                        }
+                    }
+                }
+                Err(RecvError::Lagged(missed)) => {
+                    tracing::debug!(session = %self.session, missed, "event stream lagged; reading the store");
+                    self.shared.counters.sse_lagged();
+                    if let Err(e) = self.catch_up_all().await {
+                        self.fail(e);
+                    }
+                }
+                Err(RecvError::Closed) => return None,
+            }
+        }
+    }
+
+    fn push(&mut self, stored: &Stored) {
+        let event = wire::Event::from(stored);
+        self.queue
+            .push_back(json_event(stored.event.kind(), &event).id(stored.seq.0.to_string()));
+        self.last = Some(stored.seq.0);
+        self.next = stored.seq.0 + 1;
+    }
+
+    /// Queues one page of durable events from `next`; `true` when the page was full (there
+    /// may be more).
+    async fn catch_up(&mut self) -> Result<bool, ApiError> {
+        let session = self.session.clone();
+        let from = Seq(self.next);
+        let events = read(&self.shared.runtime, move |snap| {
+            Ok(snap.events(&session, from, PAGE)?)
+        })
+        .await?;
+        let full = events.len() == PAGE;
+        for stored in &events {
+            self.push(stored);
+        }
+        Ok(full)
+    }
+
+    async fn catch_up_all(&mut self) -> Result<(), ApiError> {
+        while self.catch_up().await? {}
+        Ok(())
+    }
+
+    fn fail(&mut self, error: ApiError) {
+        tracing::warn!(session = %self.session, error = %error, "event stream failed");
+        let body = wire::ErrorBody {
+            kind: error.kind(),
+            message: error.message().to_owned(),
+        };
+        self.queue.push_back(json_event("error", &body));
+        self.done = true;
+    }
+}
+
+fn json_event<T: serde::Serialize>(name: &str, payload: &T) -> Event {
+    let event = Event::default().event(name);
+    match serde_json::to_string(payload) {
+        Ok(json) => event.data(json),
+        // Wire types serialize infallibly; keep the stream well-formed regardless.
+        Err(e) => event.data(format!("{{\"error\":\"cannot serialize: {e}\"}}")),
+    }
+}

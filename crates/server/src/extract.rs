@@ -1,0 +1,162 @@
+//! Our own extractors, so that every malformed request gets the API's error shape and a message
+//! that says what to fix, instead of axum's plain-text rejections.
+//!
+//! - [`Json`]: the body as JSON. The content type must be JSON when one is given: a browser can
+//!   send a cross-site `text/plain` or form POST without a CORS preflight, so accepting those
+//!   would let any web page drive a token-less loopback server.
+//! - [`OptionalJson`]: the same, where an empty body stands for `{}`.
+//! - [`Query`]: the query string, unknown parameters refused.
+//! - [`SessionPath`]: a `{id}` path segment parsed as a session id.
+//! - [`NoBody`]: for POST routes that take no body (their options are query parameters).
+
+use agenthost_model::SessionId;
+use axum::extract::{FromRequest, FromRequestParts, Path, Request};
+use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+
+use crate::error::{ApiError, ErrorType};
+
+/// A JSON request body.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Json<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Json<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        check_content_type(req.headers())?;
+        let bytes = body(req, state).await?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Err(ApiError::invalid(
+                "the request body is empty; this route expects a JSON object",
+            ));
+        }
+        parse(&bytes).map(Json)
+    }
+}
+
+/// A JSON request body whose fields are all optional: an empty body means `T::default()`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OptionalJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        check_content_type(req.headers())?;
+        let bytes = body(req, state).await?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(OptionalJson(T::default()));
+        }
+        parse(&bytes).map(OptionalJson)
+    }
+}
+
+/// Parses a JSON body, naming what is wrong and where.
+pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        use serde_json::error::Category;
+        match e.classify() {
+            Category::Syntax | Category::Eof | Category::Io => {
+                ApiError::invalid(format!("malformed JSON body: {e}"))
+            }
+            Category::Data => ApiError::invalid(format!("invalid request body: {e}")),
+        }
+    })
+}
+
+fn check_content_type(headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return Ok(());
+    };
+    let essence = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.split(';').next())
+        .map(|v| v.trim().to_ascii_lowercase());
+    match essence {
+        Some(mime) if mime == "application/json" || mime.ends_with("+json") => Ok(()),
+        _ => Err(ApiError::new(
+            ErrorType::UnsupportedMediaType,
+            "request bodies must be JSON: send `Content-Type: application/json`",
+        )),
+    }
+}
+
+async fn body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
+    Bytes::from_request(req, state).await.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                ErrorType::PayloadTooLarge,
+                "the request body is over the server's body limit",
+            )
+        } else {
+            ApiError::invalid(format!("cannot read the request body: {rejection}"))
+        }
+    })
+}
+
+/// Query parameters; unknown ones are refused (the target types deny unknown fields).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Query<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Query<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|q| Query(q.0))
+            .map_err(|rejection| {
+                // axum's text is "Failed to deserialize query string: <serde's reason>".
+                let text = rejection.body_text();
+                let reason = text.split_once(": ").map_or(text.as_str(), |(_, r)| r);
+                ApiError::invalid(format!("invalid query string: {reason}"))
+            })
+    }
+}
+
+/// The `{id}` segment of a session route, parsed. A malformed id is `invalid_request` (400),
+/// distinct from a well-formed id that does not exist (`session_not_found`, 404).
+#[derive(Debug, Clone)]
+pub struct SessionPath(pub SessionId);
+
+impl<S: Send + Sync> FromRequestParts<S> for SessionPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(raw) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|rejection| {
+                ApiError::invalid(format!("invalid path: {}", rejection.body_text()))
+            })?;
+        SessionId::parse(&raw)
+            .map(SessionPath)
+            .map_err(ApiError::from)
+    }
+}
+
+/// A POST without a body. An empty body or `{}` is accepted; anything else is refused, so an
+/// option sent in the body by mistake is not silently ignored.
+#[derive(Debug, Clone, Copy)]
+pub struct NoBody;
+
+impl<S: Send + Sync> FromRequest<S> for NoBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        check_content_type(req.headers())?;
+        let bytes = body(req, state).await?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(NoBody);
+        }
+        match serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&bytes) {
+            Ok(map) if map.is_empty() => Ok(NoBody),
+            _ => Err(ApiError::invalid(
+                "this route takes no request body; pass its options as query parameters",
+            )),
+        }
+    }
+}

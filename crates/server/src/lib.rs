@@ -1,0 +1,192 @@
+//! `agenthost-server`: the HTTP+SSE API over the agenthost runtime (SPEC §15).
+//!
+//! **Owns**: every HTTP and JSON wire type of agenthost ([`wire`]), the axum router ([`Api`]),
+//! the one error-to-status mapping ([`ApiError`]), the JSON/query/path extractors that give
+//! malformed input our error shape ([`extract`]), bearer-token authentication ([`auth`]), the
+//! SSE event stream with replay and resume (module `events`, whose doc specifies the frames),
+//! Prometheus metrics ([`metrics`]), the generated OpenAPI document ([`openapi`]), HTTP tools
+//! ([`tools`]) and a typed client of this API ([`client`], used by `agenthost loadtest --url`).
+//!
+//! **Must not**: decide execution or touch storage directly (everything goes through
+//! [`agenthost_actors::Runtime`] and read-only snapshots); read configuration files or the
+//! environment (the CLI does, and hands over [`Options`]); print a secret (tokens are
+//! [`Token`]s with a redacted `Debug`).
+//!
+//! Main types: [`Api`] (router and graceful serving), [`Options`], [`ApiError`] and
+//! [`ErrorType`], [`Token`], [`tools::Http`], [`metrics::Timed`], [`Client`].
+//!
+//! Not here yet: `POST /api/session/{id}/compact`, which arrives with compaction in the runtime.
+
+mod api;
+pub mod auth;
+pub mod client;
+mod error;
+mod events;
+pub mod extract;
+pub mod metrics;
+pub mod openapi;
+pub mod tools;
+pub mod wire;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agenthost_actors::Runtime;
+use agenthost_store::Snapshot;
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use auth::Token;
+pub use client::Client;
+pub use error::{ApiError, ErrorType};
+
+/// The default bind address: loopback only (SPEC §15, Security).
+pub const DEFAULT_BIND: &str = "127.0.0.1:4096";
+
+/// How the API behaves. Every field has a default suited to `agenthost serve`.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// When set, every `/api` route needs `Authorization: Bearer <token>`.
+    pub token: Option<Token>,
+    /// Largest request body in bytes; larger bodies get `payload_too_large`. The default leaves
+    /// room for a maximal prompt (1 MiB) even when JSON escaping doubles it.
+    pub body_limit: usize,
+    /// Interval of SSE keep-alive comments, so idle streams survive proxies.
+    pub keep_alive: Duration,
+    /// Upper bound of `timeout_ms` on `POST /api/session/{id}/wait`.
+    pub max_wait: Duration,
+    /// How long a graceful shutdown waits for in-flight requests after the runtime stopped.
+    pub drain_timeout: Duration,
+    /// Provider timings, when the providers were wrapped in [`metrics::Timed`].
+    pub providers: Option<Arc<metrics::Providers>>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            token: None,
+            body_limit: 4 * 1024 * 1024,
+            keep_alive: Duration::from_secs(15),
+            max_wait: Duration::from_secs(600),
+            drain_timeout: Duration::from_secs(10),
+            providers: None,
+        }
+    }
+}
+
+/// What every handler shares.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub runtime: Runtime,
+    pub options: Options,
+    /// Cancelled when shutdown begins: SSE streams end, `/healthz` turns 503.
+    pub closing: CancellationToken,
+    /// Background work started by requests (`resume` without `wait`, the metrics listener);
+    /// shutdown waits for it.
+    pub tasks: TaskTracker,
+    pub counters: metrics::Counters,
+}
+
+/// The HTTP API over one runtime. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Api {
+    shared: Arc<Shared>,
+}
+
+impl Api {
+    /// An API over `runtime`. Starts the metrics listener (it counts durable events by kind
+    /// from the runtime's bus), so call it inside a tokio runtime.
+    pub fn new(runtime: Runtime, options: Options) -> Api {
+        let shared = Arc::new(Shared {
+            runtime,
+            options,
+            closing: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            counters: metrics::Counters::default(),
+        });
+        metrics::listen(&shared);
+        Api { shared }
+    }
+
+    pub fn runtime(&self) -> &Runtime {
+        &self.shared.runtime
+    }
+
+    /// The router: `/healthz`, `/metrics`, `/openapi.json` and the `/api` routes (behind the
+    /// token when one is configured), with the body limit and our error shape for unknown
+    /// routes and methods.
+    pub fn router(&self) -> Router {
+        let api = api::routes()
+            .route_layer(axum::middleware::from_fn_with_state(
+                self.shared.clone(),
+                auth::require,
+            ))
+            .with_state(self.shared.clone());
+        Router::new()
+            .route("/healthz", axum::routing::get(api::healthz))
+            .route("/metrics", axum::routing::get(metrics::render))
+            .route("/openapi.json", axum::routing::get(openapi::serve))
+            .with_state(self.shared.clone())
+            .merge(api)
+            .fallback(api::not_found)
+            .method_not_allowed_fallback(api::method_not_allowed)
+            .layer(DefaultBodyLimit::max(self.shared.options.body_limit))
+    }
+
+    /// Serves until `shutdown` resolves, then shuts down gracefully and boundedly: SSE streams
+    /// end, the runtime shuts down (drains are interrupted and keep their claims, the store is
+    /// flushed), background tasks are awaited, and in-flight requests get up to
+    /// [`Options::drain_timeout`] to finish.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let router = self.router();
+        let shared = self.shared.clone();
+        let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
+        let graceful = async move {
+            shutdown.await;
+            tracing::info!("shutting down");
+            shared.closing.cancel();
+            shared.runtime.shutdown().await;
+            shared.tasks.close();
+            let _ = tokio::time::timeout(shared.options.drain_timeout, shared.tasks.wait()).await;
+            let _ = stopped_tx.send(());
+        };
+        let server = axum::serve(listener, router).with_graceful_shutdown(graceful);
+        let drain_timeout = self.shared.options.drain_timeout;
+        let server = std::pin::pin!(server.into_future());
+        // Bound the wait for open connections once shutdown has begun: a client holding a
+        // keep-alive connection must not keep the process alive.
+        tokio::select! {
+            result = server => result,
+            () = async {
+                let _ = stopped_rx.await;
+                tokio::time::sleep(drain_timeout).await;
+            } => {
+                tracing::warn!("connections still open after the drain timeout; closing them");
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Runs a snapshot read on the blocking pool: redb reads can touch the disk, and the async
+/// workers must not wait on it.
+pub(crate) async fn read<T: Send + 'static>(
+    runtime: &Runtime,
+    f: impl FnOnce(&dyn Snapshot) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let runtime = runtime.clone();
+    tokio::task::spawn_blocking(move || {
+        let snapshot = runtime.snapshot()?;
+        f(&*snapshot)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("snapshot read failed: {e}")))?
+}

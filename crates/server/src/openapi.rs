@@ -1,0 +1,121 @@
+//! `GET /openapi.json`: the OpenAPI document, generated from the handlers' annotations and the
+//! wire types, so it cannot drift from the code. A test checks that it lists every route the
+//! router serves.
+
+use std::sync::OnceLock;
+
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+use crate::error::ErrorType;
+use crate::{api, events, metrics, wire};
+
+#[derive(Debug, OpenApi)]
+#[openapi(
+    info(
+        title = "agenthost",
+        description = "Durable LLM agent sessions over HTTP and SSE. Successful `/api` responses \
+                       are `{\"data\": …}`; errors are `{\"error\": {\"type\", \"message\"}}`. \
+                       With a token configured, every `/api` route needs \
+                       `Authorization: Bearer <token>`.",
+    ),
+    paths(
+        api::healthz,
+        metrics::render,
+        serve,
+        api::create,
+        api::list,
+        api::active,
+        api::session,
+        api::prompt,
+        api::resume,
+        api::compact,
+        api::interrupt,
+        api::wait,
+        api::generate,
+        api::messages,
+        api::inbox,
+        events::stream,
+    ),
+    components(schemas(
+        ErrorType,
+        wire::ErrorEnvelope,
+        wire::ErrorBody,
+        wire::Health,
+        wire::CreateSession,
+        wire::Prompt,
+        wire::File,
+        wire::Generate,
+        wire::Session,
+        wire::Status,
+        wire::StatusType,
+        wire::SessionPage,
+        wire::Cursor,
+        wire::Usage,
+        wire::Admitted,
+        wire::Delivery,
+        wire::Accepted,
+        wire::DrainOutcome,
+        wire::Interrupted,
+        wire::Idle,
+        wire::Generated,
+        wire::InboxItem,
+        wire::Message,
+        wire::Time,
+        wire::Part,
+        wire::ToolState,
+        wire::StepError,
+        wire::FailureKind,
+        wire::Compaction,
+        wire::Event,
+        wire::EventBody,
+        wire::InstructionChange,
+        wire::InterruptReason,
+        wire::Delta,
+        wire::DeltaType,
+        wire::Synced,
+    )),
+    modifiers(&Bearer),
+    tags(
+        (name = "session", description = "Sessions: admission, execution, history, events"),
+        (name = "meta", description = "Health, metrics and this document"),
+    )
+)]
+pub struct ApiDoc;
+
+/// Registers the `bearer` security scheme the `/api` routes refer to.
+struct Bearer;
+
+impl Modify for Bearer {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The document as JSON, rendered once.
+pub fn json() -> &'static str {
+    static JSON: OnceLock<String> = OnceLock::new();
+    JSON.get_or_init(|| {
+        ApiDoc::openapi()
+            .to_pretty_json()
+            .expect("invariant: the generated document is plain JSON data")
+    })
+}
+
+/// This document.
+#[utoipa::path(get, path = "/openapi.json", operation_id = "openapi", tag = "meta",
+    responses((status = 200, description = "The OpenAPI document", content_type = "application/json", body = Object)))]
+pub(crate) async fn serve() -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        json(),
+    )
+        .into_response()
+}

@@ -1,0 +1,1168 @@
+//! Router tests: every route of SPEC §15 called through `tower::ServiceExt::oneshot` (no
+//! socket), against a real runtime with the scripted provider. Each test states the requests
+//! and checks statuses, error types and the JSON shapes clients rely on.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agenthost_actors::{Config, Runtime};
+use agenthost_llm::scripted::{Gate, Script, Scripted};
+use agenthost_llm::{Error as LlmError, ErrorKind, FinishReason};
+use agenthost_server::{Api, Options, Token};
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, Method, Request, StatusCode, header};
+use futures::StreamExt;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+use tower::ServiceExt;
+
+/// Every wait in these tests is bounded by this.
+const LIMIT: Duration = Duration::from_secs(20);
+
+struct Harness {
+    api: Api,
+    router: Router,
+    provider: Scripted,
+    _dir: TempDir,
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    json: Value,
+}
+
+async fn harness(scripts: Vec<Script>) -> Harness {
+    harness_with(scripts, Options::default(), |_| {}).await
+}
+
+async fn harness_with(
+    scripts: Vec<Script>,
+    options: Options,
+    edit: impl FnOnce(&mut Config),
+) -> Harness {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let provider = Scripted::new(scripts);
+    let mut config = Config::new(dir.path().join("store.redb"))
+        .with_provider("scripted", Arc::new(provider.clone()));
+    edit(&mut config);
+    let runtime = Runtime::start(config).await.expect("runtime starts");
+    let api = Api::new(runtime, options);
+    let router = api.router();
+    Harness {
+        api,
+        router,
+        provider,
+        _dir: dir,
+    }
+}
+
+impl Harness {
+    async fn send(&self, request: Request<Body>) -> Reply {
+        let response = tokio::time::timeout(LIMIT, self.router.clone().oneshot(request))
+            .await
+            .expect("answered in time")
+            .expect("infallible");
+        let status = response.status();
+        let headers = response.headers().clone();
+        let bytes = tokio::time::timeout(
+            LIMIT,
+            axum::body::to_bytes(response.into_body(), usize::MAX),
+        )
+        .await
+        .expect("body in time")
+        .expect("body");
+        let json = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
+        };
+        Reply {
+            status,
+            headers,
+            json,
+        }
+    }
+
+    async fn get(&self, uri: &str) -> Reply {
+        self.send(request(Method::GET, uri, None)).await
+    }
+
+    async fn post(&self, uri: &str, body: Option<&str>) -> Reply {
+        self.send(request(Method::POST, uri, body)).await
+    }
+
+    /// Creates a session and returns its id.
+    async fn session(&self) -> String {
+        let reply = self.post("/api/session", None).await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.json);
+        reply.json["data"]["id"]
+            .as_str()
+            .expect("session id")
+            .to_owned()
+    }
+
+    async fn idle(&self, session: &str) {
+        let reply = self
+            .post(
+                &format!("/api/session/{session}/wait?timeout_ms=15000"),
+                None,
+            )
+            .await;
+        assert_eq!(reply.json["data"]["idle"], true, "{}", reply.json);
+    }
+}
+
+fn request(method: Method, uri: &str, body: Option<&str>) -> Request<Body> {
+    let builder = Request::builder().method(method).uri(uri);
+    match body {
+        Some(body) => builder
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body.to_owned())),
+        None => builder.body(Body::empty()),
+    }
+    .expect("valid request")
+}
+
+#[track_caller]
+fn assert_error(reply: &Reply, status: u16, kind: &str) {
+    assert_eq!(reply.status.as_u16(), status, "{}", reply.json);
+    assert_eq!(reply.json["error"]["type"], kind, "{}", reply.json);
+    let message = reply.json["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        !message.is_empty(),
+        "an error needs a message: {}",
+        reply.json
+    );
+    assert_eq!(
+        reply.headers[header::CONTENT_TYPE],
+        "application/json",
+        "errors are JSON"
+    );
+}
+
+fn text(reply: &str) -> Script {
+    Script::new().text(reply).finish(FinishReason::Stop)
+}
+
+#[tokio::test]
+async fn health_metrics_and_unknown_routes() {
+    let h = harness(vec![]).await;
+    let reply = h.get("/healthz").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.json, json!({"status": "ok"}));
+
+    let reply = h.get("/metrics").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let text = reply.json.as_str().expect("plain text");
+    for metric in [
+        "agenthost_sessions_live ",
+        "agenthost_sessions_active ",
+        "agenthost_actor_restarts_total ",
+        "agenthost_sessions_recovered_total ",
+        "agenthost_store_commits_total ",
+        "agenthost_store_commit_batch_size_bucket{le=\"1\"}",
+        "agenthost_drains_total ",
+        "agenthost_steps_total ",
+        "agenthost_sse_streams ",
+    ] {
+        assert!(text.contains(metric), "{metric} missing from\n{text}");
+    }
+
+    assert_error(&h.get("/nope").await, 404, "not_found");
+    assert_error(&h.get("/api/session/ses_a/nope").await, 404, "not_found");
+    let reply = h.send(request(Method::DELETE, "/api/session", None)).await;
+    assert_error(&reply, 405, "method_not_allowed");
+    assert_error(
+        &h.get("/api/session/ses_a/prompt").await,
+        405,
+        "method_not_allowed",
+    );
+}
+
+#[tokio::test]
+async fn create_and_get_sessions() {
+    let h = harness(vec![]).await;
+    let reply = h.post("/api/session", None).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let session = &reply.json["data"];
+    let id = session["id"].as_str().expect("id");
+    assert!(id.starts_with("ses_"));
+    assert_eq!(session["agent"], "default");
+    assert_eq!(session["status"], json!({"type": "idle"}));
+    assert_eq!(session["last_seq"], 0);
+    assert_eq!(session["usage"]["input"], 0);
+    assert_eq!(session["claimed"], false);
+
+    // A client-chosen id; creating it again returns the same session.
+    let body = r#"{"id": "ses_mine", "title": "t"}"#;
+    let first = h.post("/api/session", Some(body)).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.json);
+    assert_eq!(first.json["data"]["id"], "ses_mine");
+    assert_eq!(first.json["data"]["title"], "t");
+    let again = h.post("/api/session", Some(body)).await;
+    assert_eq!(again.json["data"]["created"], first.json["data"]["created"]);
+    assert_eq!(
+        h.post("/api/session", Some("{}")).await.status,
+        StatusCode::OK
+    );
+
+    let reply = h.get("/api/session/ses_mine").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.json["data"]["id"], "ses_mine");
+
+    assert_error(
+        &h.get("/api/session/ses_unknown").await,
+        404,
+        "session_not_found",
+    );
+    assert_error(&h.get("/api/session/nope").await, 400, "invalid_request");
+    assert_error(
+        &h.get("/api/session/ses_bad%20id").await,
+        400,
+        "invalid_request",
+    );
+    assert_error(
+        &h.post("/api/session", Some(r#"{"id": "session-1"}"#)).await,
+        400,
+        "invalid_request",
+    );
+    assert_error(
+        &h.post("/api/session", Some(r#"{"agent": "ghost"}"#)).await,
+        400,
+        "invalid_request",
+    );
+    assert_error(
+        &h.post("/api/session", Some(r#"{"model": "gpt"}"#)).await,
+        400,
+        "invalid_request",
+    );
+    let reply = h.post("/api/session", Some(r#"{"colour": "red"}"#)).await;
+    assert_error(&reply, 400, "invalid_request");
+    assert!(
+        reply.json["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("unknown field `colour`")),
+        "{}",
+        reply.json
+    );
+    let reply = h.post("/api/session", Some(r#"{"id": "#)).await;
+    assert_error(&reply, 400, "invalid_request");
+    assert!(
+        reply.json["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("malformed JSON"))
+    );
+    assert_error(
+        &h.post("/api/session", Some(r#"{"id": 5}"#)).await,
+        400,
+        "invalid_request",
+    );
+    let form = Request::post("/api/session")
+        .header(header::CONTENT_TYPE, "text/plain")
+        .body(Body::from("{}"))
+        .expect("request");
+    assert_error(&h.send(form).await, 415, "unsupported_media_type");
+}
+
+#[tokio::test]
+async fn list_sessions_newest_first_with_a_cursor() {
+    let h = harness(vec![]).await;
+    for n in 0..3 {
+        h.post("/api/session", Some(&format!(r#"{{"id": "ses_{n}"}}"#)))
+            .await;
+        // Creation times are milliseconds; keep them distinct so the order is the id order.
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    let page = h.get("/api/session?limit=2").await;
+    assert_eq!(page.status, StatusCode::OK);
+    let ids: Vec<&str> = page.json["data"]["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .filter_map(|s| s["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["ses_2", "ses_1"]);
+    let next = page.json["data"]["cursor"]["next"].as_str().expect("next");
+    let page = h.get(&format!("/api/session?limit=2&cursor={next}")).await;
+    assert_eq!(page.json["data"]["sessions"][0]["id"], "ses_0");
+    assert_eq!(
+        page.json["data"]["sessions"].as_array().map(Vec::len),
+        Some(1)
+    );
+    assert_eq!(page.json["data"]["cursor"]["next"], Value::Null);
+    let all = h.get("/api/session").await;
+    assert_eq!(
+        all.json["data"]["sessions"].as_array().map(Vec::len),
+        Some(3)
+    );
+
+    assert_error(&h.get("/api/session?limit=0").await, 400, "invalid_request");
+    assert_error(
+        &h.get("/api/session?limit=5000").await,
+        400,
+        "invalid_request",
+    );
+    assert_error(&h.get("/api/session?limit=x").await, 400, "invalid_request");
+    assert_error(
+        &h.get("/api/session?cursor=garbage").await,
+        400,
+        "invalid_request",
+    );
+    assert_error(&h.get("/api/session?page=2").await, 400, "invalid_request");
+}
+
+#[tokio::test]
+async fn prompt_admission_idempotency_and_bad_input() {
+    let h = harness(vec![]).await;
+    let s = h.session().await;
+    let url = format!("/api/session/{s}/prompt");
+    let body = r#"{"id": "msg_p1", "text": "hello", "delivery": "queue", "resume": false}"#;
+    let first = h.post(&url, Some(body)).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.json);
+    assert_eq!(
+        first.json["data"],
+        json!({"id": "msg_p1", "session_id": s, "admitted_seq": 1, "delivery": "queue", "promoted_seq": null})
+    );
+    // An exact retry returns the original receipt and writes nothing.
+    let retry = h.post(&url, Some(body)).await;
+    assert_eq!(retry.json, first.json);
+    let reply = h
+        .post(
+            &url,
+            Some(r#"{"id": "msg_p1", "text": "other", "delivery": "queue", "resume": false}"#),
+        )
+        .await;
+    assert_error(&reply, 409, "prompt_conflict");
+    // Files only, no text, is a valid prompt.
+    let files = r#"{"files": [{"mime": "image/png", "url": "data:image/png;base64,AAAA"}], "resume": false}"#;
+    let reply = h.post(&url, Some(files)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json);
+    assert_eq!(reply.json["data"]["admitted_seq"], 2);
+
+    let inbox = h.get(&format!("/api/session/{s}/inbox")).await;
+    assert_eq!(inbox.status, StatusCode::OK);
+    let items = inbox.json["data"].as_array().expect("items");
+    assert_eq!(items.len(), 2);
+    assert_eq!(items[0]["id"], "msg_p1");
+    assert_eq!(items[0]["text"], "hello");
+    assert_eq!(items[0]["delivery"], "queue");
+    assert_eq!(items[1]["files"][0]["mime"], "image/png");
+
+    for (bad, kind, status) in [
+        (r#"{"text": ""}"#, "invalid_request", 400),
+        (r#"{"text": "  "}"#, "invalid_request", 400),
+        (r#"{}"#, "invalid_request", 400),
+        (
+            r#"{"text": "x", "delivery": "later"}"#,
+            "invalid_request",
+            400,
+        ),
+        (r#"{"text": "x", "id": "p1"}"#, "invalid_request", 400),
+        (r#"{"text": "x", "priority": 1}"#, "invalid_request", 400),
+        (
+            r#"{"text": "x", "files": [{"mime": "png", "url": "x"}]}"#,
+            "invalid_request",
+            400,
+        ),
+        (r#"{"text": "x""#, "invalid_request", 400),
+        (r#"["x"]"#, "invalid_request", 400),
+    ] {
+        let reply = h.post(&url, Some(bad)).await;
+        assert_error(&reply, status, kind);
+    }
+    assert_error(&h.post(&url, None).await, 400, "invalid_request");
+    assert_error(
+        &h.post("/api/session/ses_ghost/prompt", Some(r#"{"text": "x"}"#))
+            .await,
+        404,
+        "session_not_found",
+    );
+    assert_error(
+        &h.post("/api/session/ghost/prompt", Some(r#"{"text": "x"}"#))
+            .await,
+        400,
+        "invalid_request",
+    );
+    // Over the prompt limit (1 MiB) but under the body limit: payload_too_large, from the
+    // prompt check.
+    let big = format!(
+        r#"{{"text": "{}", "resume": false}}"#,
+        "a".repeat(1024 * 1024 + 1)
+    );
+    assert_error(&h.post(&url, Some(&big)).await, 413, "payload_too_large");
+    // Over the body limit (4 MiB): refused before parsing.
+    let huge = format!(r#"{{"text": "{}"}}"#, "a".repeat(5 * 1024 * 1024));
+    assert_error(&h.post(&url, Some(&huge)).await, 413, "payload_too_large");
+    // Nothing of the refused requests was written.
+    let session = h.get(&format!("/api/session/{s}")).await;
+    assert_eq!(session.json["data"]["last_seq"], 2);
+    assert_eq!(session.json["data"]["pending"], 2);
+}
+
+#[tokio::test]
+async fn a_turn_then_messages() {
+    let h = harness(vec![
+        Script::new()
+            .reasoning("thinking")
+            .text("hi there")
+            .finish(FinishReason::Stop),
+    ])
+    .await;
+    let s = h.session().await;
+    let reply = h
+        .post(
+            &format!("/api/session/{s}/prompt"),
+            Some(r#"{"text": "hello"}"#),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    h.idle(&s).await;
+
+    let reply = h.get(&format!("/api/session/{s}/messages")).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let messages = reply.json["data"].as_array().expect("messages");
+    assert_eq!(messages.len(), 2, "{}", reply.json);
+    let user = &messages[0];
+    assert_eq!(user["type"], "user");
+    assert_eq!(user["text"], "hello");
+    assert_eq!(user["files"], json!([]));
+    assert!(user["id"].as_str().is_some_and(|id| id.starts_with("msg_")));
+    assert!(user["seq"].as_u64().is_some());
+    let assistant = &messages[1];
+    assert_eq!(assistant["type"], "assistant");
+    assert_eq!(assistant["finish"], "stop");
+    assert_eq!(assistant["error"], Value::Null);
+    assert_eq!(
+        assistant["content"][0],
+        json!({"type": "reasoning", "text": "thinking", "incomplete": false})
+    );
+    assert_eq!(
+        assistant["content"][1],
+        json!({"type": "text", "text": "hi there", "incomplete": false})
+    );
+    assert!(assistant["usage"].is_object());
+    assert!(assistant["time"]["created"].as_u64().is_some());
+    assert!(assistant["time"]["completed"].as_u64().is_some());
+
+    let user_seq = user["seq"].as_u64().expect("seq");
+    let after = h
+        .get(&format!("/api/session/{s}/messages?after_seq={user_seq}"))
+        .await;
+    assert_eq!(after.json["data"].as_array().map(Vec::len), Some(1));
+    assert_eq!(after.json["data"][0]["type"], "assistant");
+    let limited = h.get(&format!("/api/session/{s}/messages?limit=1")).await;
+    assert_eq!(limited.json["data"][0]["type"], "user");
+    assert_eq!(limited.json["data"].as_array().map(Vec::len), Some(1));
+    let beyond = h
+        .get(&format!(
+            "/api/session/{s}/messages?after_seq=18446744073709551615"
+        ))
+        .await;
+    assert_eq!(beyond.json["data"], json!([]));
+
+    assert_error(
+        &h.get(&format!("/api/session/{s}/messages?limit=0")).await,
+        400,
+        "invalid_request",
+    );
+    assert_error(
+        &h.get(&format!("/api/session/{s}/messages?after_seq=-1"))
+            .await,
+        400,
+        "invalid_request",
+    );
+    assert_error(
+        &h.get(&format!("/api/session/{s}/messages?after=1")).await,
+        400,
+        "invalid_request",
+    );
+    assert_error(
+        &h.get("/api/session/ses_ghost/messages").await,
+        404,
+        "session_not_found",
+    );
+    assert_error(
+        &h.get("/api/session/ses_ghost/inbox").await,
+        404,
+        "session_not_found",
+    );
+    assert_error(&h.get("/api/session/x/inbox").await, 400, "invalid_request");
+
+    let session = h.get(&format!("/api/session/{s}")).await;
+    assert_eq!(session.json["data"]["status"]["type"], "idle");
+    assert_eq!(session.json["data"]["claimed"], false);
+}
+
+#[tokio::test]
+async fn resume_interrupt_wait_and_active() {
+    let gate = Gate::new();
+    let h = harness(vec![
+        text("first"),
+        Script::new()
+            .gate(&gate)
+            .text("late")
+            .finish(FinishReason::Stop),
+    ])
+    .await;
+    let s = h.session().await;
+
+    // A forced drain from existing history, waited for.
+    let reply = h
+        .post(&format!("/api/session/{s}/resume?wait=true"), None)
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json);
+    assert_eq!(
+        reply.json["data"],
+        json!({"outcome": "completed", "steps": 1})
+    );
+
+    // Without wait: 202 at once; the drain reaches the gate.
+    let reply = h.post(&format!("/api/session/{s}/resume"), None).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.json);
+    assert_eq!(reply.json["data"]["status"], "accepted");
+    tokio::time::timeout(LIMIT, gate.reached())
+        .await
+        .expect("gate reached");
+
+    let active = h.get("/api/session/active").await;
+    assert_eq!(active.status, StatusCode::OK);
+    assert_eq!(active.json["data"][&s], json!({"type": "running"}));
+    let session = h.get(&format!("/api/session/{s}")).await;
+    assert_eq!(session.json["data"]["status"]["type"], "running");
+    assert_eq!(session.json["data"]["claimed"], true);
+
+    let reply = h
+        .post(&format!("/api/session/{s}/wait?timeout_ms=50"), None)
+        .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.json["data"], json!({"idle": false}));
+
+    let reply = h.post(&format!("/api/session/{s}/interrupt"), None).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json);
+    assert_eq!(reply.json["data"], json!({"interrupted": true}));
+    h.idle(&s).await;
+    let reply = h
+        .post(&format!("/api/session/{s}/interrupt"), Some("{}"))
+        .await;
+    assert_eq!(reply.json["data"], json!({"interrupted": false}));
+    let active = h.get("/api/session/active").await;
+    assert_eq!(active.json["data"], json!({}));
+
+    let messages = h.get(&format!("/api/session/{s}/messages")).await;
+    let last = messages.json["data"]
+        .as_array()
+        .and_then(|m| m.last())
+        .cloned()
+        .expect("a message");
+    assert_eq!(last["error"]["kind"], "aborted", "{last}");
+
+    for (url, kind, status) in [
+        ("/api/session/ses_ghost/resume", "session_not_found", 404),
+        (
+            "/api/session/ses_ghost/resume?wait=true",
+            "session_not_found",
+            404,
+        ),
+        ("/api/session/ses_ghost/interrupt", "session_not_found", 404),
+        ("/api/session/ses_ghost/wait", "session_not_found", 404),
+        ("/api/session/ghost/wait", "invalid_request", 400),
+        ("/api/session/ghost/interrupt", "invalid_request", 400),
+        ("/api/session/ghost/resume", "invalid_request", 400),
+    ] {
+        assert_error(&h.post(url, None).await, status, kind);
+    }
+    let base = format!("/api/session/{s}");
+    assert_error(
+        &h.post(&format!("{base}/resume?wait=maybe"), None).await,
+        400,
+        "invalid_request",
+    );
+    assert_error(
+        &h.post(&format!("{base}/resume?now=1"), None).await,
+        400,
+        "invalid_request",
+    );
+    assert_error(
+        &h.post(&format!("{base}/resume"), Some(r#"{"wait": true}"#))
+            .await,
+        400,
+        "invalid_request",
+    );
+    assert_error(
+        &h.post(&format!("{base}/interrupt"), Some("[1]")).await,
+        400,
+        "invalid_request",
+    );
+    assert_error(
+        &h.post(&format!("{base}/wait?timeout_ms=99999999"), None)
+            .await,
+        400,
+        "invalid_request",
+    );
+    assert_error(
+        &h.post(&format!("{base}/wait?timeout_ms=soon"), None).await,
+        400,
+        "invalid_request",
+    );
+}
+
+#[tokio::test]
+async fn provider_failure_is_a_bad_gateway() {
+    let auth = LlmError::new(ErrorKind::Authentication, "bad key");
+    let h = harness(vec![
+        Script::new().error(auth.clone()),
+        Script::new().error(auth),
+    ])
+    .await;
+    let s = h.session().await;
+    let reply = h
+        .post(&format!("/api/session/{s}/resume?wait=true"), None)
+        .await;
+    assert_error(&reply, 502, "provider_error");
+    let reply = h
+        .post(
+            &format!("/api/session/{s}/generate"),
+            Some(r#"{"prompt": "sum up"}"#),
+        )
+        .await;
+    assert_error(&reply, 502, "provider_error");
+}
+
+#[tokio::test]
+async fn generate_answers_and_refuses_bad_input() {
+    let h = harness_with(vec![text("a recap")], Options::default(), |c| {
+        for model in c.models.values_mut() {
+            model.context_window = 2_000;
+            model.max_output = Some(100);
+        }
+    })
+    .await;
+    let s = h.session().await;
+    let url = format!("/api/session/{s}/generate");
+    let reply = h.post(&url, Some(r#"{"prompt": "summarize"}"#)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json);
+    assert_eq!(reply.json["data"], json!({"text": "a recap"}));
+    assert_eq!(h.provider.calls(), 1);
+    // Nothing was recorded.
+    let session = h.get(&format!("/api/session/{s}")).await;
+    assert_eq!(session.json["data"]["last_seq"], 0);
+
+    let long = format!(r#"{{"prompt": "{}"}}"#, "word ".repeat(20_000));
+    assert_error(&h.post(&url, Some(&long)).await, 422, "context_overflow");
+    assert_error(
+        &h.post(&url, Some(r#"{"prompt": ""}"#)).await,
+        400,
+        "invalid_request",
+    );
+    assert_error(&h.post(&url, Some(r#"{}"#)).await, 400, "invalid_request");
+    assert_error(
+        &h.post(&url, Some(r#"{"prompt": "x", "tools": []}"#)).await,
+        400,
+        "invalid_request",
+    );
+    assert_error(
+        &h.post(
+            "/api/session/ses_ghost/generate",
+            Some(r#"{"prompt": "x"}"#),
+        )
+        .await,
+        404,
+        "session_not_found",
+    );
+    assert_eq!(
+        h.provider.calls(),
+        1,
+        "refused requests never reach the provider"
+    );
+}
+
+#[tokio::test]
+async fn compact_summarizes_older_history_or_says_there_is_nothing() {
+    let h = harness_with(
+        vec![
+            text("first answer"),
+            text("second answer"),
+            text("the summary"),
+        ],
+        Options::default(),
+        |c| c.compaction.keep_tokens = 10,
+    )
+    .await;
+    let s = h.session().await;
+    let url = format!("/api/session/{s}/compact");
+    assert_error(&h.post(&url, None).await, 400, "invalid_request");
+    assert_eq!(
+        h.provider.calls(),
+        0,
+        "nothing to compact makes no provider call"
+    );
+    for text in [
+        "an older question with some words in it",
+        "a newer question",
+    ] {
+        let body = format!(r#"{{"text": "{text}"}}"#);
+        let reply = h
+            .post(&format!("/api/session/{s}/prompt"), Some(&body))
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.json);
+        let wait = h
+            .post(&format!("/api/session/{s}/wait?timeout_ms=30000"), None)
+            .await;
+        assert_eq!(wait.json["data"]["idle"], true, "{}", wait.json);
+    }
+    let reply = h.post(&url, None).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json);
+    assert_eq!(reply.json["data"]["outcome"], "compacted");
+    assert!(
+        reply.json["data"]["kept_from"]
+            .as_u64()
+            .is_some_and(|k| k > 0)
+    );
+    assert_eq!(h.provider.calls(), 3);
+    assert_error(
+        &h.post("/api/session/ses_ghost/compact", None).await,
+        404,
+        "session_not_found",
+    );
+    assert_error(
+        &h.post(&url, Some(r#"{"x": 1}"#)).await,
+        400,
+        "invalid_request",
+    );
+}
+
+#[tokio::test]
+async fn token_protects_the_api_only() {
+    let options = Options {
+        token: Token::new("s3cret"),
+        ..Options::default()
+    };
+    let h = harness_with(vec![], options, |_| {}).await;
+    let reply = h.post("/api/session", None).await;
+    assert_error(&reply, 401, "unauthorized");
+    assert_eq!(reply.headers[header::WWW_AUTHENTICATE], "Bearer");
+    let with = |value: &str| {
+        Request::post("/api/session")
+            .header(header::AUTHORIZATION, value)
+            .body(Body::empty())
+            .expect("request")
+    };
+    assert_error(&h.send(with("Bearer wrong")).await, 401, "unauthorized");
+    assert_error(&h.send(with("Bearer s3cret2")).await, 401, "unauthorized");
+    assert_error(&h.send(with("Basic s3cret")).await, 401, "unauthorized");
+    let reply = h.send(with("Bearer s3cret")).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json);
+    let id = reply.json["data"]["id"].as_str().expect("id").to_owned();
+    assert_error(
+        &h.get(&format!("/api/session/{id}")).await,
+        401,
+        "unauthorized",
+    );
+    assert_error(
+        &h.get(&format!("/api/session/{id}/events")).await,
+        401,
+        "unauthorized",
+    );
+    // Health, metrics and the document stay open.
+    assert_eq!(h.get("/healthz").await.status, StatusCode::OK);
+    assert_eq!(h.get("/metrics").await.status, StatusCode::OK);
+    assert_eq!(h.get("/openapi.json").await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn cross_site_browser_requests_are_refused_without_a_token() {
+    let h = harness(vec![]).await;
+    let request = Request::post("/api/session")
+        .header("sec-fetch-site", "cross-site")
+        .body(Body::empty())
+        .expect("request");
+    assert_error(&h.send(request).await, 401, "unauthorized");
+}
+
+#[tokio::test]
+async fn shutting_down_is_unavailable() {
+    let h = harness(vec![]).await;
+    let s = h.session().await;
+    h.api.runtime().shutdown().await;
+    assert_error(&h.post("/api/session", None).await, 503, "unavailable");
+    let reply = h
+        .post(
+            &format!("/api/session/{s}/prompt"),
+            Some(r#"{"text": "x"}"#),
+        )
+        .await;
+    assert_error(&reply, 503, "unavailable");
+    assert_eq!(reply.headers[header::RETRY_AFTER], "1");
+}
+
+/// Lists every route with one valid request; the OpenAPI test checks the same list.
+const ROUTES: &[(&str, &str)] = &[
+    ("get", "/healthz"),
+    ("get", "/metrics"),
+    ("get", "/openapi.json"),
+    ("post", "/api/session"),
+    ("get", "/api/session"),
+    ("get", "/api/session/active"),
+    ("get", "/api/session/{id}"),
+    ("post", "/api/session/{id}/prompt"),
+    ("post", "/api/session/{id}/resume"),
+    ("post", "/api/session/{id}/interrupt"),
+    ("post", "/api/session/{id}/wait"),
+    ("post", "/api/session/{id}/generate"),
+    ("post", "/api/session/{id}/compact"),
+    ("get", "/api/session/{id}/messages"),
+    ("get", "/api/session/{id}/inbox"),
+    ("get", "/api/session/{id}/events"),
+];
+
+#[tokio::test]
+async fn openapi_document_lists_every_route() {
+    let h = harness(vec![]).await;
+    let reply = h.get("/openapi.json").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let doc = &reply.json;
+    assert!(
+        doc["openapi"].as_str().is_some_and(|v| v.starts_with("3.")),
+        "{}",
+        doc["openapi"]
+    );
+    let paths = doc["paths"].as_object().expect("paths");
+    let mut documented = 0;
+    for item in paths.values() {
+        documented += item.as_object().map_or(0, |ops| ops.len());
+    }
+    assert_eq!(
+        documented,
+        ROUTES.len(),
+        "documented operations: {paths:#?}"
+    );
+    for (method, path) in ROUTES {
+        assert!(
+            doc["paths"][path][method].is_object(),
+            "{method} {path} is not documented"
+        );
+        // And the router serves it (anything but our not_found / method_not_allowed).
+        let uri = path.replace("{id}", "ses_x");
+        let method = Method::from_bytes(method.to_uppercase().as_bytes()).expect("method");
+        let reply = h.send(request(method.clone(), &uri, None)).await;
+        let kind = reply.json["error"]["type"].as_str().unwrap_or_default();
+        assert!(
+            kind != "not_found" && kind != "method_not_allowed",
+            "{method} {uri} is not routed: {}",
+            reply.json
+        );
+    }
+    let schemas = doc["components"]["schemas"].as_object().expect("schemas");
+    for schema in [
+        "Session",
+        "Message",
+        "Part",
+        "ToolState",
+        "Event",
+        "EventBody",
+        "Admitted",
+        "ErrorEnvelope",
+        "Delta",
+        "Synced",
+    ] {
+        assert!(schemas.contains_key(schema), "schema {schema} missing");
+    }
+    assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The event stream.
+
+#[derive(Debug, Clone)]
+struct Frame {
+    event: String,
+    id: Option<u64>,
+    data: Value,
+}
+
+/// Reads SSE frames from a response body.
+struct Frames {
+    body: axum::body::BodyDataStream,
+    buffer: String,
+}
+
+impl Frames {
+    async fn open(h: &Harness, uri: &str, last_event_id: Option<&str>) -> Frames {
+        let mut builder = Request::get(uri);
+        if let Some(id) = last_event_id {
+            builder = builder.header("last-event-id", id);
+        }
+        let response = tokio::time::timeout(
+            LIMIT,
+            h.router
+                .clone()
+                .oneshot(builder.body(Body::empty()).expect("request")),
+        )
+        .await
+        .expect("in time")
+        .expect("infallible");
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            response.headers()[header::CONTENT_TYPE],
+            "text/event-stream"
+        );
+        Frames {
+            body: response.into_body().into_data_stream(),
+            buffer: String::new(),
+        }
+    }
+
+    async fn next(&mut self) -> Frame {
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let raw: String = self.buffer.drain(..end + 2).collect();
+                let mut frame = Frame {
+                    event: String::new(),
+                    id: None,
+                    data: Value::Null,
+                };
+                let mut data = String::new();
+                for line in raw.lines() {
+                    if let Some(v) = line.strip_prefix("event: ") {
+                        frame.event = v.to_owned();
+                    } else if let Some(v) = line.strip_prefix("id: ") {
+                        frame.id = Some(v.parse().expect("numeric id"));
+                    } else if let Some(v) = line.strip_prefix("data: ") {
+                        data.push_str(v);
+                    }
+                }
+                if frame.event.is_empty() {
+                    continue; // a keep-alive comment
+                }
+                frame.data = serde_json::from_str(&data).expect("JSON data");
+                return frame;
+            }
+            let chunk = tokio::time::timeout(LIMIT, self.body.next())
+                .await
+                .expect("a frame in time")
+                .expect("stream open")
+                .expect("body chunk");
+            self.buffer
+                .push_str(std::str::from_utf8(&chunk).expect("utf-8"));
+        }
+    }
+
+    /// Durable frames up to and including the first of `kind`, checking the stream's rules.
+    async fn until(&mut self, kind: &str) -> Vec<Frame> {
+        let mut frames = Vec::new();
+        loop {
+            let frame = self.next().await;
+            let done = frame.event == kind;
+            frames.push(frame);
+            if done {
+                return frames;
+            }
+        }
+    }
+}
+
+/// The ids of durable frames: each frame's `id` equals its data's `seq` and its event name
+/// equals its data's `type`.
+fn seqs(frames: &[Frame]) -> Vec<u64> {
+    frames
+        .iter()
+        .filter(|f| f.id.is_some())
+        .map(|f| {
+            assert_eq!(f.id, f.data["seq"].as_u64(), "{f:?}");
+            assert_eq!(f.event, f.data["type"], "{f:?}");
+            f.id.unwrap_or_default()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn events_replay_sync_then_live_without_gaps_or_duplicates() {
+    let h = harness(vec![text("one"), text("two")]).await;
+    let s = h.session().await;
+    h.post(
+        &format!("/api/session/{s}/prompt"),
+        Some(r#"{"text": "a"}"#),
+    )
+    .await;
+    h.idle(&s).await;
+    let last = h.get(&format!("/api/session/{s}")).await.json["data"]["last_seq"]
+        .as_u64()
+        .expect("last seq");
+
+    // Replay from the start, then synced.
+    let mut stream = Frames::open(&h, &format!("/api/session/{s}/events"), None).await;
+    let replay = stream.until("synced").await;
+    let synced = replay.last().expect("synced");
+    assert_eq!(synced.data, json!({"last_seq": last}));
+    assert_eq!(synced.id, None);
+    assert_eq!(seqs(&replay), (0..=last).collect::<Vec<_>>());
+    assert_eq!(replay[0].event, "session_created");
+    assert!(
+        replay
+            .iter()
+            .any(|f| f.event == "text_ended" && f.data["text"] == "one")
+    );
+
+    // Live: a second turn arrives with deltas and status, durable seqs continuing.
+    h.post(
+        &format!("/api/session/{s}/prompt"),
+        Some(r#"{"text": "b"}"#),
+    )
+    .await;
+    let live = stream.until("execution_succeeded").await;
+    let live_seqs = seqs(&live);
+    assert_eq!(
+        live_seqs,
+        (last + 1..=last + live_seqs.len() as u64).collect::<Vec<_>>()
+    );
+    assert!(
+        live.iter()
+            .any(|f| f.event == "delta" && f.data["kind"] == "text" && f.data["delta"] == "two"),
+        "{live:#?}"
+    );
+    assert!(
+        live.iter()
+            .any(|f| f.event == "status" && f.data["type"] == "running")
+    );
+    let end = live.last().expect("end").id.expect("durable");
+
+    // Resume after a point with `after`, and with Last-Event-ID (which wins).
+    let mut from = Frames::open(&h, &format!("/api/session/{s}/events?after={last}"), None).await;
+    let resumed = from.until("synced").await;
+    assert_eq!(seqs(&resumed), (last + 1..=end).collect::<Vec<_>>());
+    let mut from = Frames::open(
+        &h,
+        &format!("/api/session/{s}/events?after=0"),
+        Some(&(end - 1).to_string()),
+    )
+    .await;
+    let resumed = from.until("synced").await;
+    assert_eq!(seqs(&resumed), vec![end]);
+    assert_eq!(
+        resumed.last().expect("synced").data,
+        json!({"last_seq": end})
+    );
+    let mut none = Frames::open(&h, &format!("/api/session/{s}/events?after={end}"), None).await;
+    let nothing = none.until("synced").await;
+    assert_eq!(nothing.len(), 1);
+    assert_eq!(nothing[0].data, json!({"last_seq": end}));
+
+    assert_error(
+        &h.get("/api/session/ses_ghost/events").await,
+        404,
+        "session_not_found",
+    );
+    assert_error(
+        &h.get("/api/session/x/events").await,
+        400,
+        "invalid_request",
+    );
+    assert_error(
+        &h.get(&format!("/api/session/{s}/events?after=x")).await,
+        400,
+        "invalid_request",
+    );
+    let bad_id = Request::get(format!("/api/session/{s}/events"))
+        .header("last-event-id", "seven")
+        .body(Body::empty())
+        .expect("request");
+    assert_error(&h.send(bad_id).await, 400, "invalid_request");
+}
+
+#[tokio::test]
+async fn a_stream_opened_mid_turn_misses_nothing() {
+    let gate = Gate::new();
+    let h = harness(vec![
+        Script::new()
+            .text("before")
+            .gate(&gate)
+            .text(" after")
+            .finish(FinishReason::Stop),
+    ])
+    .await;
+    let s = h.session().await;
+    h.post(
+        &format!("/api/session/{s}/prompt"),
+        Some(r#"{"text": "go"}"#),
+    )
+    .await;
+    tokio::time::timeout(LIMIT, gate.reached())
+        .await
+        .expect("gate reached");
+    let mut stream = Frames::open(&h, &format!("/api/session/{s}/events"), None).await;
+    let replay = stream.until("synced").await;
+    gate.release();
+    let live = stream.until("execution_succeeded").await;
+    let mut all = seqs(&replay);
+    all.extend(seqs(&live));
+    let last = all.last().copied().expect("events");
+    assert_eq!(
+        all,
+        (0..=last).collect::<Vec<_>>(),
+        "every seq exactly once"
+    );
+    assert!(
+        live.iter()
+            .any(|f| f.event == "text_ended" && f.data["text"] == "before after")
+    );
+}
+
+#[tokio::test]
+async fn a_lagging_stream_catches_up_from_the_store() {
+    // More deltas than the bus holds (16 Ki messages) while the client reads nothing: the
+    // stream's subscription lags, and the durable events must still all arrive, once each,
+    // also those the bus still holds after the stream caught up from the store.
+    let mut script = Script::new();
+    for _ in 0..20_000 {
+        script = script.text("x");
+    }
+    let h = harness(vec![script.finish(FinishReason::Stop), text("again")]).await;
+    let s = h.session().await;
+    let mut stream = Frames::open(&h, &format!("/api/session/{s}/events"), None).await;
+    let mut frames = stream.until("synced").await;
+    h.post(
+        &format!("/api/session/{s}/prompt"),
+        Some(r#"{"text": "go"}"#),
+    )
+    .await;
+    h.idle(&s).await;
+    frames.extend(stream.until("execution_succeeded").await);
+    h.post(
+        &format!("/api/session/{s}/prompt"),
+        Some(r#"{"text": "more"}"#),
+    )
+    .await;
+    let second = stream.until("execution_succeeded").await;
+    assert!(
+        second
+            .iter()
+            .any(|f| f.event == "text_ended" && f.data["text"] == "again"),
+        "{second:?}"
+    );
+    frames.extend(second);
+    let all = seqs(&frames);
+    let last = all.last().copied().expect("events");
+    assert_eq!(
+        all,
+        (0..=last).collect::<Vec<_>>(),
+        "every seq exactly once"
+    );
+    let text = frames
+        .iter()
+        .find(|f| f.event == "text_ended")
+        .expect("the text part");
+    assert_eq!(text.data["text"].as_str().map(str::len), Some(20_000));
+    let deltas = frames.iter().filter(|f| f.event == "delta").count();
+    assert!(deltas < 20_000, "the lag dropped deltas ({deltas} arrived)");
+    let metrics = h.get("/metrics").await;
+    let metrics = metrics.json.as_str().expect("text");
+    let lagged: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("agenthost_sse_lagged_total "))
+        .and_then(|v| v.parse().ok())
+        .expect("the lag counter");
+    assert!(lagged >= 1, "{metrics}");
+}
