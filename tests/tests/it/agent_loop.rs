@@ -798,3 +798,51 @@ async fn a_stream_cut_after_output_continues_with_the_note_in_a_new_message() {
     );
     h.assert_replay_equal();
 }
+
+#[derive(Debug)]
+struct Verbose;
+impl Executor for Verbose {
+    fn execute(&self, _call: Call) -> BoxFuture<'static, Result<String, String>> {
+        Box::pin(async { Ok("é".repeat(20_000)) })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_output_is_bounded_with_a_truncation_marker() {
+    let mut tools = tools();
+    tools.register(Tool::new(
+        "verbose",
+        "talks a lot",
+        serde_json::json!({}),
+        Arc::new(Verbose),
+    ));
+    let h = Harness::start_with(
+        [call("c1", "verbose", "{}"), text("ok")],
+        |_| {},
+        Extensions {
+            tools,
+            hooks: Vec::new(),
+        },
+    )
+    .await;
+    let (s, _, requests) = check(&h, &["go"]).await;
+    let (output, truncated) = h
+        .log(&s)
+        .into_iter()
+        .find_map(|e| match e {
+            Event::ToolSucceeded {
+                output, truncated, ..
+            } => Some((output, truncated)),
+            _ => None,
+        })
+        .expect("settled");
+    assert!(truncated);
+    assert!(output.ends_with(agenthost_actors::TRUNCATED));
+    assert!(output.len() <= 32 * 1024 + agenthost_actors::TRUNCATED.len());
+    let kept = &output[..output.len() - agenthost_actors::TRUNCATED.len()];
+    assert!(
+        kept.chars().all(|c| c == 'é'),
+        "cut on a character boundary"
+    );
+    assert!(matches!(&requests[1].messages[2], Message::Tool(r) if r.output == output));
+}
