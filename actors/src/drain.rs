@@ -56,8 +56,13 @@ impl Cancel {
         self.token.cancelled().await
     }
 
-    pub fn reason(&self) -> Option<InterruptReason> {
-        *self.reason.lock().unwrap_or_else(|e| e.into_inner())
+    /// Why the drain was cancelled. Only meaningful once cancelled; the token is cancelled only
+    /// through [`Cancel::interrupt`], which records the reason first.
+    pub fn reason(&self) -> InterruptReason {
+        self.reason
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or(InterruptReason::User)
     }
 }
 
@@ -239,16 +244,12 @@ async fn sync_instructions(d: &Drain) -> Result<()> {
 }
 
 /// Records the end of an interrupted drain. A user interrupt releases the claim; a shutdown keeps
-/// it so recovery resumes the session; an abandoned drain writes nothing.
+/// it so recovery resumes the session.
 async fn interrupted(d: &Drain) -> Result<Outcome> {
-    match d.cancel.reason() {
-        Some(reason) => {
-            d.append(vec![Event::ExecutionInterrupted { reason }])
-                .await?;
-            Ok(Outcome::Interrupted)
-        }
-        None => Ok(Outcome::Interrupted),
-    }
+    let reason = d.cancel.reason();
+    d.append(vec![Event::ExecutionInterrupted { reason }])
+        .await?;
+    Ok(Outcome::Interrupted)
 }
 
 /// The "may or may not have taken effect" result of a tool a stopped process was running.
@@ -259,12 +260,11 @@ pub const STOPPED_TOOL: &str = "the process stopped while this tool ran; it may 
 /// settled are failed (or re-executed when idempotent), unsettled assistant messages are closed
 /// as interrupted by restart. Returns whether the history still owes the model a turn.
 pub(crate) async fn settle_leftovers(d: &Drain) -> Result<bool> {
-    let (row, history) = {
+    let (_, history) = {
         let snap = d.shared.store.snapshot()?;
         snap.history(&d.session, Mode::All)?
             .ok_or_else(|| Error::SessionNotFound(d.session.clone()))?
     };
-    let _ = row;
     for message in &history.messages {
         let Message::Assistant(a) = message else {
             continue;

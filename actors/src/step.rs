@@ -315,12 +315,8 @@ pub(crate) fn cost(usage: &llm::Usage, price: &Price) -> Usage {
 }
 
 /// Settles an interrupted step: partial output kept as incomplete, unsettled tools failed
-/// "interrupted", exactly one `StepFailed`. An abandoned drain (its actor is gone) writes
-/// nothing and leaves the claim for recovery.
+/// "interrupted", exactly one `StepFailed`.
 async fn abort(d: &Drain, message: &MessageId, a: &mut Attempt) -> Result<StepEnd> {
-    if d.cancel.reason().is_none() {
-        return Ok(StepEnd::Interrupted);
-    }
     // The snapshot below must see every tool call this step submitted.
     d.flush().await?;
     a.flush_partials(d, message).await?;

@@ -578,7 +578,7 @@ async fn an_idempotent_tool_cut_off_by_a_crash_runs_again_with_the_same_key() {
 async fn a_non_idempotent_tool_cut_off_by_a_crash_is_failed_not_repeated() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("store.redb");
-    let (s, a) = crashed_mid_tool(&path, "charge").await;
+    let (s, _) = crashed_mid_tool(&path, "charge").await;
     let keys = Arc::new(Keys::default());
     let mut tools = Tools::default();
     tools.register(Tool::new(
@@ -610,7 +610,6 @@ async fn a_non_idempotent_tool_cut_off_by_a_crash_is_failed_not_repeated() {
     assert!(request.messages.iter().any(
         |m| matches!(m, agenthost_llm::Message::Tool(r) if r.is_error && r.output == STOPPED_TOOL)
     ));
-    let _ = a;
     runtime.shutdown().await;
 }
 
