@@ -12,6 +12,8 @@ pub enum Error {
     PromptConflict { id: MessageId, reason: &'static str },
     #[error("invalid request: {0}")]
     Invalid(String),
+    #[error("prompt is {size} bytes, over the limit of {limit} bytes")]
+    PromptTooLarge { size: usize, limit: usize },
     #[error("unavailable: {0}")]
     Unavailable(String),
     #[error("provider error: {0}")]
@@ -43,7 +45,7 @@ impl From<agenthost_store::Error> for Error {
         match e {
             S::SessionNotFound(id) => Error::SessionNotFound(id),
             S::PromptConflict { id, reason } => Error::PromptConflict { id, reason },
-            S::Invalid(e) => Error::Invalid(e.to_string()),
+            S::Invalid(e) => Error::from(e),
             S::Closed => Error::ShuttingDown,
             other => Error::Storage(other.to_string()),
         }
@@ -52,6 +54,11 @@ impl From<agenthost_store::Error> for Error {
 
 impl From<agenthost_model::Error> for Error {
     fn from(e: agenthost_model::Error) -> Self {
-        Error::Invalid(e.to_string())
+        match e {
+            agenthost_model::Error::PromptTooLarge { size, limit } => {
+                Error::PromptTooLarge { size, limit }
+            }
+            other => Error::Invalid(other.to_string()),
+        }
     }
 }

@@ -272,8 +272,6 @@ pub(crate) async fn prompt(
             })
             .collect(),
     };
-    // Validated here as well as in the store so that an oversized prompt is a 413, not a 400.
-    prompt.validate(shared.runtime.store().prompt_limit())?;
     let receipt = shared
         .runtime
         .prompt(PromptRequest {

@@ -115,6 +115,7 @@ impl From<Error> for ApiError {
             Error::SessionNotFound(_) => ErrorType::SessionNotFound,
             Error::PromptConflict { .. } => ErrorType::PromptConflict,
             Error::Invalid(_) => ErrorType::InvalidRequest,
+            Error::PromptTooLarge { .. } => ErrorType::PayloadTooLarge,
             Error::Provider(e) if e.kind() == agenthost_llm::ErrorKind::ContextOverflow => {
                 ErrorType::ContextOverflow
             }
@@ -200,6 +201,11 @@ mod tests {
                 "prompt_conflict",
             ),
             (Error::Invalid("bad".into()), 400, "invalid_request"),
+            (
+                Error::PromptTooLarge { size: 2, limit: 1 },
+                413,
+                "payload_too_large",
+            ),
             (Error::Config("bad".into()), 500, "internal"),
             (Error::Unavailable("busy".into()), 503, "unavailable"),
             (Error::ShuttingDown, 503, "unavailable"),
