@@ -142,6 +142,10 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
     }
     d.append(vec![Event::ExecutionStarted { forced: d.forced }])
         .await?;
+    d.shared
+        .metrics
+        .drains
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut owed = d.forced;
     if recovering {
         owed |= settle_leftovers(&d).await?;

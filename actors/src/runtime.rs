@@ -32,8 +32,14 @@ const PREPARERS: usize = 4;
 /// Counters the runtime keeps for metrics.
 #[derive(Debug, Default)]
 pub struct Metrics {
+    /// Session actors restarted after a panic.
     pub restarts: AtomicU64,
+    /// Sessions resumed by the boot sweep.
     pub recovered: AtomicU64,
+    /// Drains that started executing (`ExecutionStarted` written).
+    pub drains: AtomicU64,
+    /// Steps started, continuations of cut-off streams included.
+    pub steps: AtomicU64,
 }
 
 /// What every actor and drain of one runtime shares.

@@ -50,6 +50,10 @@ fn build(d: &Drain, step: u32) -> Result<Prepared> {
 
 /// Records the step's assistant message.
 async fn start(d: &Drain, step: u32, prepared: &Prepared) -> Result<MessageId> {
+    d.shared
+        .metrics
+        .steps
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let message = mint_message_id();
     d.append(vec![Event::StepStarted {
         id: message.clone(),

@@ -1,12 +1,11 @@
 //! `GET /metrics`: Prometheus text exposition (format 0.0.4).
 //!
 //! Sources:
-//! - the runtime: live session actors, sessions with a drain in progress, actor restarts and
-//!   recovered sessions ([`agenthost_actors::Metrics`]);
+//! - the runtime: live session actors, sessions with a drain in progress, drains, steps, actor
+//!   restarts and recovered sessions ([`agenthost_actors::Metrics`]);
 //! - the store writer: commits, operations, failed commits and the batch-size histogram
 //!   ([`agenthost_store::Stats`]);
-//! - a listener on the runtime's bus, started with the [`crate::Api`]: durable events by kind,
-//!   from which drains (`execution_started`) and steps (`step_started`) are counted;
+//! - a listener on the runtime's bus, started with the [`crate::Api`]: durable events by kind;
 //! - the providers, when wrapped in [`Timed`]: requests, errors, time to the first event and
 //!   to the end of the stream.
 //! - the server itself: open SSE streams and how often one lagged behind the bus.
@@ -163,16 +162,15 @@ pub(crate) async fn render(State(shared): State<Arc<Shared>>) -> Response {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .clone();
-    let count = |kind: &str| events.get(kind).copied().unwrap_or(0);
     out.counter(
         "agenthost_drains_total",
-        "Drains that started executing (execution_started events).",
-        count("execution_started"),
+        "Drains that started executing (execution_started written).",
+        m.drains.load(Ordering::Relaxed),
     );
     out.counter(
         "agenthost_steps_total",
-        "Steps of the agent loop (step_started events).",
-        count("step_started"),
+        "Steps of the agent loop started.",
+        m.steps.load(Ordering::Relaxed),
     );
     out.header(
         "agenthost_events_total",
