@@ -485,6 +485,29 @@ async fn shutdown_keeps_the_claim_of_an_interrupted_drain() {
     assert_eq!(kinds.last(), Some(&"execution_interrupted"));
 }
 
+/// Starts a runtime over the store in `dir`, lets the boot sweep run, and waits until `session`
+/// is idle again.
+async fn restart(
+    dir: &Path,
+    provider: Arc<Scripted>,
+    tools: Tools,
+    session: &SessionId,
+) -> Runtime {
+    let extensions = Extensions {
+        tools,
+        hooks: Vec::new(),
+    };
+    let runtime = Runtime::start_with(harness::config(dir, provider), extensions)
+        .await
+        .expect("start");
+    runtime.recovered().await;
+    runtime
+        .wait_idle(session, Duration::from_secs(30))
+        .await
+        .expect("idle");
+    runtime
+}
+
 /// Records the idempotency key of every execution.
 #[derive(Debug, Default)]
 struct Keys(std::sync::Mutex<Vec<String>>);
@@ -540,20 +563,7 @@ async fn an_idempotent_tool_cut_off_by_a_crash_runs_again_with_the_same_key() {
     let mut tools = Tools::default();
     tools.register(tool);
     let provider = Arc::new(Scripted::new([text("after the tool")]));
-    let runtime = Runtime::start_with(
-        harness::config(dir.path(), provider.clone()),
-        Extensions {
-            tools,
-            hooks: Vec::new(),
-        },
-    )
-    .await
-    .expect("start");
-    runtime.recovered().await;
-    runtime
-        .wait_idle(&s, Duration::from_secs(30))
-        .await
-        .expect("idle");
+    let runtime = restart(dir.path(), provider.clone(), tools, &s).await;
     assert_eq!(*keys.0.lock().expect("lock"), [format!("{s}/{a}/c1")]);
     let snap = runtime.snapshot().expect("snap");
     let messages = snap
@@ -588,20 +598,7 @@ async fn a_non_idempotent_tool_cut_off_by_a_crash_is_failed_not_repeated() {
         keys.clone(),
     ));
     let provider = Arc::new(Scripted::new([text("told the user")]));
-    let runtime = Runtime::start_with(
-        harness::config(dir.path(), provider.clone()),
-        Extensions {
-            tools,
-            hooks: Vec::new(),
-        },
-    )
-    .await
-    .expect("start");
-    runtime.recovered().await;
-    runtime
-        .wait_idle(&s, Duration::from_secs(30))
-        .await
-        .expect("idle");
+    let runtime = restart(dir.path(), provider.clone(), tools, &s).await;
     assert!(
         keys.0.lock().expect("lock").is_empty(),
         "never executed again"
