@@ -32,26 +32,30 @@ pub struct Catalog {
 }
 
 impl Catalog {
-    /// The agent of a session, its model and the provider serving it.
-    pub fn resolve(&self, agent: &str) -> Result<(&Agent, &Model, Arc<dyn llm::Provider>)> {
+    /// The agent of a session, its model (the session's own when it names one, else the
+    /// agent's) and the provider serving it.
+    pub fn resolve(
+        &self,
+        agent: &str,
+        session_model: Option<&str>,
+    ) -> Result<(&Agent, &Model, Arc<dyn llm::Provider>)> {
         let agent_cfg = self
             .agents
             .get(agent)
             .ok_or_else(|| Error::Config(format!("unknown agent {agent:?}")))?;
-        let model = self.models.get(&agent_cfg.model).ok_or_else(|| {
-            Error::Config(format!(
-                "agent {agent:?}: unknown model {:?}",
-                agent_cfg.model
-            ))
-        })?;
+        let name = session_model.unwrap_or(&agent_cfg.model);
+        let model = self
+            .models
+            .get(name)
+            .ok_or_else(|| Error::Config(format!("agent {agent:?}: unknown model {name:?}")))?;
         let provider = self
             .providers
             .get(&model.provider)
             .cloned()
             .ok_or_else(|| {
                 Error::Config(format!(
-                    "model {:?}: unknown provider {:?}",
-                    agent_cfg.model, model.provider
+                    "model {name:?}: unknown provider {:?}",
+                    model.provider
                 ))
             })?;
         Ok((agent_cfg, model, provider))
@@ -117,7 +121,7 @@ pub fn prepare(inputs: Inputs<'_>, prompt: Option<&str>) -> Result<Prepared> {
         step,
         purpose,
     } = inputs;
-    let (agent, model, provider) = catalog.resolve(&row.agent)?;
+    let (agent, model, provider) = catalog.resolve(&row.agent, row.model.as_deref())?;
     let mut request = llm::Request::new(model.model.clone());
     request.system = vec![llm::SystemPart::stable(agent.system.clone())];
     request.messages = convert(history);

@@ -77,6 +77,8 @@ pub struct CreateSession {
     /// A client-chosen id; an existing id returns that session unchanged.
     pub id: Option<SessionId>,
     pub agent: Option<String>,
+    /// A model from the configuration, instead of the agent's.
+    pub model: Option<String>,
     pub title: Option<String>,
 }
 
@@ -134,7 +136,7 @@ impl Runtime {
             agents: config.agents,
             default_agent: config.default_agent,
         };
-        catalog.resolve(&catalog.default_agent)?;
+        catalog.resolve(&catalog.default_agent, None)?;
         let bus = Bus::new(16 * 1024);
         let mut store_config = config.store;
         let commits = bus.clone();
@@ -210,13 +212,18 @@ impl Runtime {
         if !self.shared.catalog.agents.contains_key(&agent) {
             return Err(Error::Invalid(format!("unknown agent {agent:?}")));
         }
+        if let Some(model) = &create.model
+            && !self.shared.catalog.models.contains_key(model)
+        {
+            return Err(Error::Invalid(format!("unknown model {model:?}")));
+        }
         let id = create
             .id
             .unwrap_or_else(|| SessionId::mint(agenthost_store::system_clock(), rand::random()));
         let new = NewSession {
             id,
             agent,
-            model: None,
+            model: create.model,
             title: create.title,
         };
         Ok(self.shared.store.create_session(new).await?)

@@ -113,7 +113,7 @@ pub(crate) async fn healthz(State(shared): AppState) -> Response {
     request_body(content = wire::CreateSession, description = "All fields optional; an empty body is `{}`"),
     responses(
         (status = 200, description = "The session", body = Data<wire::Session>),
-        (status = 400, description = "Invalid id, unknown agent, `model` given, malformed body", body = ErrorEnvelope),
+        (status = 400, description = "Invalid id, unknown agent or model, malformed body", body = ErrorEnvelope),
         (status = 401, body = ErrorEnvelope),
         (status = 503, body = ErrorEnvelope),
     ),
@@ -122,18 +122,13 @@ pub(crate) async fn create(
     State(shared): AppState,
     OptionalJson(body): OptionalJson<wire::CreateSession>,
 ) -> Result<Response, ApiError> {
-    if let Some(model) = body.model {
-        return Err(ApiError::invalid(format!(
-            "per-session models are not supported yet (got model {model:?}): a session uses its \
-             agent's model, so create it with the agent that has the model you want"
-        )));
-    }
     let id = body.id.as_deref().map(SessionId::parse).transpose()?;
     let row = shared
         .runtime
         .create_session(CreateSession {
             id,
             agent: body.agent,
+            model: body.model,
             title: body.title,
         })
         .await?;

@@ -239,6 +239,10 @@ async fn create_and_get_sessions() {
         400,
         "invalid_request",
     );
+    let with_model = h
+        .post("/api/session", Some(r#"{"model": "default"}"#))
+        .await;
+    assert_eq!(with_model.status, StatusCode::OK, "{}", with_model.json);
     let reply = h.post("/api/session", Some(r#"{"colour": "red"}"#)).await;
     assert_error(&reply, 400, "invalid_request");
     assert!(

@@ -846,3 +846,46 @@ async fn tool_output_is_bounded_with_a_truncation_marker() {
     );
     assert!(matches!(&requests[1].messages[2], Message::Tool(r) if r.output == output));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_can_name_its_own_model() {
+    let h = harness_with(
+        vec![text("from the big model")],
+        |c| {
+            let mut big = agenthost_actors::Model::new("scripted", "big-model-1");
+            big.context_window = 1_000_000;
+            c.models.insert("big".into(), big);
+        },
+        Vec::new(),
+    )
+    .await;
+    let create = |model: &str| agenthost_actors::CreateSession {
+        model: Some(model.to_owned()),
+        ..Default::default()
+    };
+    let refused = h.runtime.create_session(create("missing")).await;
+    assert!(
+        matches!(refused, Err(Error::Invalid(ref m)) if m.contains("unknown model")),
+        "{refused:?}"
+    );
+    let s = h
+        .runtime
+        .create_session(create("big"))
+        .await
+        .expect("created")
+        .id;
+    h.prompt(&s, "hello").await;
+    h.idle(&s).await;
+    assert_eq!(
+        h.provider.last_request().expect("sent").model,
+        "big-model-1"
+    );
+    let row = h
+        .runtime
+        .snapshot()
+        .expect("snap")
+        .session(&s)
+        .expect("read")
+        .expect("row");
+    assert_eq!(row.model.as_deref(), Some("big"));
+}
