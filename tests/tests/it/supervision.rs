@@ -52,6 +52,8 @@ async fn a_panicking_drain_restarts_the_actor_and_owed_work_continues() {
         assert!(tokio::time::Instant::now() < deadline, "{:?}", h.kinds(&s));
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    // The settlement is durable before the drain reports back to its actor: wait for that.
+    h.idle(&s).await;
     assert_eq!(h.provider.calls(), 1);
     assert_eq!(h.runtime.metrics().restarts.load(Ordering::Relaxed), 1);
     assert!(h.runtime.active().is_empty());
