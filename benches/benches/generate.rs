@@ -13,11 +13,7 @@ use agenthost_store::{NewSession, RedbStore, Store};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
+    agenthost_benches::tokio_runtime()
 }
 
 fn id(prefix: &str, n: usize) -> MessageId {

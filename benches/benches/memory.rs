@@ -4,10 +4,11 @@
 //! Not criterion: each figure is one measurement, printed. Each part runs in a process of its
 //! own; `cargo bench -p agenthost-benches --bench memory [-- live|passivation|recovery]`.
 
-use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+
+use agenthost_benches::concurrently;
 
 use agenthost_actors::{Config, CreateSession, Runtime};
 use agenthost_llm::scripted::{Script, Scripted};
@@ -62,30 +63,6 @@ fn rss_kib() -> u64 {
 
 fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
-}
-
-/// Runs `f` on every item with `workers` concurrent tasks.
-async fn concurrently<T, F, Fut>(items: Arc<Vec<T>>, workers: usize, f: F)
-where
-    T: Send + Sync + 'static,
-    F: Fn(Arc<Vec<T>>, usize) -> Fut + Send + Sync + Clone + 'static,
-    Fut: Future<Output = ()> + Send,
-{
-    let mut tasks = tokio::task::JoinSet::new();
-    for w in 0..workers.min(items.len()) {
-        let items = items.clone();
-        let f = f.clone();
-        tasks.spawn(async move {
-            let mut i = w;
-            while i < items.len() {
-                f(items.clone(), i).await;
-                i += workers;
-            }
-        });
-    }
-    while let Some(joined) = tasks.join_next().await {
-        joined.expect("task");
-    }
 }
 
 fn ids(prefix: &str, n: usize) -> Arc<Vec<SessionId>> {

@@ -10,6 +10,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use agenthost_benches::concurrently;
+
 use agenthost_actors::{
     Call, Config, CreateSession, Executor, Extensions, PromptRequest, Runtime, Tool, Tools,
 };
@@ -87,30 +89,6 @@ async fn start(tool_call_ratio: f64, passivate_after: Duration) -> Host {
         .expect("runtime starts");
     runtime.recovered().await;
     Host { runtime, _dir: dir }
-}
-
-/// Runs `f` on every item with `workers` concurrent tasks.
-async fn concurrently<T, F, Fut>(items: Arc<Vec<T>>, workers: usize, f: F)
-where
-    T: Send + Sync + 'static,
-    F: Fn(Arc<Vec<T>>, usize) -> Fut + Send + Sync + Clone + 'static,
-    Fut: Future<Output = ()> + Send,
-{
-    let mut tasks = tokio::task::JoinSet::new();
-    for w in 0..workers.min(items.len()) {
-        let items = items.clone();
-        let f = f.clone();
-        tasks.spawn(async move {
-            let mut i = w;
-            while i < items.len() {
-                f(items.clone(), i).await;
-                i += workers;
-            }
-        });
-    }
-    while let Some(joined) = tasks.join_next().await {
-        joined.expect("task");
-    }
 }
 
 /// Creates `n` sessions and spawns their actors (a wake with nothing to do), so the measured

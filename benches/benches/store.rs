@@ -10,11 +10,7 @@ use agenthost_store::{Admission, Config, NewSession, RedbStore, Store};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
+    agenthost_benches::tokio_runtime()
 }
 
 fn session(i: usize) -> SessionId {

@@ -635,13 +635,7 @@ async fn manual_compaction_and_nothing_to_compact() {
     let kept_from = h.runtime.compact(&s).await;
     assert!(kept_from.is_ok(), "{kept_from:?}");
     assert_eq!(h.provider.calls(), 3);
-    let row = h
-        .runtime
-        .snapshot()
-        .expect("snap")
-        .session(&s)
-        .expect("read")
-        .expect("row");
+    let row = h.row(&s);
     assert_eq!(row.active_from, kept_from.expect("ok"));
 }
 
@@ -721,13 +715,7 @@ async fn a_source_without_any_value_blocks_the_step_and_keeps_the_input_pending(
         "{result:?}"
     );
     assert_eq!(h.provider.calls(), 0);
-    let row = h
-        .runtime
-        .snapshot()
-        .expect("snap")
-        .session(&s)
-        .expect("read")
-        .expect("row");
+    let row = h.row(&s);
     assert_eq!(row.pending, 1, "the input stays pending");
 }
 
@@ -750,13 +738,7 @@ async fn usage_totals_equal_the_sum_of_step_usages() {
         .finish(FinishReason::Stop);
     let h = harness(vec![first, second]).await;
     let (s, _, _) = check(&h, &["count"]).await;
-    let row = h
-        .runtime
-        .snapshot()
-        .expect("snap")
-        .session(&s)
-        .expect("read")
-        .expect("row");
+    let row = h.row(&s);
     assert_eq!((row.usage.input, row.usage.output), (40, 12));
 }
 
@@ -880,12 +862,6 @@ async fn a_session_can_name_its_own_model() {
         h.provider.last_request().expect("sent").model,
         "big-model-1"
     );
-    let row = h
-        .runtime
-        .snapshot()
-        .expect("snap")
-        .session(&s)
-        .expect("read")
-        .expect("row");
+    let row = h.row(&s);
     assert_eq!(row.model.as_deref(), Some("big"));
 }

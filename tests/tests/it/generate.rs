@@ -11,7 +11,7 @@ use agenthost_llm::scripted::{Gate, Script};
 use agenthost_llm::{ErrorKind, FinishReason, Message, Request, ToolChoice};
 use futures::future::BoxFuture;
 
-use crate::harness::{Harness, text};
+use crate::harness::{Harness, text, user_texts};
 
 #[derive(Debug, Default)]
 struct Counter(AtomicUsize);
@@ -196,14 +196,7 @@ async fn generate_runs_during_a_drain_from_settled_history_without_pending_input
         .expect("generated while draining");
     assert_eq!(answer, "aside");
     let request = h.provider.last_request().expect("recorded");
-    let users: Vec<&str> = request
-        .messages
-        .iter()
-        .filter_map(|m| match m {
-            Message::User { text, .. } => Some(text.as_str()),
-            _ => None,
-        })
-        .collect();
+    let users = user_texts(&request);
     // Settled history only: stops before the unsettled assistant; pending input excluded.
     assert_eq!(users, ["one", "two", "aside?"]);
     assert!(
@@ -287,17 +280,10 @@ async fn a_changed_instruction_source_reaches_the_generate_request_only() {
         told_before
     );
     let request = h.provider.last_request().expect("recorded");
-    let texts: Vec<&str> = request
-        .messages
-        .iter()
-        .filter_map(|m| match m {
-            Message::User { text, .. } => Some(text.as_str()),
-            _ => None,
-        })
-        .collect();
+    let texts = user_texts(&request);
     assert!(texts[0].contains("Rule one."));
     assert!(texts.iter().any(|t| t.contains("Rule two.")), "{texts:?}");
-    assert_eq!(texts.last(), Some(&"recap"));
+    assert_eq!(texts.last().map(String::as_str), Some("recap"));
 }
 
 /// Holds `generate` between its snapshot and its provider call until the test lets it go.
@@ -347,14 +333,7 @@ async fn generate_uses_the_state_at_its_start_even_if_a_drain_appends_before_its
     go.send(()).expect("release");
     assert_eq!(generate.await.expect("joined"), Ok("generated".into()));
     let request = h.provider.last_request().expect("recorded");
-    let users: Vec<&str> = request
-        .messages
-        .iter()
-        .filter_map(|m| match m {
-            Message::User { text, .. } => Some(text.as_str()),
-            _ => None,
-        })
-        .collect();
+    let users = user_texts(&request);
     assert_eq!(
         users,
         ["first", "recap"],

@@ -72,6 +72,16 @@ impl Harness {
             .expect("the session went idle");
     }
 
+    /// The session's row as the store has it now.
+    pub fn row(&self, session: &SessionId) -> agenthost_model::SessionRow {
+        self.runtime
+            .snapshot()
+            .expect("snapshot")
+            .session(session)
+            .expect("read")
+            .expect("the session exists")
+    }
+
     /// Admits `text` without waking.
     pub async fn admit(&self, session: &SessionId, text: &str) {
         let mut request = PromptRequest::new(session, text);
@@ -132,4 +142,16 @@ pub fn text(s: &str) -> Script {
     Script::new()
         .text(s)
         .finish(agenthost_llm::FinishReason::Stop)
+}
+
+/// The text of every user-side message of a request, in order.
+pub fn user_texts(request: &agenthost_llm::Request) -> Vec<String> {
+    request
+        .messages
+        .iter()
+        .filter_map(|m| match m {
+            agenthost_llm::Message::User { text, .. } => Some(text.clone()),
+            _ => None,
+        })
+        .collect()
 }

@@ -180,13 +180,7 @@ async fn interrupt_clears_the_follow_up_and_records_cleanup() {
     assert!(log.iter().any(|e| matches!(e, agenthost_model::Event::StepFailed { error, .. } if error.kind == agenthost_model::FailureKind::Aborted)));
     assert_eq!(h.count(&s, "step_ended"), 0);
     assert_eq!(h.provider.calls(), 1);
-    let row = h
-        .runtime
-        .snapshot()
-        .expect("snap")
-        .session(&s)
-        .expect("read")
-        .expect("row");
+    let row = h.row(&s);
     assert!(row.claim.is_none(), "a user interrupt releases the claim");
 }
 

@@ -68,13 +68,7 @@ async fn the_restart_limit_halts_the_session_until_an_explicit_resume() {
     let _ = h.runtime.resume(&s).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let halted = loop {
-        let row = h
-            .runtime
-            .snapshot()
-            .expect("snap")
-            .session(&s)
-            .expect("read")
-            .expect("row");
+        let row = h.row(&s);
         if row.halted.is_some() {
             break row;
         }
