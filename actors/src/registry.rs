@@ -147,7 +147,7 @@ impl Actor for Registry {
                 let result = match live {
                     Some(actor) => Ok(Some(actor)),
                     None if state.shared.is_shutting_down() => Err(Error::ShuttingDown),
-                    None => match session_exists(&state.shared, &session) {
+                    None => match session_exists(&state.shared, &session).await {
                         Ok(true) => Registry::spawn(&myself, state, session, Start::Fresh)
                             .await
                             .map(Some),
@@ -197,6 +197,10 @@ impl Actor for Registry {
     }
 }
 
-fn session_exists(shared: &Shared, session: &SessionId) -> Result<bool> {
-    Ok(shared.store.snapshot()?.session(session)?.is_some())
+/// A store read, so it runs on the blocking pool rather than in the registry's handler thread.
+async fn session_exists(shared: &Arc<Shared>, session: &SessionId) -> Result<bool> {
+    let (shared, session) = (shared.clone(), session.clone());
+    tokio::task::spawn_blocking(move || Ok(shared.store.snapshot()?.session(&session)?.is_some()))
+        .await
+        .map_err(|e| Error::Unavailable(format!("session lookup failed: {e}")))?
 }

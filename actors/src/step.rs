@@ -44,8 +44,8 @@ pub const TRUNCATED: &str = "\n[output truncated]";
 pub const CONTINUE_NOTE: &str = "Your previous response was cut off by a network error. Continue      exactly where it stopped, without repeating anything you already said.";
 
 /// The step's request from a fresh snapshot.
-fn build(d: &Drain, step: u32) -> Result<Prepared> {
-    build_with(d, step, None)
+async fn build(d: &Drain, step: u32) -> Result<Prepared> {
+    build_with(d, step, None).await
 }
 
 /// Records the step's assistant message.
@@ -76,7 +76,20 @@ fn spent(a: &Attempt, prepared: &Prepared) -> Vec<Event> {
     }]
 }
 
-fn build_with(d: &Drain, step: u32, note: Option<&str>) -> Result<Prepared> {
+/// The snapshot read and the request build (hooks included) are blocking work: they run on the
+/// blocking pool, not on an async worker.
+async fn build_with(d: &Drain, step: u32, note: Option<&'static str>) -> Result<Prepared> {
+    let d = d.clone();
+    tokio::task::spawn_blocking(move || build_blocking(&d, step, note))
+        .await
+        .map_err(|e| match e.try_into_panic() {
+            // A panicking hook fails the drain like any panic in it.
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(e) => Error::Unavailable(e.to_string()),
+        })?
+}
+
+fn build_blocking(d: &Drain, step: u32, note: Option<&str>) -> Result<Prepared> {
     let shared = &d.shared;
     let snap = shared.store.snapshot()?;
     let (row, history) = snap
@@ -91,7 +104,7 @@ pub(crate) async fn run(d: &Drain, step: u32) -> Result<StepEnd> {
     // The previous step's settlement must be in the snapshot this step is built from.
     d.flush().await?;
     let shared = &d.shared;
-    let mut prepared = build(d, step)?;
+    let mut prepared = build(d, step).await?;
     // Compaction check: compact before the request when it would not fit (SPEC §11).
     let limit = threshold(prepared.model.context_window, prepared.model.max_output);
     let mut compacted = false;
@@ -99,7 +112,7 @@ pub(crate) async fn run(d: &Drain, step: u32) -> Result<StepEnd> {
         match compaction::compact(d, true).await {
             Ok(_) => {
                 compacted = true;
-                prepared = build(d, step)?;
+                prepared = build(d, step).await?;
             }
             // Nothing older to summarize: send as is and let the provider decide.
             Err(Error::Invalid(_)) => {}
@@ -156,7 +169,7 @@ pub(crate) async fn run(d: &Drain, step: u32) -> Result<StepEnd> {
             {
                 compacted = true;
                 match compaction::compact(d, true).await {
-                    Ok(_) => prepared = build(d, step)?,
+                    Ok(_) => prepared = build(d, step).await?,
                     Err(_) => {
                         // Terminal, with the original error.
                         a.error = Some(error);
@@ -208,7 +221,7 @@ pub(crate) async fn run(d: &Drain, step: u32) -> Result<StepEnd> {
                     _ = d.cancel.cancelled() => return Ok(StepEnd::Interrupted),
                     _ = tokio::time::sleep(delay) => {}
                 }
-                prepared = build_with(d, step, Some(CONTINUE_NOTE))?;
+                prepared = build_with(d, step, Some(CONTINUE_NOTE)).await?;
                 message = start(d, step, &prepared).await?;
             }
             Some(error) => {
