@@ -9,7 +9,7 @@
 //! It must not decide execution (that is the actors' job) and must not hold a write transaction
 //! outside the writer thread.
 //!
-//! Main types: [`Store`], [`RedbStore`], [`Config`], [`Snapshot`], [`Admission`], [`Receipt`],
+//! Main types: [`Store`], [`RedbStore`], [`Config`], [`Snapshot`], [`Action`], [`Admission`], [`Receipt`],
 //! [`NewSession`], [`Error`].
 
 pub mod codec;
@@ -35,7 +35,7 @@ use redb::{Database, ReadableDatabase as _, ReadableTable as _};
 use tokio::sync::oneshot;
 
 pub use error::{Error, Result};
-pub use ops::{Admission, NewSession, Receipt};
+pub use ops::{Action, Admission, NewSession, Receipt};
 pub use snapshot::Snapshot;
 pub use writer::{BUCKETS, Clock, CommitHook, Stats};
 
@@ -54,18 +54,29 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     fn create_session(&self, new: NewSession) -> BoxFuture<'static, Result<SessionRow>>;
     /// Admits a prompt durably and idempotently (SPEC §5).
     fn admit(&self, admission: Admission) -> BoxFuture<'static, Result<Receipt>>;
+    /// Runs `actions` on one session in order, in one transaction: every event they write is
+    /// applied, or none is. Returns the events written, in seq order.
+    fn write(
+        &self,
+        session: SessionId,
+        actions: Vec<Action>,
+    ) -> BoxFuture<'static, Result<Vec<Stored>>>;
     /// Promotes the pending inputs `boundary` selects (SPEC §6), atomically and exactly once.
     fn promote(
         &self,
         session: SessionId,
         boundary: Boundary,
-    ) -> BoxFuture<'static, Result<Vec<Stored>>>;
+    ) -> BoxFuture<'static, Result<Vec<Stored>>> {
+        self.write(session, vec![Action::Promote(boundary)])
+    }
     /// Appends events with the session's next seqs; all are applied or none.
     fn append(
         &self,
         session: SessionId,
         events: Vec<Event>,
-    ) -> BoxFuture<'static, Result<Vec<Stored>>>;
+    ) -> BoxFuture<'static, Result<Vec<Stored>>> {
+        self.write(session, events.into_iter().map(Action::Append).collect())
+    }
     /// A consistent read view of the latest durable state.
     fn snapshot(&self) -> Result<Box<dyn Snapshot>>;
     /// Writer counters (commits, operations, batch sizes).
@@ -300,20 +311,12 @@ impl Store for RedbStore {
         })
     }
 
-    fn promote(
+    fn write(
         &self,
         session: SessionId,
-        boundary: Boundary,
+        actions: Vec<Action>,
     ) -> BoxFuture<'static, Result<Vec<Stored>>> {
-        expect_outcome(self.submit(Op::Promote(session, boundary)), events)
-    }
-
-    fn append(
-        &self,
-        session: SessionId,
-        events_: Vec<Event>,
-    ) -> BoxFuture<'static, Result<Vec<Stored>>> {
-        expect_outcome(self.submit(Op::Append(session, events_)), events)
+        expect_outcome(self.submit(Op::Write(session, actions)), events)
     }
 
     fn snapshot(&self) -> Result<Box<dyn Snapshot>> {

@@ -40,13 +40,27 @@ pub struct Receipt {
     pub promoted_seq: Option<Seq>,
 }
 
+/// One step of a [`crate::Store::write`]: the actions of one write run in order, in one
+/// transaction, and all of them take effect or none does.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Appends the event with the session's next seq.
+    Append(Event),
+    /// Promotes the pending inputs the boundary selects (SPEC §6); nothing when none qualify.
+    Promote(Boundary),
+    /// Appends `ExecutionSucceeded` only if no input is pending at this point of the
+    /// transaction. An input admitted after the caller last looked is therefore never left
+    /// behind a drain that already settled: the drain sees no `ExecutionSucceeded` come back
+    /// and goes on to promote it.
+    SucceedIfIdle,
+}
+
 /// One request to the writer.
 #[derive(Debug)]
 pub(crate) enum Op {
     Create(NewSession),
     Admit(Admission),
-    Promote(SessionId, Boundary),
-    Append(SessionId, Vec<Event>),
+    Write(SessionId, Vec<Action>),
 }
 
 /// What an operation returns, besides the events it wrote.
@@ -61,16 +75,30 @@ pub(crate) fn execute(ov: &mut Overlay<'_, '_>, op: Op, now: Timestamp) -> Resul
     match op {
         Op::Create(new) => create(ov, new, now).map(Outcome::Session),
         Op::Admit(admission) => admit(ov, admission, now).map(Outcome::Receipt),
-        Op::Promote(session, boundary) => promote(ov, &session, boundary, now).map(Outcome::Events),
-        Op::Append(session, events) => {
-            require_session(ov, &session)?;
-            let mut written = Vec::with_capacity(events.len());
-            for event in events {
-                written.push(push(ov, &session, event, now)?);
+        Op::Write(session, actions) => write(ov, &session, actions, now).map(Outcome::Events),
+    }
+}
+
+fn write(
+    ov: &mut Overlay<'_, '_>,
+    session: &SessionId,
+    actions: Vec<Action>,
+    now: Timestamp,
+) -> Result<Vec<Stored>> {
+    require_session(ov, session)?;
+    let mut written = Vec::with_capacity(actions.len());
+    for action in actions {
+        match action {
+            Action::Append(event) => written.push(push(ov, session, event, now)?),
+            Action::Promote(boundary) => written.extend(promote(ov, session, boundary, now)?),
+            Action::SucceedIfIdle => {
+                if require_session(ov, session)?.pending == 0 {
+                    written.push(push(ov, session, Event::ExecutionSucceeded, now)?);
+                }
             }
-            Ok(Outcome::Events(written))
         }
     }
+    Ok(written)
 }
 
 /// Appends one event with the session's next seq, through the projector.
@@ -198,7 +226,7 @@ fn promote(
     if row.pending == 0 {
         return Ok(Vec::new());
     }
-    let pending = ov.tables.pending_inputs(session)?;
+    let pending = ov.pending_inputs(session)?;
     let mut written = Vec::new();
     for id in promotion::select(&pending, boundary) {
         written.push(push(ov, session, Event::PromptPromoted { id }, now)?);

@@ -1,8 +1,17 @@
-//! Rows inside one write transaction: [`Tables`] implements the model's `Projection` over redb
-//! tables, and [`Overlay`] buffers one operation's writes so that an operation refused half-way
-//! leaves the shared group-commit transaction untouched.
+//! Rows inside one write transaction, in two layers over the redb tables:
+//!
+//! - [`Tables`] is the transaction's view. It implements the model's `Projection` and keeps the
+//!   rows accepted operations changed in memory, writing each changed row to redb once, when the
+//!   batch is done ([`Tables::finish`]). A session that several operations of a batch touch (a
+//!   step's start, its text and its end usually commit together) has its row and its assistant
+//!   message encoded and inserted once, not once per operation.
+//! - [`Overlay`] is one operation's view on top of it. It buffers that operation's writes, so an
+//!   operation refused half-way leaves the shared group-commit transaction untouched.
+//!
+//! Events are the exception: each is inserted into the log when its operation is accepted, as
+//! the log is append-only and nothing ever rewrites an event.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use agenthost_model::{
     InboxRow, IndexEntry, InstructionState, Message, MessageId, Projection, Seq, SessionId,
@@ -16,7 +25,13 @@ use crate::tables::*;
 
 type Bytes = &'static [u8];
 
-/// Every table opened for writing in one transaction.
+/// A session row as the transaction found it and as it is now.
+struct SessionEntry {
+    before: Option<SessionRow>,
+    now: Option<SessionRow>,
+}
+
+/// Every table opened for writing in one transaction, and the rows changed so far.
 pub(crate) struct Tables<'t> {
     events: Table<'t, (&'static str, u64), Bytes>,
     sessions: Table<'t, &'static str, Bytes>,
@@ -27,6 +42,13 @@ pub(crate) struct Tables<'t> {
     instructions: Table<'t, &'static str, Bytes>,
     claims: Table<'t, &'static str, ()>,
     pending: Table<'t, &'static str, ()>,
+    /// Session rows read or written in this transaction (read ones are cached, not rewritten).
+    session_rows: HashMap<SessionId, SessionEntry>,
+    changed_messages: HashMap<(SessionId, Seq), Message>,
+    /// `None` removes the row.
+    changed_inbox: BTreeMap<(SessionId, Seq), Option<InboxRow>>,
+    changed_index: HashMap<MessageId, IndexEntry>,
+    changed_instructions: HashMap<SessionId, InstructionState>,
 }
 
 impl<'t> Tables<'t> {
@@ -41,28 +63,92 @@ impl<'t> Tables<'t> {
             instructions: txn.open_table(INSTRUCTIONS).map_err(storage)?,
             claims: txn.open_table(CLAIMS).map_err(storage)?,
             pending: txn.open_table(PENDING).map_err(storage)?,
+            session_rows: HashMap::new(),
+            changed_messages: HashMap::new(),
+            changed_inbox: BTreeMap::new(),
+            changed_index: HashMap::new(),
+            changed_instructions: HashMap::new(),
         })
     }
 
-    /// Pending inputs of a session in admission order.
-    pub(crate) fn pending_inputs(&self, session: &SessionId) -> Result<Vec<InboxRow>> {
+    /// Pending inputs of a session in admission order, as this transaction has them.
+    fn pending_inputs(&self, session: &SessionId) -> Result<BTreeMap<Seq, InboxRow>> {
         let s = session.as_str();
-        let mut rows = Vec::new();
+        let mut rows = BTreeMap::new();
         for entry in self.inbox.range((s, 0)..=(s, u64::MAX)).map_err(storage)? {
-            let (_, value) = entry.map_err(storage)?;
-            rows.push(decode("inbox row", value.value())?);
+            let (key, value) = entry.map_err(storage)?;
+            rows.insert(Seq(key.value().1), decode("inbox row", value.value())?);
+        }
+        let changed = (session.clone(), Seq::ZERO)..=(session.clone(), Seq(u64::MAX));
+        for ((_, seq), row) in self.changed_inbox.range(changed) {
+            match row {
+                Some(row) => rows.insert(*seq, row.clone()),
+                None => rows.remove(seq),
+            };
         }
         Ok(rows)
     }
 
-    /// Writes a session row given the row it replaces, keeping the derived sets in step. The
-    /// caller knows `previous` (the overlay read it), which saves decoding the old value.
-    fn write_session(&mut self, row: &SessionRow, previous: Option<&SessionRow>) -> Result<()> {
-        let id = row.id.as_str();
+    fn put_event(&mut self, session: &SessionId, stored: &Stored) -> Result<()> {
+        let key = (session.as_str(), stored.seq.0);
+        self.events
+            .insert(key, encode(stored).as_slice())
+            .map_err(storage)?;
+        Ok(())
+    }
+
+    /// Writes every row changed in this transaction to its table. Called once, after the last
+    /// operation of the batch.
+    pub(crate) fn finish(mut self) -> Result<()> {
+        for (id, entry) in std::mem::take(&mut self.session_rows) {
+            if let Some(row) = &entry.now
+                && entry.now != entry.before
+            {
+                self.write_session(&id, row, entry.before.as_ref())?;
+            }
+        }
+        for ((session, seq), message) in std::mem::take(&mut self.changed_messages) {
+            self.messages
+                .insert((session.as_str(), seq.0), encode(&message).as_slice())
+                .map_err(storage)?;
+        }
+        for ((session, seq), row) in std::mem::take(&mut self.changed_inbox) {
+            let key = (session.as_str(), seq.0);
+            match row {
+                Some(row) => drop(
+                    self.inbox
+                        .insert(key, encode(&row).as_slice())
+                        .map_err(storage)?,
+                ),
+                None => drop(self.inbox.remove(key).map_err(storage)?),
+            }
+        }
+        for (id, entry) in std::mem::take(&mut self.changed_index) {
+            self.index
+                .insert(id.as_str(), encode(&entry).as_slice())
+                .map_err(storage)?;
+        }
+        for (session, state) in std::mem::take(&mut self.changed_instructions) {
+            self.instructions
+                .insert(session.as_str(), encode(&state).as_slice())
+                .map_err(storage)?;
+        }
+        Ok(())
+    }
+
+    /// Writes a session row given the row the transaction started from, keeping the derived
+    /// sets in step.
+    fn write_session(
+        &mut self,
+        id: &SessionId,
+        row: &SessionRow,
+        before: Option<&SessionRow>,
+    ) -> Result<()> {
+        let id = id.as_str();
         self.sessions
             .insert(id, encode(row).as_slice())
             .map_err(storage)?;
-        let (had_claim, had_pending) = match previous {
+        let (had_claim, had_pending) = match before {
             None => {
                 self.by_created
                     .insert((row.created.0, id), ())
@@ -85,30 +171,47 @@ impl<'t> Tables<'t> {
         }
         Ok(())
     }
-
-    fn put_event(&mut self, session: &SessionId, stored: &Stored) -> Result<()> {
-        let key = (session.as_str(), stored.seq.0);
-        self.events
-            .insert(key, encode(stored).as_slice())
-            .map_err(storage)?;
-        Ok(())
-    }
 }
 
 impl Projection for Tables<'_> {
     type Error = Error;
 
     fn session(&mut self, id: &SessionId) -> Result<Option<SessionRow>> {
-        let value = self.sessions.get(id.as_str()).map_err(storage)?;
-        value.map(|v| decode("session row", v.value())).transpose()
+        if let Some(entry) = self.session_rows.get(id) {
+            return Ok(entry.now.clone());
+        }
+        let row: Option<SessionRow> = self
+            .sessions
+            .get(id.as_str())
+            .map_err(storage)?
+            .map(|v| decode("session row", v.value()))
+            .transpose()?;
+        self.session_rows.insert(
+            id.clone(),
+            SessionEntry {
+                before: row.clone(),
+                now: row.clone(),
+            },
+        );
+        Ok(row)
     }
 
     fn put_session(&mut self, row: &SessionRow) -> Result<()> {
-        let previous = self.session(&row.id)?;
-        self.write_session(row, previous.as_ref())
+        if !self.session_rows.contains_key(&row.id) {
+            self.session(&row.id)?;
+        }
+        let entry = self
+            .session_rows
+            .get_mut(&row.id)
+            .expect("invariant: the entry was just read");
+        entry.now = Some(row.clone());
+        Ok(())
     }
 
     fn message(&mut self, session: &SessionId, seq: Seq) -> Result<Option<Message>> {
+        if let Some(message) = self.changed_messages.get(&(session.clone(), seq)) {
+            return Ok(Some(message.clone()));
+        }
         let value = self
             .messages
             .get((session.as_str(), seq.0))
@@ -117,46 +220,47 @@ impl Projection for Tables<'_> {
     }
 
     fn put_message(&mut self, session: &SessionId, message: &Message) -> Result<()> {
-        let key = (session.as_str(), message.seq().0);
-        self.messages
-            .insert(key, encode(message).as_slice())
-            .map_err(storage)?;
+        self.changed_messages
+            .insert((session.clone(), message.seq()), message.clone());
         Ok(())
     }
 
     fn inbox(&mut self, session: &SessionId, seq: Seq) -> Result<Option<InboxRow>> {
+        if let Some(row) = self.changed_inbox.get(&(session.clone(), seq)) {
+            return Ok(row.clone());
+        }
         let value = self.inbox.get((session.as_str(), seq.0)).map_err(storage)?;
         value.map(|v| decode("inbox row", v.value())).transpose()
     }
 
     fn put_inbox(&mut self, session: &SessionId, row: &InboxRow) -> Result<()> {
-        let key = (session.as_str(), row.admitted_seq.0);
-        self.inbox
-            .insert(key, encode(row).as_slice())
-            .map_err(storage)?;
+        self.changed_inbox
+            .insert((session.clone(), row.admitted_seq), Some(row.clone()));
         Ok(())
     }
 
     fn remove_inbox(&mut self, session: &SessionId, seq: Seq) -> Result<()> {
-        self.inbox
-            .remove((session.as_str(), seq.0))
-            .map_err(storage)?;
+        self.changed_inbox.insert((session.clone(), seq), None);
         Ok(())
     }
 
     fn index(&mut self, id: &MessageId) -> Result<Option<IndexEntry>> {
+        if let Some(entry) = self.changed_index.get(id) {
+            return Ok(Some(entry.clone()));
+        }
         let value = self.index.get(id.as_str()).map_err(storage)?;
         value.map(|v| decode("index entry", v.value())).transpose()
     }
 
     fn put_index(&mut self, id: &MessageId, entry: &IndexEntry) -> Result<()> {
-        self.index
-            .insert(id.as_str(), encode(entry).as_slice())
-            .map_err(storage)?;
+        self.changed_index.insert(id.clone(), entry.clone());
         Ok(())
     }
 
     fn instructions(&mut self, session: &SessionId) -> Result<Option<InstructionState>> {
+        if let Some(state) = self.changed_instructions.get(session) {
+            return Ok(Some(state.clone()));
+        }
         let value = self.instructions.get(session.as_str()).map_err(storage)?;
         value
             .map(|v| decode("instruction state", v.value()))
@@ -164,22 +268,17 @@ impl Projection for Tables<'_> {
     }
 
     fn put_instructions(&mut self, session: &SessionId, state: &InstructionState) -> Result<()> {
-        self.instructions
-            .insert(session.as_str(), encode(state).as_slice())
-            .map_err(storage)?;
+        self.changed_instructions
+            .insert(session.clone(), state.clone());
         Ok(())
     }
 }
 
 /// Buffers the rows one operation writes. Reads see the operation's own writes first, then the
-/// transaction. [`Overlay::flush`] writes everything to the tables; dropping the overlay instead
-/// discards the operation without a trace.
+/// transaction. [`Overlay::flush`] hands everything to the transaction; dropping the overlay
+/// instead discards the operation without a trace.
 pub(crate) struct Overlay<'a, 't> {
-    pub(crate) tables: &'a mut Tables<'t>,
-    /// Rows as the transaction had them when first read: reads are served from here after the
-    /// first, and the flush knows what each session row replaces.
-    read_sessions: HashMap<SessionId, Option<SessionRow>>,
-    read_index: HashMap<MessageId, Option<IndexEntry>>,
+    tables: &'a mut Tables<'t>,
     sessions: HashMap<SessionId, SessionRow>,
     messages: HashMap<(SessionId, Seq), Message>,
     inbox: HashMap<(SessionId, Seq), Option<InboxRow>>,
@@ -192,8 +291,6 @@ impl<'a, 't> Overlay<'a, 't> {
     pub(crate) fn new(tables: &'a mut Tables<'t>) -> Self {
         Overlay {
             tables,
-            read_sessions: HashMap::new(),
-            read_index: HashMap::new(),
             sessions: HashMap::new(),
             messages: HashMap::new(),
             inbox: HashMap::new(),
@@ -207,17 +304,30 @@ impl<'a, 't> Overlay<'a, 't> {
         self.events.push((session.clone(), stored));
     }
 
-    /// Writes the buffered rows and returns the events, in the order they were recorded.
+    /// Pending inputs of a session in admission order, this operation's changes included.
+    pub(crate) fn pending_inputs(&self, session: &SessionId) -> Result<Vec<InboxRow>> {
+        let mut rows = self.tables.pending_inputs(session)?;
+        for ((s, seq), row) in &self.inbox {
+            if s != session {
+                continue;
+            }
+            match row {
+                Some(row) => rows.insert(*seq, row.clone()),
+                None => rows.remove(seq),
+            };
+        }
+        Ok(rows.into_values().collect())
+    }
+
+    /// Hands the buffered rows to the transaction, writes the events to the log, and returns
+    /// the events in the order they were recorded.
     pub(crate) fn flush(self) -> Result<Vec<(SessionId, Stored)>> {
         let tables = self.tables;
         for (session, stored) in &self.events {
             tables.put_event(session, stored)?;
         }
         for row in self.sessions.values() {
-            match self.read_sessions.get(&row.id) {
-                Some(previous) => tables.write_session(row, previous.as_ref())?,
-                None => tables.put_session(row)?,
-            }
+            tables.put_session(row)?;
         }
         for ((session, _), message) in &self.messages {
             tables.put_message(session, message)?;
@@ -242,15 +352,10 @@ impl Projection for Overlay<'_, '_> {
     type Error = Error;
 
     fn session(&mut self, id: &SessionId) -> Result<Option<SessionRow>> {
-        if let Some(row) = self.sessions.get(id) {
-            return Ok(Some(row.clone()));
+        match self.sessions.get(id) {
+            Some(row) => Ok(Some(row.clone())),
+            None => self.tables.session(id),
         }
-        if let Some(row) = self.read_sessions.get(id) {
-            return Ok(row.clone());
-        }
-        let row = self.tables.session(id)?;
-        self.read_sessions.insert(id.clone(), row.clone());
-        Ok(row)
     }
     fn put_session(&mut self, row: &SessionRow) -> Result<()> {
         self.sessions.insert(row.id.clone(), row.clone());
@@ -283,15 +388,10 @@ impl Projection for Overlay<'_, '_> {
         Ok(())
     }
     fn index(&mut self, id: &MessageId) -> Result<Option<IndexEntry>> {
-        if let Some(entry) = self.index.get(id) {
-            return Ok(Some(entry.clone()));
+        match self.index.get(id) {
+            Some(entry) => Ok(Some(entry.clone())),
+            None => self.tables.index(id),
         }
-        if let Some(entry) = self.read_index.get(id) {
-            return Ok(entry.clone());
-        }
-        let entry = self.tables.index(id)?;
-        self.read_index.insert(id.clone(), entry.clone());
-        Ok(entry)
     }
     fn put_index(&mut self, id: &MessageId, entry: &IndexEntry) -> Result<()> {
         self.index.insert(id.clone(), entry.clone());

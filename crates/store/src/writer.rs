@@ -138,6 +138,7 @@ impl Writer {
                     Err(e) => results.push(Err(e)),
                 }
             }
+            tables.finish()?;
         }
         txn.commit().map_err(storage)?;
         Ok((results, events))

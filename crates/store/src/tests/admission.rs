@@ -394,3 +394,125 @@ async fn bad_input_is_refused_and_changes_nothing() {
 
     assert_eq!(contents(&store), before, "refused input changed the store");
 }
+
+/// A write's actions share one transaction: the drain's start (claim, then promotion) and its
+/// end (settle only when nothing is pending) each cost one commit, and a refused action takes
+/// the whole write back with it.
+#[tokio::test]
+async fn write_runs_its_actions_in_one_transaction() {
+    use crate::Action;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = open(dir.path());
+    let s = sid("w");
+    store
+        .create_session(new_session(&s))
+        .await
+        .expect("created");
+    store
+        .admit(admission(&s, &mid("first"), "one"))
+        .await
+        .expect("admitted");
+
+    let commits = store
+        .stats()
+        .commits
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let written = store
+        .write(
+            s.clone(),
+            vec![
+                Action::Append(Event::ExecutionStarted { forced: false }),
+                Action::Promote(Boundary::Idle),
+            ],
+        )
+        .await
+        .expect("written");
+    let kinds: Vec<_> = written.iter().map(|e| e.event.kind()).collect();
+    assert_eq!(kinds, ["execution_started", "prompt_promoted"]);
+    assert_eq!(
+        store
+            .stats()
+            .commits
+            .load(std::sync::atomic::Ordering::Relaxed),
+        commits + 1
+    );
+
+    // Something is pending: no success is written, and nothing else either.
+    store
+        .admit(admission(&s, &mid("second"), "two"))
+        .await
+        .expect("admitted");
+    let refused = store
+        .write(s.clone(), vec![Action::SucceedIfIdle])
+        .await
+        .expect("written");
+    assert!(refused.is_empty(), "{refused:?}");
+    let promoted_and_settled = store
+        .write(
+            s.clone(),
+            vec![Action::Promote(Boundary::Idle), Action::SucceedIfIdle],
+        )
+        .await
+        .expect("written");
+    let kinds: Vec<_> = promoted_and_settled
+        .iter()
+        .map(|e| e.event.kind())
+        .collect();
+    assert_eq!(kinds, ["prompt_promoted", "execution_succeeded"]);
+    let row = store.snapshot().unwrap().session(&s).unwrap().unwrap();
+    assert!(row.claim.is_none(), "success releases the claim");
+
+    // A refused action refuses the write: the promotion before it is not kept.
+    store
+        .admit(admission(&s, &mid("third"), "three"))
+        .await
+        .expect("admitted");
+    let before = contents(&store);
+    let bad = store
+        .write(
+            s.clone(),
+            vec![
+                Action::Promote(Boundary::Idle),
+                Action::Append(Event::TextEnded {
+                    id: mid("no_such_message"),
+                    text: "x".into(),
+                    incomplete: false,
+                }),
+            ],
+        )
+        .await;
+    assert!(matches!(bad, Err(Error::Violation(_))), "{bad:?}");
+    assert_eq!(
+        contents(&store),
+        before,
+        "a refused write changed the store"
+    );
+
+    // Each promotion sees the ones before it in the same write: two idle boundaries promote
+    // two queued inputs, one each, in admission order.
+    for id in ["q1", "q2"] {
+        let mut queued = admission(&s, &mid(id), id);
+        queued.delivery = Delivery::Queue;
+        store.admit(queued).await.expect("admitted");
+    }
+    let written = store
+        .write(
+            s.clone(),
+            vec![
+                Action::Promote(Boundary::Idle),
+                Action::Promote(Boundary::Idle),
+                Action::Promote(Boundary::Idle),
+            ],
+        )
+        .await
+        .expect("written");
+    let promoted: Vec<_> = written
+        .iter()
+        .map(|e| match &e.event {
+            Event::PromptPromoted { id } => id.as_str().to_owned(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(promoted, ["msg_third", "msg_q1", "msg_q2"]);
+    assert_replay_equal(&store);
+}
