@@ -4,10 +4,15 @@
 //! channel, so a thousand event streams do not each filter every session's traffic. A
 //! subscriber that lags loses live events and must resync from the durable log by seq, which is
 //! what `events?after=N` is for.
+//!
+//! A step records its start without waiting for the commit, so its first deltas can be streamed
+//! before the `step_started` event that creates their message is durable. The bus holds such
+//! deltas ([`Bus::hold`]) and lets them out right after that event, so no subscriber ever sees a
+//! delta of a message it has not been told about.
 
 use std::sync::Arc;
 
-use agenthost_model::{MessageId, SessionId, Stored};
+use agenthost_model::{Event, MessageId, SessionId, Stored};
 use dashmap::DashMap;
 use tokio::sync::broadcast;
 
@@ -55,6 +60,28 @@ type Item = Arc<(SessionId, Live)>;
 pub struct Bus {
     tx: broadcast::Sender<Item>,
     sessions: Arc<DashMap<SessionId, broadcast::Sender<Item>>>,
+    /// Deltas of messages whose creating event has not been published yet.
+    held: Arc<DashMap<MessageId, Held>>,
+}
+
+#[derive(Debug, Default)]
+struct Held {
+    items: Vec<Item>,
+    released: bool,
+}
+
+/// Holds a message's deltas until its `step_started` event is published; dropping it forgets
+/// the message (and any delta still held, when the event never came).
+#[derive(Debug)]
+pub(crate) struct Hold {
+    bus: Bus,
+    message: MessageId,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.bus.held.remove(&self.message);
+    }
 }
 
 impl Bus {
@@ -63,12 +90,57 @@ impl Bus {
         Bus {
             tx,
             sessions: Arc::new(DashMap::new()),
+            held: Arc::new(DashMap::new()),
+        }
+    }
+
+    /// Starts holding `message`'s deltas until its creating event is published.
+    pub(crate) fn hold(&self, message: &MessageId) -> Hold {
+        self.held.insert(message.clone(), Held::default());
+        Hold {
+            bus: self.clone(),
+            message: message.clone(),
         }
     }
 
     /// Publishes to whoever listens; with no subscriber the event is simply dropped. A session
     /// channel whose last subscriber left is removed here.
     pub(crate) fn publish(&self, session: &SessionId, live: Live) {
+        if let Live::Delta { message, .. } = &live
+            && (self.tx.receiver_count() > 0 || self.sessions.contains_key(session))
+            && let Some(mut held) = self.held.get_mut(message)
+            && !held.released
+        {
+            held.items.push(Arc::new((session.clone(), live)));
+            return;
+        }
+        if matches!(live, Live::Delta { .. })
+            && self.tx.receiver_count() == 0
+            && !self.sessions.contains_key(session)
+        {
+            return;
+        }
+        let created = match &live {
+            Live::Event(Stored {
+                event: Event::StepStarted { id, .. },
+                ..
+            }) => Some(id.clone()),
+            _ => None,
+        };
+        self.send(session, Arc::new((session.clone(), live)));
+        if let Some(id) = created
+            && let Some(mut held) = self.held.get_mut(&id)
+        {
+            // Under the entry's lock: a delta published meanwhile waits, then goes straight out
+            // after these.
+            for item in std::mem::take(&mut held.items) {
+                self.send(session, item);
+            }
+            held.released = true;
+        }
+    }
+
+    fn send(&self, session: &SessionId, item: Item) {
         let listened = self.sessions.get(session).map(|tx| tx.receiver_count() > 0);
         if self.tx.receiver_count() == 0 && listened != Some(true) {
             if listened == Some(false) {
@@ -77,7 +149,6 @@ impl Bus {
             }
             return;
         }
-        let item = Arc::new((session.clone(), live));
         if self.tx.receiver_count() > 0 {
             let _ = self.tx.send(item.clone());
         }

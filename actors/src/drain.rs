@@ -11,10 +11,13 @@ use std::sync::{Arc, Mutex};
 use agenthost_model::history::Mode;
 use agenthost_model::promotion::Boundary;
 use agenthost_model::{
-    Event, FailureKind, InterruptReason, Message, MessageId, Part, SessionId, StepError, ToolState,
+    Event, FailureKind, InterruptReason, Message, MessageId, Part, SessionId, StepError, Stored,
+    ToolState,
 };
+use agenthost_store::Action;
 use tokio_util::sync::CancellationToken;
 
+use crate::bus::Hold;
 use crate::error::{Error, Result};
 use crate::instructions;
 use crate::runtime::Shared;
@@ -75,8 +78,18 @@ pub(crate) struct Drain {
     /// A manual compaction instead of the agent loop.
     pub compact: bool,
     pub cancel: Cancel,
-    /// Writes submitted and not yet confirmed durable, in submission order.
-    pub in_flight: Arc<Mutex<Vec<InFlight>>>,
+    /// Writes submitted and not yet confirmed durable.
+    pub in_flight: Arc<Mutex<Submitted>>,
+}
+
+/// What a drain submitted and has not yet waited for.
+#[derive(Default)]
+pub(crate) struct Submitted {
+    /// Writes, in submission order.
+    writes: Vec<InFlight>,
+    /// Deltas held on the bus until a submitted `StepStarted` is published: released by the
+    /// next flush, once that write has either committed (and been published) or failed.
+    holds: Vec<Hold>,
 }
 
 impl std::fmt::Debug for Drain {
@@ -101,25 +114,45 @@ impl Drain {
         self.flush().await
     }
 
+    /// Runs `actions` in one transaction after everything submitted before, waits until all of
+    /// it is durable, and returns the events the actions wrote.
+    pub(crate) async fn write(&self, actions: Vec<Action>) -> Result<Vec<Stored>> {
+        let write = self.shared.store.write(self.session.clone(), actions);
+        self.flush().await?;
+        Ok(write.await?)
+    }
+
     /// Submits events without waiting. The writer applies one drain's submissions in order, so
     /// a part's event is on its way the moment the part ends, and several of them share one
     /// commit; [`Drain::flush`] (or the next `append`) waits for them. Used for events nothing
     /// waits on before the step's next durable boundary (parts that ended, the step's end).
     pub(crate) fn submit(&self, events: Vec<Event>) {
         let write = self.shared.store.append(self.session.clone(), events);
-        self.in_flight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(write);
+        self.submitted().writes.push(write);
+    }
+
+    /// Keeps `hold` until every write submitted so far has been waited for.
+    pub(crate) fn keep(&self, hold: Hold) {
+        self.submitted().holds.push(hold);
+    }
+
+    fn submitted(&self) -> std::sync::MutexGuard<'_, Submitted> {
+        self.in_flight.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Waits for every submitted write; the first failure is returned.
     pub(crate) async fn flush(&self) -> Result<()> {
-        let writes = std::mem::take(&mut *self.in_flight.lock().unwrap_or_else(|e| e.into_inner()));
+        let Submitted { writes, holds } = std::mem::take(&mut *self.submitted());
+        let mut result = Ok(());
         for write in writes {
-            write.await?;
+            if let Err(e) = write.await
+                && result.is_ok()
+            {
+                result = Err(e.into());
+            }
         }
-        Ok(())
+        drop(holds);
+        result
     }
 }
 
@@ -140,14 +173,17 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
     if !d.forced && !recovering && row.pending == 0 {
         return Ok(Outcome::Idle);
     }
-    d.append(vec![Event::ExecutionStarted { forced: d.forced }])
-        .await?;
+    // The claim is taken in the drain's first write, together with whatever that write does
+    // (instructions, promotion): one commit instead of two. Recovery takes it first, because
+    // settling what the crash left comes before anything else.
+    let mut opening = Some(Action::Append(Event::ExecutionStarted { forced: d.forced }));
     d.shared
         .metrics
         .drains
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut owed = d.forced;
     if recovering {
+        d.write(opening.take().into_iter().collect()).await?;
         owed |= settle_leftovers(&d).await?;
     }
 
@@ -156,7 +192,11 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
     let mut steps_run = 0;
     loop {
         if d.cancel.is_cancelled() {
-            return interrupted(&d).await;
+            return match opening {
+                // Nothing written yet: the input stays pending for the next wake.
+                Some(_) => Ok(Outcome::Interrupted),
+                None => interrupted(&d).await,
+            };
         }
         let boundary = if continuation {
             Boundary::Continuation
@@ -166,28 +206,47 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
         // A snapshot read decides whether promotion can find anything: an empty promotion would
         // still cost a commit.
         let pending = has_pending(&d)?;
+        let mut actions: Vec<Action> = opening.take().into_iter().collect();
         if owed || continuation || pending {
             // Instructions are sampled here, before promotion, so a change lands in history
             // ahead of the input it applies to.
-            if let Err(error) = sync_instructions(&d).await {
-                let event = Event::ExecutionFailed {
-                    error: error.to_string(),
-                    halted: false,
-                };
-                d.append(vec![event]).await?;
-                return Err(error);
+            match instructions_update(&d).await {
+                Ok(update) => actions.extend(update.map(Action::Append)),
+                Err(error) => {
+                    actions.push(Action::Append(Event::ExecutionFailed {
+                        error: error.to_string(),
+                        halted: false,
+                    }));
+                    d.write(actions).await?;
+                    return Err(error);
+                }
             }
         }
-        let promoted = match pending {
-            true => d.shared.store.promote(d.session.clone(), boundary).await?,
-            false => Vec::new(),
+        if pending {
+            actions.push(Action::Promote(boundary));
+        }
+        let written = match actions.is_empty() {
+            true => Vec::new(),
+            false => d.write(actions).await?,
         };
-        if !promoted.is_empty() {
+        if written
+            .iter()
+            .any(|e| matches!(e.event, Event::PromptPromoted { .. }))
+        {
             step = 1;
             owed = true;
         }
         if !owed && !continuation {
-            break;
+            // Settles in the same commit as the step's last writes, unless input arrived since
+            // the snapshot above: then the loop goes round again and promotes it.
+            let settled = d.write(vec![Action::SucceedIfIdle]).await?;
+            if settled
+                .iter()
+                .any(|e| matches!(e.event, Event::ExecutionSucceeded))
+            {
+                return Ok(Outcome::Completed { steps: steps_run });
+            }
+            continue;
         }
         owed = false;
         match step::run(&d, step).await? {
@@ -207,8 +266,6 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
             }
         }
     }
-    d.append(vec![Event::ExecutionSucceeded]).await?;
-    Ok(Outcome::Completed { steps: steps_run })
 }
 
 fn has_pending(d: &Drain) -> Result<bool> {
@@ -216,11 +273,11 @@ fn has_pending(d: &Drain) -> Result<bool> {
     Ok(snap.session(&d.session)?.is_some_and(|row| row.pending > 0))
 }
 
-/// Resolves instruction sources read-only and commits one chronological system update if they
-/// changed. Fails, writing nothing, when a source has never had a value.
-async fn sync_instructions(d: &Drain) -> Result<()> {
+/// Resolves instruction sources read-only and returns the chronological system update to
+/// commit if they changed. Fails, writing nothing, when a source has never had a value.
+async fn instructions_update(d: &Drain) -> Result<Option<Event>> {
     if d.shared.instructions.is_empty() && d.shared.hooks.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
     let shared = d.shared.clone();
     let session = d.session.clone();
@@ -232,15 +289,12 @@ async fn sync_instructions(d: &Drain) -> Result<()> {
     .await
     .map_err(|e| Error::Panicked(e.to_string()))??;
     match instructions::diff(&resolved, &told) {
-        Ok(None) => Ok(()),
-        Ok(Some(change)) => {
-            let event = Event::InstructionsUpdated {
-                id: mint_message_id(),
-                changed: change.changed,
-                text: change.text,
-            };
-            d.append(vec![event]).await
-        }
+        Ok(None) => Ok(None),
+        Ok(Some(change)) => Ok(Some(Event::InstructionsUpdated {
+            id: mint_message_id(),
+            changed: change.changed,
+            text: change.text,
+        })),
         Err(source) => Err(Error::Unavailable(format!(
             "instruction source {source:?} has no value yet; the input stays pending"
         ))),

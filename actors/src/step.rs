@@ -48,21 +48,24 @@ async fn build(d: &Drain, step: u32) -> Result<Prepared> {
     build_with(d, step, None).await
 }
 
-/// Records the step's assistant message.
-async fn start(d: &Drain, step: u32, prepared: &Prepared) -> Result<MessageId> {
+/// Records the step's assistant message. The write is submitted, not awaited: the provider
+/// call starts at once, and the message's deltas wait on the bus until its `step_started` event
+/// is published. Everything that depends on the message being durable (tool calls running,
+/// the step's settlement) waits for its own writes, which the writer applies after this one.
+fn start(d: &Drain, step: u32, prepared: &Prepared) -> MessageId {
     d.shared
         .metrics
         .steps
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let message = mint_message_id();
-    d.append(vec![Event::StepStarted {
+    d.keep(d.shared.bus.hold(&message));
+    d.submit(vec![Event::StepStarted {
         id: message.clone(),
         step,
         agent: prepared.agent.clone(),
         model: prepared.model.model.clone(),
-    }])
-    .await?;
-    Ok(message)
+    }]);
+    message
 }
 
 /// Usage a failed attempt reported before failing: tokens are spent even when the step is not
@@ -120,7 +123,7 @@ pub(crate) async fn run(d: &Drain, step: u32) -> Result<StepEnd> {
         }
     }
 
-    let mut message = start(d, step, &prepared).await?;
+    let mut message = start(d, step, &prepared);
 
     let mut attempt = 0;
     loop {
@@ -222,7 +225,7 @@ pub(crate) async fn run(d: &Drain, step: u32) -> Result<StepEnd> {
                     _ = tokio::time::sleep(delay) => {}
                 }
                 prepared = build_with(d, step, Some(CONTINUE_NOTE)).await?;
-                message = start(d, step, &prepared).await?;
+                message = start(d, step, &prepared);
             }
             Some(error) => {
                 a.error = Some(error);

@@ -352,3 +352,48 @@ async fn twenty_thousand_self_wakes_coalesce() {
     let log = h.log(&s);
     assert!(log.iter().any(|e| matches!(e, agenthost_model::Event::ToolSucceeded { output, .. } if output == "woke 20000 times")));
 }
+
+/// A step's start is written without waiting for its commit, so the provider streams at once;
+/// subscribers still see every delta after the `step_started` that creates its message and
+/// before the `text_ended` that closes its part, and none is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deltas_follow_the_event_that_creates_their_message() {
+    use agenthost_actors::Live;
+    use agenthost_model::Event;
+    let script = (0..20)
+        .fold(Script::new(), |s, i| s.text(format!("t{i} ")))
+        .finish(FinishReason::Stop);
+    let h = Harness::start([script.clone(), script]).await;
+    let s = h.session().await;
+    let mut live = h.runtime.subscribe_session(&s);
+    for prompt in ["one", "two"] {
+        h.prompt(&s, prompt).await;
+        h.idle(&s).await;
+    }
+    let mut seen = Vec::new();
+    while let Ok(item) = live.try_recv() {
+        seen.push(match &item.1 {
+            Live::Event(stored) => match &stored.event {
+                Event::StepStarted { id, .. } => format!("start {id}"),
+                Event::TextEnded { id, .. } => format!("end {id}"),
+                _ => continue,
+            },
+            Live::Delta { message, .. } => format!("delta {message}"),
+            Live::Status { .. } => continue,
+        });
+    }
+    let starts: Vec<_> = seen.iter().filter(|l| l.starts_with("start")).collect();
+    assert_eq!(starts.len(), 2, "{seen:#?}");
+    for start in starts {
+        let id = start.trim_start_matches("start ");
+        let mine: Vec<&str> = seen
+            .iter()
+            .filter(|l| l.ends_with(id))
+            .map(|l| l.split(' ').next().expect("kind"))
+            .collect();
+        let mut want = vec!["start"];
+        want.extend(["delta"; 20]);
+        want.push("end");
+        assert_eq!(mine, want, "{seen:#?}");
+    }
+}
