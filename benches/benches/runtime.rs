@@ -28,19 +28,6 @@ fn tokio_runtime() -> tokio::runtime::Runtime {
         .expect("tokio runtime")
 }
 
-/// Process CPU time (user + system, all threads) from `/proc/self/stat`, in clock ticks of
-/// 10 ms (`getconf CLK_TCK` is 100 on Linux).
-fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
-    // Fields after the command name, which is in parentheses and may contain spaces.
-    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the line; `rest` starts at field 3.
-    let ticks: u64 =
-        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
-    Duration::from_millis(ticks * 10)
-}
-
 /// A tool that answers at once.
 #[derive(Debug)]
 struct Noop;
@@ -183,11 +170,11 @@ fn turn_benches(c: &mut Criterion) {
                     rt.block_on(async {
                         // Fresh sessions per sample keep histories short and comparable.
                         let ids = fresh_sessions(&host.runtime, &format!("s{sample}"), n).await;
-                        let cpu_start = cpu_time();
+                        let cpu_start = agenthost_benches::process_cpu();
                         let start = Instant::now();
                         turns(&host.runtime, &ids, rounds).await;
                         let elapsed = start.elapsed();
-                        cpu += cpu_time().saturating_sub(cpu_start);
+                        cpu += agenthost_benches::process_cpu().saturating_sub(cpu_start);
                         wall += elapsed;
                         done += rounds * n as u64;
                         check(&host.runtime, &ids[0], rounds, steps);

@@ -35,3 +35,44 @@ where
         joined.expect("task");
     }
 }
+
+/// CPU time (user + system) from a `/proc` `stat` line, in clock ticks of 10 ms
+/// (`getconf CLK_TCK` is 100 on Linux).
+fn stat_cpu(stat: &str) -> std::time::Duration {
+    // Fields after the command name, which is in parentheses and may contain spaces.
+    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line; `rest` starts at field 3.
+    let ticks: u64 =
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    std::time::Duration::from_millis(ticks * 10)
+}
+
+/// CPU time of the whole process (all threads).
+pub fn process_cpu() -> std::time::Duration {
+    stat_cpu(&std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat"))
+}
+
+/// CPU time per thread name (threads of one name summed), to tell the store's writer thread
+/// from the async workers.
+pub fn thread_cpu() -> std::collections::BTreeMap<String, std::time::Duration> {
+    let mut out = std::collections::BTreeMap::new();
+    for task in std::fs::read_dir("/proc/self/task").expect("/proc/self/task") {
+        let Ok(stat) = std::fs::read_to_string(task.expect("task").path().join("stat")) else {
+            continue; // the thread ended meanwhile
+        };
+        let name =
+            stat[stat.find('(').expect("comm") + 1..stat.rfind(')').expect("comm")].to_owned();
+        *out.entry(name).or_default() += stat_cpu(&stat);
+    }
+    out
+}
+
+/// Bytes this process has passed to write calls so far (`wchar` of `/proc/self/io`).
+pub fn written_bytes() -> u64 {
+    let io = std::fs::read_to_string("/proc/self/io").expect("/proc/self/io");
+    io.lines()
+        .find_map(|l| l.strip_prefix("wchar: "))
+        .and_then(|v| v.parse().ok())
+        .expect("wchar")
+}
