@@ -317,9 +317,25 @@ impl Runtime {
         Ok(interrupted.unwrap_or(false))
     }
 
-    /// Returns when the session has no drain and no follow-up pending.
+    /// Returns when the session has no drain and no follow-up pending, and the boot recovery
+    /// sweep has resumed whatever it found.
     pub async fn wait_idle(&self, session: &SessionId, timeout: Duration) -> Result<()> {
         self.check_open()?;
+        // A session a previous process left running is not idle before the boot sweep has
+        // resumed it: wait for the sweep first, within the same timeout.
+        let start = tokio::time::Instant::now();
+        let swept = *self.recovery.borrow();
+        if !swept
+            && tokio::time::timeout(timeout, self.recovered())
+                .await
+                .is_err()
+        {
+            return Err(Error::Timeout {
+                session: session.clone(),
+                what: "wait_idle",
+            });
+        }
+        let timeout = timeout.saturating_sub(start.elapsed());
         match self
             .ask(session, "wait_idle", Some(timeout), session::Msg::WaitIdle)
             .await?
