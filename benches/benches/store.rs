@@ -2,12 +2,17 @@
 //! concurrent sessions, and snapshot reads of an active history (SPEC §18).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use agenthost_benches::entropy;
 use agenthost_model::history::Mode;
 use agenthost_model::{Delivery, Event, MessageId, Prompt, SessionId};
-use agenthost_store::{Admission, Config, NewSession, RedbStore, Store};
+use agenthost_store::{Admission, Config, NewSession, RedbStore, Store, system_clock};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+
+/// Ids minted so far, so that every admission of every sample has its own.
+static MINTED: AtomicUsize = AtomicUsize::new(0);
 
 fn runtime() -> tokio::runtime::Runtime {
     agenthost_benches::tokio_runtime()
@@ -47,14 +52,11 @@ fn admissions(c: &mut Criterion) {
             config.max_batch = max_batch;
             let store = Arc::new(RedbStore::open(config).expect("store"));
             rt.block_on(create_sessions(&store, sessions));
-            let mut counter = 0u64;
             group.bench_with_input(
                 BenchmarkId::new(mode, sessions),
                 &sessions,
                 |b, &sessions| {
                     b.iter_custom(|iters| {
-                        counter += 1;
-                        let round = counter;
                         let store = store.clone();
                         rt.block_on(async move {
                             let per_session = (iters as usize).div_ceil(sessions);
@@ -63,10 +65,11 @@ fn admissions(c: &mut Criterion) {
                                 .map(|s| {
                                     let store = store.clone();
                                     tokio::spawn(async move {
-                                        for i in 0..per_session {
-                                            let id =
-                                                MessageId::parse(&format!("msg_r{round}s{s}i{i}"))
-                                                    .expect("valid");
+                                        for _ in 0..per_session {
+                                            // Minted as the runtime mints an id the client
+                                            // did not supply.
+                                            let n = MINTED.fetch_add(1, Ordering::Relaxed);
+                                            let id = MessageId::mint(system_clock(), entropy(n));
                                             let admission = Admission {
                                                 session: session(s),
                                                 id,

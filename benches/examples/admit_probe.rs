@@ -10,14 +10,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use agenthost_benches::{tokio_runtime, written_bytes};
+use agenthost_benches::{entropy, thread_cpu, tokio_runtime, written_bytes};
 use agenthost_model::{Delivery, MessageId, Prompt, SessionId};
 use agenthost_store::{Admission, Config, NewSession, RedbStore, Store, system_clock};
-
-/// Spreads a counter over 80 bits of id entropy.
-fn entropy(n: usize) -> u128 {
-    (n as u128 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835)
-}
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -49,6 +44,13 @@ fn main() {
             written_bytes(),
             store.stats().commits.load(Ordering::Relaxed),
         );
+        let writer = || {
+            thread_cpu()
+                .get("agenthost-store")
+                .copied()
+                .unwrap_or_default()
+        };
+        let writer_cpu = writer();
         let start = Instant::now();
         rt.block_on(async {
             let mut tasks = tokio::task::JoinSet::new();
@@ -82,8 +84,9 @@ fn main() {
         let n = (sessions * per) as f64;
         let commits = store.stats().commits.load(Ordering::Relaxed) - commits;
         println!(
-            "round {round}: {:.1} k admissions/s, {:.0} B written per admission, {:.0} per commit",
+            "round {round}: {:.1} k admissions/s, writer CPU {:.1} µs per admission, {:.0} B written per admission, {:.0} per commit",
             n / start.elapsed().as_secs_f64() / 1000.0,
+            (writer() - writer_cpu).as_secs_f64() * 1e6 / n,
             (written_bytes() - written) as f64 / n,
             n / commits as f64
         );

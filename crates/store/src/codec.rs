@@ -1,8 +1,10 @@
 //! The on-disk record format, owned here and nowhere else (SPEC §4.3).
 //!
 //! Every value stored is `[FORMAT_VERSION as u16 little-endian][bincode 2 standard encoding]`.
-//! The version is also written once in the `meta` table; opening a store whose version differs
-//! fails with [`Error::FormatVersion`] naming both, so a build never misreads another's data.
+//! The version is also written once in the `meta` table; opening a store of a version this build
+//! cannot read fails with [`Error::FormatVersion`] naming both, so a build never misreads
+//! another's data. Opening an older readable store rewrites the `meta` version, so older builds
+//! then refuse the file instead of missing what they do not know.
 //! Decoding is bounded ([`MAX_RECORD`]) so a corrupt length prefix cannot allocate unbounded
 //! memory. Bump [`FORMAT_VERSION`] whenever a stored type changes shape; the golden-file test in
 //! `tests/` fails until you do.
@@ -12,8 +14,13 @@ use serde::de::DeserializeOwned;
 
 use crate::error::{Error, Result};
 
-/// The record format this build writes and reads.
-pub const FORMAT_VERSION: u16 = 1;
+/// The store format this build writes. Version 2 added the front tables of the event log and
+/// the inbox (`tiers`); its records are encoded exactly as version 1's.
+pub const FORMAT_VERSION: u16 = 2;
+
+/// The oldest format this build opens: records of versions `OLDEST_READABLE..=FORMAT_VERSION`
+/// share one encoding, and opening an older store upgrades it in place.
+pub const OLDEST_READABLE: u16 = 1;
 
 /// The largest record decoded; larger length prefixes are treated as corruption.
 pub const MAX_RECORD: usize = 64 * 1024 * 1024;
@@ -23,12 +30,12 @@ fn config() -> impl bincode::config::Config {
 }
 
 pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    let mut out = FORMAT_VERSION.to_le_bytes().to_vec();
-    // Encoding into a Vec only fails for types serde cannot express in bincode (maps with
-    // non-string keys are fine; `deserialize_any` types are not used by the model).
-    let body = bincode::serde::encode_to_vec(value, config())
+    let mut out = Vec::with_capacity(64);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    // Writing into a Vec cannot fail for I/O reasons, and model types are plain serde data that
+    // bincode can express (no `deserialize_any` types).
+    bincode::serde::encode_into_std_write(value, &mut out, config())
         .expect("invariant: model types are plain serde data that bincode can encode");
-    out.extend_from_slice(&body);
     out
 }
 
@@ -41,7 +48,7 @@ pub fn decode<T: DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T> {
         .split_first_chunk::<2>()
         .ok_or_else(|| corrupt("shorter than its version header".into()))?;
     let version = u16::from_le_bytes(*version);
-    if version != FORMAT_VERSION {
+    if !(OLDEST_READABLE..=FORMAT_VERSION).contains(&version) {
         return Err(Error::FormatVersion {
             found: version,
             supported: FORMAT_VERSION,

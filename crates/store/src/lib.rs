@@ -18,6 +18,7 @@ mod ops;
 mod rows;
 mod snapshot;
 pub mod tables;
+mod tiers;
 mod writer;
 
 use std::fmt;
@@ -100,6 +101,11 @@ pub struct Config {
     pub prompt_limit: usize,
     /// redb page cache in bytes; redb's default (1 GiB, allocated as used) when `None`.
     pub cache_size: Option<usize>,
+    /// New events and inbox rows are written to a front area keyed for locality and folded into
+    /// the per-session tables once it holds this many rows; a new generation of the front starts
+    /// every `fold_rows / 8` rows (ARCHITECTURE.md, "The front of the log"). Larger folds copy
+    /// each session's pages less often; each fold makes one commit longer.
+    pub fold_rows: usize,
     pub clock: Clock,
     pub on_commit: Option<CommitHook>,
 }
@@ -112,6 +118,7 @@ impl Config {
             max_wait: Duration::ZERO,
             prompt_limit: DEFAULT_PROMPT_LIMIT,
             cache_size: None,
+            fold_rows: 16_384,
             clock: Arc::new(system_clock),
             on_commit: None,
         }
@@ -126,6 +133,7 @@ impl fmt::Debug for Config {
             .field("max_wait", &self.max_wait)
             .field("prompt_limit", &self.prompt_limit)
             .field("cache_size", &self.cache_size)
+            .field("fold_rows", &self.fold_rows)
             .finish_non_exhaustive()
     }
 }
@@ -187,6 +195,7 @@ impl RedbStore {
         let (tx, rx) = mpsc::channel();
         let writer = Writer {
             db: db.clone(),
+            front: writer::Front::new(config.fold_rows),
             max_batch: config.max_batch.max(1),
             max_wait: config.max_wait,
             clock: config.clock,
@@ -247,8 +256,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Writes the format version into a new store, checks it in an existing one, and creates every
-/// table so that readers never meet a missing one.
+/// Writes the format version into a new store, checks it in an existing one (upgrading a
+/// version-1 store), creates every table so that readers never meet a missing one, and folds
+/// the front.
 fn init(db: &Database) -> Result<()> {
     let txn = db.begin_write().map_err(storage)?;
     {
@@ -257,27 +267,27 @@ fn init(db: &Database) -> Result<()> {
             .get(tables::FORMAT_KEY)
             .map_err(storage)?
             .map(|v| v.value().to_vec());
-        match found {
-            Some(bytes) => {
-                let found = <[u8; 2]>::try_from(bytes.as_slice())
-                    .map(u16::from_le_bytes)
-                    .map_err(|_| Error::Corrupt {
-                        what: "format version".into(),
-                        reason: format!("{} bytes instead of 2", bytes.len()),
-                    })?;
-                if found != FORMAT_VERSION {
-                    return Err(Error::FormatVersion {
-                        found,
-                        supported: FORMAT_VERSION,
-                    });
-                }
-            }
-            None => {
-                meta.insert(tables::FORMAT_KEY, FORMAT_VERSION.to_le_bytes().as_slice())
-                    .map_err(storage)?;
+        if let Some(bytes) = found {
+            let found = <[u8; 2]>::try_from(bytes.as_slice())
+                .map(u16::from_le_bytes)
+                .map_err(|_| Error::Corrupt {
+                    what: "format version".into(),
+                    reason: format!("{} bytes instead of 2", bytes.len()),
+                })?;
+            if !(codec::OLDEST_READABLE..=FORMAT_VERSION).contains(&found) {
+                return Err(Error::FormatVersion {
+                    found,
+                    supported: FORMAT_VERSION,
+                });
             }
         }
-        rows::Tables::open(&txn)?;
+        // A version-1 store has no front tables; creating them (below) is all the upgrade
+        // takes. From here on only this version or a later one may open the file.
+        meta.insert(tables::FORMAT_KEY, FORMAT_VERSION.to_le_bytes().as_slice())
+            .map_err(storage)?;
+        // Start with an empty front: what a previous process left there is folded now, so the
+        // writer's own count of front rows starts true.
+        rows::Tables::open(&txn, 0)?.fold()?;
     }
     txn.commit().map_err(storage)
 }

@@ -10,6 +10,10 @@
 //!
 //! Events are the exception: each is inserted into the log when its operation is accepted, as
 //! the log is append-only and nothing ever rewrites an event.
+//!
+//! Events and inbox rows are written to the front of their table when new (see `tiers`);
+//! [`Tables::fold`] moves the front into the base. Messages, which every step reads back as
+//! history, stay in one table.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -22,8 +26,77 @@ use redb::{ReadableTable, Table, WriteTransaction};
 use crate::codec::{decode, encode};
 use crate::error::{Error, Result, storage};
 use crate::tables::*;
+use crate::tiers::{self, BaseKey, Bytes, FrontKey, Tier, Tiered};
 
-type Bytes = &'static [u8];
+/// One session-keyed table opened for writing, in its two tiers.
+struct Pair<'t> {
+    what: &'static str,
+    base: Table<'t, BaseKey, Bytes>,
+    front: Table<'t, FrontKey, Bytes>,
+}
+
+impl<'t> Pair<'t> {
+    fn open(txn: &'t WriteTransaction, tiers: Tiered) -> Result<Self> {
+        Ok(Pair {
+            what: tiers.what,
+            base: txn.open_table(tiers.base).map_err(storage)?,
+            front: txn.open_table(tiers.front).map_err(storage)?,
+        })
+    }
+
+    fn get<T: serde::de::DeserializeOwned>(
+        &self,
+        generations: &[u64],
+        session: &SessionId,
+        seq: Seq,
+    ) -> Result<Option<(Tier, T)>> {
+        tiers::find(
+            &self.base,
+            &self.front,
+            generations,
+            session.as_str(),
+            seq.0,
+        )?
+        .map(|(tier, bytes)| Ok((tier, decode(self.what, &bytes)?)))
+        .transpose()
+    }
+
+    fn put(&mut self, tier: Tier, session: &SessionId, seq: Seq, bytes: &[u8]) -> Result<()> {
+        match tier {
+            Tier::Base => self.base.insert((session.as_str(), seq.0), bytes),
+            Tier::Front(g) => self.front.insert((g, session.as_str(), seq.0), bytes),
+        }
+        .map_err(storage)?;
+        Ok(())
+    }
+
+    fn remove(&mut self, tier: Tier, session: &SessionId, seq: Seq) -> Result<()> {
+        match tier {
+            Tier::Base => self.base.remove((session.as_str(), seq.0)),
+            Tier::Front(g) => self.front.remove((g, session.as_str(), seq.0)),
+        }
+        .map_err(storage)?;
+        Ok(())
+    }
+
+    /// Moves every front row into the base, in base key order so that each base page is
+    /// copied once. Returns how many rows moved.
+    fn fold(&mut self) -> Result<usize> {
+        let mut rows = Vec::new();
+        for entry in self.front.extract_if(|_, _| true).map_err(storage)? {
+            let (key, value) = entry.map_err(storage)?;
+            let (_, session, seq) = key.value();
+            rows.push((session.to_owned(), seq, value.value().to_vec()));
+        }
+        rows.sort_unstable_by(|a, b| (a.0.as_str(), a.1).cmp(&(b.0.as_str(), b.1)));
+        for (session, seq, value) in &rows {
+            self.base
+                .insert((session.as_str(), *seq), value.as_slice())
+                .map_err(storage)?;
+        }
+        Ok(rows.len())
+    }
+}
 
 /// A session row as the transaction found it and as it is now.
 struct SessionEntry {
@@ -33,18 +106,24 @@ struct SessionEntry {
 
 /// Every table opened for writing in one transaction, and the rows changed so far.
 pub(crate) struct Tables<'t> {
-    events: Table<'t, (&'static str, u64), Bytes>,
+    events: Pair<'t>,
     sessions: Table<'t, &'static str, Bytes>,
     by_created: Table<'t, (u64, &'static str), ()>,
-    messages: Table<'t, (&'static str, u64), Bytes>,
-    inbox: Table<'t, (&'static str, u64), Bytes>,
+    messages: Table<'t, BaseKey, Bytes>,
+    inbox: Pair<'t>,
     index: Table<'t, &'static str, Bytes>,
     instructions: Table<'t, &'static str, Bytes>,
     claims: Table<'t, &'static str, ()>,
     pending: Table<'t, &'static str, ()>,
+    /// The front's generations, oldest first; the last is the one new rows go to.
+    generations: Vec<u64>,
+    /// Rows this transaction added to the front.
+    front_rows: usize,
     /// Session rows read or written in this transaction (read ones are cached, not rewritten).
     session_rows: HashMap<SessionId, SessionEntry>,
     changed_messages: HashMap<(SessionId, Seq), Message>,
+    /// Where the inbox rows read so far live.
+    read_inbox: HashMap<(SessionId, Seq), Tier>,
     /// `None` removes the row.
     changed_inbox: BTreeMap<(SessionId, Seq), Option<InboxRow>>,
     changed_index: HashMap<MessageId, IndexEntry>,
@@ -52,19 +131,32 @@ pub(crate) struct Tables<'t> {
 }
 
 impl<'t> Tables<'t> {
-    pub(crate) fn open(txn: &'t WriteTransaction) -> Result<Self> {
+    /// Opens every table; new rows go to front generation `generation`.
+    pub(crate) fn open(txn: &'t WriteTransaction, generation: u64) -> Result<Self> {
+        let events = Pair::open(txn, EVENT_TIERS)?;
+        let inbox = Pair::open(txn, INBOX_TIERS)?;
+        let mut generations = Vec::new();
+        for pair in [&events, &inbox] {
+            generations.extend(tiers::generations(&pair.front)?);
+        }
+        generations.push(generation);
+        generations.sort_unstable();
+        generations.dedup();
         Ok(Tables {
-            events: txn.open_table(EVENTS).map_err(storage)?,
+            events,
             sessions: txn.open_table(SESSIONS).map_err(storage)?,
             by_created: txn.open_table(SESSIONS_BY_CREATED).map_err(storage)?,
             messages: txn.open_table(MESSAGES).map_err(storage)?,
-            inbox: txn.open_table(INBOX).map_err(storage)?,
+            inbox,
             index: txn.open_table(INDEX).map_err(storage)?,
             instructions: txn.open_table(INSTRUCTIONS).map_err(storage)?,
             claims: txn.open_table(CLAIMS).map_err(storage)?,
             pending: txn.open_table(PENDING).map_err(storage)?,
+            generations,
+            front_rows: 0,
             session_rows: HashMap::new(),
             changed_messages: HashMap::new(),
+            read_inbox: HashMap::new(),
             changed_inbox: BTreeMap::new(),
             changed_index: HashMap::new(),
             changed_instructions: HashMap::new(),
@@ -73,12 +165,19 @@ impl<'t> Tables<'t> {
 
     /// Pending inputs of a session in admission order, as this transaction has them.
     fn pending_inputs(&self, session: &SessionId) -> Result<BTreeMap<Seq, InboxRow>> {
-        let s = session.as_str();
         let mut rows = BTreeMap::new();
-        for entry in self.inbox.range((s, 0)..=(s, u64::MAX)).map_err(storage)? {
-            let (key, value) = entry.map_err(storage)?;
-            rows.insert(Seq(key.value().1), decode("inbox row", value.value())?);
-        }
+        let (base, front) = (&self.inbox.base, &self.inbox.front);
+        tiers::for_each(
+            base,
+            front,
+            &self.generations,
+            session.as_str(),
+            0,
+            |seq, bytes| {
+                rows.insert(Seq(seq), decode("inbox row", bytes)?);
+                Ok(true)
+            },
+        )?;
         let changed = (session.clone(), Seq::ZERO)..=(session.clone(), Seq(u64::MAX));
         for ((_, seq), row) in self.changed_inbox.range(changed) {
             match row {
@@ -89,17 +188,32 @@ impl<'t> Tables<'t> {
         Ok(rows)
     }
 
+    /// The generation new rows go to.
+    fn newest(&self) -> Tier {
+        Tier::Front(
+            *self
+                .generations
+                .last()
+                .expect("invariant: the current generation"),
+        )
+    }
+
     fn put_event(&mut self, session: &SessionId, stored: &Stored) -> Result<()> {
-        let key = (session.as_str(), stored.seq.0);
+        let newest = self.newest();
         self.events
-            .insert(key, encode(stored).as_slice())
-            .map_err(storage)?;
+            .put(newest, session, stored.seq, &encode(stored))?;
+        self.front_rows += 1;
         Ok(())
     }
 
+    /// Moves the whole front into the base tables. Returns how many rows moved.
+    pub(crate) fn fold(&mut self) -> Result<usize> {
+        Ok(self.events.fold()? + self.inbox.fold()?)
+    }
+
     /// Writes every row changed in this transaction to its table. Called once, after the last
-    /// operation of the batch.
-    pub(crate) fn finish(mut self) -> Result<()> {
+    /// operation of the batch. Returns how many rows the transaction added to the front.
+    pub(crate) fn finish(mut self) -> Result<usize> {
         for (id, entry) in std::mem::take(&mut self.session_rows) {
             if let Some(row) = &entry.now
                 && entry.now != entry.before
@@ -107,20 +221,25 @@ impl<'t> Tables<'t> {
                 self.write_session(&id, row, entry.before.as_ref())?;
             }
         }
+        let newest = self.newest();
         for ((session, seq), message) in std::mem::take(&mut self.changed_messages) {
             self.messages
                 .insert((session.as_str(), seq.0), encode(&message).as_slice())
                 .map_err(storage)?;
         }
         for ((session, seq), row) in std::mem::take(&mut self.changed_inbox) {
-            let key = (session.as_str(), seq.0);
-            match row {
-                Some(row) => drop(
-                    self.inbox
-                        .insert(key, encode(&row).as_slice())
-                        .map_err(storage)?,
-                ),
-                None => drop(self.inbox.remove(key).map_err(storage)?),
+            let lives = self.read_inbox.get(&(session.clone(), seq)).copied();
+            match (row, lives) {
+                (Some(row), lives) => {
+                    if lives.is_none() {
+                        self.front_rows += 1;
+                    }
+                    let tier = lives.unwrap_or(newest);
+                    self.inbox.put(tier, &session, seq, &encode(&row))?;
+                }
+                (None, Some(tier)) => self.inbox.remove(tier, &session, seq)?,
+                // Added and removed within the batch: never written.
+                (None, None) => {}
             }
         }
         for (id, entry) in std::mem::take(&mut self.changed_index) {
@@ -133,7 +252,7 @@ impl<'t> Tables<'t> {
                 .insert(session.as_str(), encode(&state).as_slice())
                 .map_err(storage)?;
         }
-        Ok(())
+        Ok(self.front_rows)
     }
 
     /// Writes a session row given the row the transaction started from, keeping the derived
@@ -226,11 +345,15 @@ impl Projection for Tables<'_> {
     }
 
     fn inbox(&mut self, session: &SessionId, seq: Seq) -> Result<Option<InboxRow>> {
-        if let Some(row) = self.changed_inbox.get(&(session.clone(), seq)) {
+        let key = (session.clone(), seq);
+        if let Some(row) = self.changed_inbox.get(&key) {
             return Ok(row.clone());
         }
-        let value = self.inbox.get((session.as_str(), seq.0)).map_err(storage)?;
-        value.map(|v| decode("inbox row", v.value())).transpose()
+        let found = self.inbox.get(&self.generations, session, seq)?;
+        Ok(found.map(|(tier, row)| {
+            self.read_inbox.insert(key, tier);
+            row
+        }))
     }
 
     fn put_inbox(&mut self, session: &SessionId, row: &InboxRow) -> Result<()> {
@@ -240,6 +363,10 @@ impl Projection for Tables<'_> {
     }
 
     fn remove_inbox(&mut self, session: &SessionId, seq: Seq) -> Result<()> {
+        // Where the row lives must be known when the batch is written.
+        if !self.changed_inbox.contains_key(&(session.clone(), seq)) {
+            self.inbox(session, seq)?;
+        }
         self.changed_inbox.insert((session.clone(), seq), None);
         Ok(())
     }

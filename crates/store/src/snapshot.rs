@@ -15,6 +15,7 @@ use serde::de::DeserializeOwned;
 use crate::codec::decode;
 use crate::error::{Result, storage};
 use crate::tables::*;
+use crate::tiers::{self, Tiered};
 
 /// Read access to one consistent state of the store.
 pub trait Snapshot: Send {
@@ -59,25 +60,47 @@ pub(crate) struct RedbSnapshot {
 }
 
 impl RedbSnapshot {
+    /// A session's rows of a two-tier table with `seq >= from`, in seq order, at most `limit`.
     fn session_range<T: DeserializeOwned>(
         &self,
-        table: redb::TableDefinition<'_, (&str, u64), &[u8]>,
-        what: &str,
+        tiered: Tiered,
         id: &SessionId,
         from: Seq,
         limit: usize,
     ) -> Result<Vec<T>> {
-        let table = self.txn.open_table(table).map_err(storage)?;
-        let s = id.as_str();
+        let base = self.txn.open_table(tiered.base).map_err(storage)?;
+        let front = self.txn.open_table(tiered.front).map_err(storage)?;
+        let generations = tiers::generations(&front)?;
         let mut out = Vec::new();
-        for entry in table.range((s, from.0)..=(s, u64::MAX)).map_err(storage)? {
-            if out.len() >= limit {
-                break;
-            }
-            let (_, value) = entry.map_err(storage)?;
-            out.push(decode(what, value.value())?);
+        if limit == 0 {
+            return Ok(out);
         }
+        tiers::for_each(
+            &base,
+            &front,
+            &generations,
+            id.as_str(),
+            from.0,
+            |_, bytes| {
+                out.push(decode(tiered.what, bytes)?);
+                Ok(out.len() < limit)
+            },
+        )?;
         Ok(out)
+    }
+
+    /// Every row of a two-tier table.
+    fn all_tiers<T: DeserializeOwned>(
+        &self,
+        tiered: Tiered,
+        mut each: impl FnMut(SessionId, Seq, T),
+    ) -> Result<()> {
+        let base = self.txn.open_table(tiered.base).map_err(storage)?;
+        let front = self.txn.open_table(tiered.front).map_err(storage)?;
+        tiers::for_all(&base, &front, |session, seq, bytes| {
+            each(session_key(session)?, Seq(seq), decode(tiered.what, bytes)?);
+            Ok(())
+        })
     }
 
     fn keys(&self, table: redb::TableDefinition<'_, &str, ()>) -> Result<Vec<SessionId>> {
@@ -142,11 +165,21 @@ impl Snapshot for RedbSnapshot {
     }
 
     fn messages(&self, id: &SessionId, from: Seq, limit: usize) -> Result<Vec<Message>> {
-        self.session_range(MESSAGES, "message", id, from, limit)
+        let table = self.txn.open_table(MESSAGES).map_err(storage)?;
+        let s = id.as_str();
+        let mut out = Vec::new();
+        for entry in table.range((s, from.0)..=(s, u64::MAX)).map_err(storage)? {
+            if out.len() >= limit {
+                break;
+            }
+            let (_, value) = entry.map_err(storage)?;
+            out.push(decode("message", value.value())?);
+        }
+        Ok(out)
     }
 
     fn pending(&self, id: &SessionId) -> Result<Vec<InboxRow>> {
-        self.session_range(INBOX, "inbox row", id, Seq::ZERO, usize::MAX)
+        self.session_range(INBOX_TIERS, id, Seq::ZERO, usize::MAX)
     }
 
     fn instructions(&self, id: &SessionId) -> Result<InstructionState> {
@@ -165,7 +198,7 @@ impl Snapshot for RedbSnapshot {
     }
 
     fn events(&self, id: &SessionId, from: Seq, limit: usize) -> Result<Vec<Stored>> {
-        self.session_range(EVENTS, "event", id, from, limit)
+        self.session_range(EVENT_TIERS, id, from, limit)
     }
 
     fn claimed(&self) -> Result<Vec<SessionId>> {
@@ -186,9 +219,8 @@ impl Snapshot for RedbSnapshot {
             p.messages.insert((session_key(s)?, Seq(seq)), m);
             Ok(())
         })?;
-        self.all(INBOX, "inbox row", |(s, seq), row: InboxRow| {
-            p.inbox.insert((session_key(s)?, Seq(seq)), row);
-            Ok(())
+        self.all_tiers(INBOX_TIERS, |s, seq, row: InboxRow| {
+            p.inbox.insert((s, seq), row);
         })?;
         self.all(INDEX, "index entry", |id, entry: IndexEntry| {
             let id = MessageId::parse(id).map_err(|e| crate::Error::Corrupt {
@@ -211,9 +243,8 @@ impl Snapshot for RedbSnapshot {
 
     fn logs(&self) -> Result<BTreeMap<SessionId, Vec<Stored>>> {
         let mut logs: BTreeMap<SessionId, Vec<Stored>> = BTreeMap::new();
-        self.all(EVENTS, "event", |(s, _), stored: Stored| {
-            logs.entry(session_key(s)?).or_default().push(stored);
-            Ok(())
+        self.all_tiers(EVENT_TIERS, |s, _, stored: Stored| {
+            logs.entry(s).or_default().push(stored);
         })?;
         Ok(logs)
     }

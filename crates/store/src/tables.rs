@@ -1,7 +1,11 @@
 //! Every redb table of the store, in one place. Keys are `(session id, seq)` tuples where rows
-//! belong to a session's log, so a session's rows are one contiguous range.
+//! belong to a session's log, so a session's rows are one contiguous range. The event log and
+//! the inbox each have a *front* table besides, keyed `(generation, session, seq)`, that takes
+//! new rows until the writer folds them into the base table (see `tiers`).
 
 use redb::TableDefinition;
+
+use crate::tiers::Tiered;
 
 /// `"format_version"` → u16 (little-endian). Written once when the store is created.
 pub const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("meta");
@@ -16,6 +20,25 @@ pub const SESSIONS_BY_CREATED: TableDefinition<'_, (u64, &str), ()> =
 pub const MESSAGES: TableDefinition<'_, (&str, u64), &[u8]> = TableDefinition::new("messages");
 /// `(session, admitted seq)` → [`agenthost_model::InboxRow`]: pending inputs only.
 pub const INBOX: TableDefinition<'_, (&str, u64), &[u8]> = TableDefinition::new("inbox");
+/// `(generation, session, seq)` → [`agenthost_model::Stored`]: events not yet folded into
+/// [`EVENTS`].
+pub const EVENTS_FRONT: TableDefinition<'_, (u64, &str, u64), &[u8]> =
+    TableDefinition::new("events_front");
+/// `(generation, session, admitted seq)` → [`agenthost_model::InboxRow`], not yet folded into
+/// [`INBOX`].
+pub const INBOX_FRONT: TableDefinition<'_, (u64, &str, u64), &[u8]> =
+    TableDefinition::new("inbox_front");
+
+pub(crate) const EVENT_TIERS: Tiered = Tiered {
+    what: "event",
+    base: EVENTS,
+    front: EVENTS_FRONT,
+};
+pub(crate) const INBOX_TIERS: Tiered = Tiered {
+    what: "inbox row",
+    base: INBOX,
+    front: INBOX_FRONT,
+};
 /// `message id` → [`agenthost_model::IndexEntry`]: every admitted input and message.
 pub const INDEX: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("message_index");
 /// `session` → [`agenthost_model::InstructionState`].

@@ -56,8 +56,51 @@ impl Stats {
     }
 }
 
+/// How the writer fills the front of the session-keyed tables and when it folds it (`tiers`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Front {
+    /// The generation new rows go to.
+    pub(crate) generation: u64,
+    /// Rows added since the last fold, and since the current generation began.
+    pub(crate) rows: usize,
+    pub(crate) in_generation: usize,
+    /// Fold once the front holds this many rows.
+    pub(crate) fold_rows: usize,
+    /// Start a new generation after this many rows.
+    pub(crate) generation_rows: usize,
+}
+
+impl Front {
+    pub(crate) fn new(fold_rows: usize) -> Self {
+        let fold_rows = fold_rows.max(1);
+        Front {
+            generation: 0,
+            rows: 0,
+            in_generation: 0,
+            fold_rows,
+            // A handful of generations between folds: each stays small enough that a commit's
+            // rows land on few pages, and readers visit few of them.
+            generation_rows: fold_rows.div_ceil(8),
+        }
+    }
+
+    /// Records a committed transaction that added `added` rows, after folding or not.
+    fn committed(&mut self, folded: bool, added: usize) {
+        if folded {
+            self.rows = 0;
+        }
+        self.rows += added;
+        self.in_generation += added;
+        if self.in_generation >= self.generation_rows {
+            self.generation += 1;
+            self.in_generation = 0;
+        }
+    }
+}
+
 pub(crate) struct Writer {
     pub(crate) db: Arc<Database>,
+    pub(crate) front: Front,
     pub(crate) max_batch: usize,
     pub(crate) max_wait: Duration,
     pub(crate) clock: Clock,
@@ -67,7 +110,7 @@ pub(crate) struct Writer {
 
 impl Writer {
     /// Runs until every sender is gone, then returns: the last batch is committed first.
-    pub(crate) fn run(self, rx: mpsc::Receiver<Request>) {
+    pub(crate) fn run(mut self, rx: mpsc::Receiver<Request>) {
         while let Ok(first) = rx.recv() {
             let mut batch = vec![first];
             self.gather(&rx, &mut batch);
@@ -90,7 +133,7 @@ impl Writer {
         }
     }
 
-    fn commit(&self, batch: Vec<Request>) {
+    fn commit(&mut self, batch: Vec<Request>) {
         let (ops, replies): (Vec<Op>, Vec<_>) = batch.into_iter().map(|r| (r.op, r.reply)).unzip();
         let count = ops.len();
         match self.transact(ops) {
@@ -119,14 +162,22 @@ impl Writer {
     /// with its overlay and answered with its error; a storage error fails the whole batch,
     /// because redb poisons a transaction that failed part-way.
     #[allow(clippy::type_complexity)]
-    fn transact(&self, ops: Vec<Op>) -> Result<(Vec<Result<Outcome>>, Vec<(SessionId, Stored)>)> {
+    fn transact(
+        &mut self,
+        ops: Vec<Op>,
+    ) -> Result<(Vec<Result<Outcome>>, Vec<(SessionId, Stored)>)> {
         let now = (self.clock)();
         let mut txn = self.db.begin_write().map_err(storage)?;
         txn.set_durability(Durability::Immediate).map_err(storage)?;
         let mut results = Vec::with_capacity(ops.len());
         let mut events = Vec::new();
+        let fold = self.front.rows >= self.front.fold_rows;
+        let added;
         {
-            let mut tables = Tables::open(&txn)?;
+            let mut tables = Tables::open(&txn, self.front.generation)?;
+            if fold {
+                tables.fold()?;
+            }
             for op in ops {
                 let mut overlay = Overlay::new(&mut tables);
                 match execute(&mut overlay, op, now) {
@@ -138,9 +189,10 @@ impl Writer {
                     Err(e) => results.push(Err(e)),
                 }
             }
-            tables.finish()?;
+            added = tables.finish()?;
         }
         txn.commit().map_err(storage)?;
+        self.front.committed(fold, added);
         Ok((results, events))
     }
 }

@@ -19,6 +19,9 @@ pub struct Harness {
 pub fn config(dir: &std::path::Path, provider: Arc<Scripted>) -> Config {
     let mut config = Config::new(dir.join("store.redb")).with_provider("scripted", provider);
     config.supervision.backoff = Duration::from_millis(1);
+    // Fold the store's front every few rows, so every scenario reads and writes across both
+    // tiers and several generations.
+    config.store.fold_rows = 7;
     config
 }
 

@@ -70,7 +70,9 @@ fn runtime_config(dir: &Path) -> (Config, Extensions) {
         reply_tokens: 8,
         seed: 7,
     });
-    let config = Config::new(dir.join("store.redb")).with_provider("mock", Arc::new(mock));
+    let mut config = Config::new(dir.join("store.redb")).with_provider("mock", Arc::new(mock));
+    // Kills land before, during and after folds of the store's front.
+    config.store.fold_rows = 7;
     let mut tools = Tools::default();
     tools.register(Tool::new(
         "charge",

@@ -1,7 +1,7 @@
-//! The on-disk format (SPEC §4.3): a store file written by format version 1 is committed under
-//! `testdata/`; every later build must open it and read exactly the same content, or refuse it
-//! with the version error. Regenerate only together with a format version bump:
-//! `AGENTHOST_BLESS=1 cargo test -p agenthost-store golden`.
+//! The on-disk format (SPEC §4.3): a store file written by each format version is committed
+//! under `testdata/`; every later build must open it and read exactly the same content, or
+//! refuse it with the version error. Bless the current version's file only together with a
+//! format version bump: `AGENTHOST_BLESS=1 cargo test -p agenthost-store golden`.
 
 use std::path::{Path, PathBuf};
 
@@ -9,7 +9,7 @@ use agenthost_model::promotion::Boundary;
 use agenthost_model::{Delivery, Event, FileAttachment, Finish, Prompt, Seq, Usage};
 
 use super::*;
-use crate::codec::FORMAT_VERSION;
+use crate::codec::{FORMAT_VERSION, OLDEST_READABLE};
 use crate::{Error, tables};
 
 fn testdata(name: &str) -> PathBuf {
@@ -128,16 +128,31 @@ async fn golden_store_opens_with_identical_content() {
         drop(store);
         std::fs::copy(dir.path().join("store.redb"), &golden).expect("write golden");
     }
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::copy(&golden, dir.path().join("store.redb"))
+    for version in OLDEST_READABLE..=FORMAT_VERSION {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::copy(
+            testdata(&format!("golden-v{version}.redb")),
+            dir.path().join("store.redb"),
+        )
         .expect("the golden store file exists (bless it together with a format bump)");
+        let expected = std::fs::read_to_string(testdata(&format!("golden-v{version}.txt")))
+            .expect("expected rendering exists");
+        let store = open(dir.path());
+        assert_eq!(
+            render(&store),
+            expected,
+            "the version {version} golden store reads differently"
+        );
+        // Opening upgraded it: a build of that version would now refuse the file.
+        store.close();
+        drop(store);
+        let db = redb::Database::create(dir.path().join("store.redb")).expect("raw open");
+        let txn = redb::ReadableDatabase::begin_read(&db).expect("read");
+        let meta = txn.open_table(tables::META).expect("meta");
+        let stored = meta.get(tables::FORMAT_KEY).expect("get").expect("version");
+        assert_eq!(stored.value(), FORMAT_VERSION.to_le_bytes().as_slice());
+    }
     let expected = std::fs::read_to_string(&expected).expect("expected rendering exists");
-    let store = open(dir.path());
-    assert_eq!(
-        render(&store),
-        expected,
-        "the golden store reads differently"
-    );
 
     // This build still writes exactly what the golden file holds.
     let fresh = tempfile::tempdir().expect("tempdir");

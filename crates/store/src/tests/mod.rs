@@ -20,10 +20,12 @@ pub(crate) fn mid(s: &str) -> MessageId {
     MessageId::parse(&format!("msg_{s}")).expect("valid message id")
 }
 
-/// A store in `dir` with a pinned clock, so contents are deterministic.
+/// A store in `dir` with a pinned clock, so contents are deterministic, and a front that folds
+/// every few rows, so every test reads and rewrites rows in both tiers and across generations.
 pub(crate) fn open(dir: &std::path::Path) -> RedbStore {
     let mut config = Config::new(dir.join("store.redb"));
     config.clock = Arc::new(|| Timestamp(1_700_000_000_000));
+    config.fold_rows = 5;
     RedbStore::open(config).expect("store opens")
 }
 
