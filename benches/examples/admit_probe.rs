@@ -39,7 +39,15 @@ fn main() {
             store.create_session(new).await.expect("created");
         }
     });
+    let fold_stats = |store: &RedbStore| {
+        let stats = store.stats();
+        (
+            stats.folds.load(Ordering::Relaxed),
+            stats.fold_micros.load(Ordering::Relaxed),
+        )
+    };
     for round in 0..rounds {
+        let (folds, fold_micros) = fold_stats(&store);
         let (written, commits) = (
             written_bytes(),
             store.stats().commits.load(Ordering::Relaxed),
@@ -90,5 +98,13 @@ fn main() {
             (written_bytes() - written) as f64 / n,
             n / commits as f64
         );
+        let (folds_now, micros_now) = fold_stats(&store);
+        if folds_now > folds {
+            println!(
+                "    {} folds of the front, {:.1} ms each on average",
+                folds_now - folds,
+                (micros_now - fold_micros) as f64 / 1000.0 / (folds_now - folds) as f64
+            );
+        }
     }
 }

@@ -3,7 +3,8 @@
 //! Sources:
 //! - the runtime: live session actors, sessions with a drain in progress, drains, steps, actor
 //!   restarts and recovered sessions ([`agenthost_actors::Metrics`]);
-//! - the store writer: commits, operations, failed commits and the batch-size histogram
+//! - the store writer: commits, operations, failed commits, the batch-size histogram, and the
+//!   folds of the front of the log (count, rows, time)
 //!   ([`agenthost_store::Stats`]);
 //! - a listener on the runtime's bus, started with the [`crate::Api`]: durable events by kind;
 //! - the providers, when wrapped in [`Timed`]: requests, errors, time to the first event and
@@ -138,6 +139,21 @@ pub(crate) async fn render(State(shared): State<Arc<Shared>>) -> Response {
         "Write transactions that failed as a whole.",
         stats.failed_commits.load(Ordering::Relaxed),
     );
+    out.counter(
+        "agenthost_store_folds_total",
+        "Folds of the front of the event log and inbox into the per-session tables.",
+        stats.folds.load(Ordering::Relaxed),
+    );
+    out.counter(
+        "agenthost_store_folded_rows_total",
+        "Rows moved by folds.",
+        stats.folded_rows.load(Ordering::Relaxed),
+    );
+    out.counter_f64(
+        "agenthost_store_fold_seconds_total",
+        "Time folds took inside their transactions.",
+        stats.fold_micros.load(Ordering::Relaxed) as f64 / 1e6,
+    );
     // Bucket i holds batches of 2^i ..= 2^(i+1)-1 operations; the last is open-ended.
     let counts: Vec<u64> = stats
         .batch_sizes
@@ -229,6 +245,10 @@ impl Text {
     }
 
     fn counter(&mut self, name: &str, help: &str, value: u64) {
+        self.counter_f64(name, help, value as f64);
+    }
+
+    fn counter_f64(&mut self, name: &str, help: &str, value: f64) {
         self.header(name, help, "counter");
         let _ = writeln!(self.0, "{name} {value}");
     }

@@ -164,6 +164,8 @@ async fn health_metrics_and_unknown_routes() {
         "agenthost_sessions_recovered_total ",
         "agenthost_store_commits_total ",
         "agenthost_store_commit_batch_size_bucket{le=\"1\"}",
+        "agenthost_store_folds_total ",
+        "agenthost_store_fold_seconds_total ",
         "agenthost_drains_total ",
         "agenthost_steps_total ",
         "agenthost_sse_streams ",

@@ -45,6 +45,11 @@ pub struct Stats {
     pub failed_commits: AtomicU64,
     /// Histogram of operations per commit by power of two.
     pub batch_sizes: [AtomicU64; BUCKETS],
+    /// Folds of the front of the log into the per-session tables, the rows they moved, and the
+    /// time they took inside their transactions, in microseconds.
+    pub folds: AtomicU64,
+    pub folded_rows: AtomicU64,
+    pub fold_micros: AtomicU64,
 }
 
 impl Stats {
@@ -172,11 +177,13 @@ impl Writer {
         let mut results = Vec::with_capacity(ops.len());
         let mut events = Vec::new();
         let fold = self.front.rows >= self.front.fold_rows;
+        let mut folded = None;
         let added;
         {
             let mut tables = Tables::open(&txn, self.front.generation)?;
             if fold {
-                tables.fold()?;
+                let start = Instant::now();
+                folded = Some((tables.fold()?, start.elapsed()));
             }
             for op in ops {
                 let mut overlay = Overlay::new(&mut tables);
@@ -193,6 +200,15 @@ impl Writer {
         }
         txn.commit().map_err(storage)?;
         self.front.committed(fold, added);
+        if let Some((rows, took)) = folded {
+            self.stats.folds.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .folded_rows
+                .fetch_add(rows as u64, Ordering::Relaxed);
+            self.stats
+                .fold_micros
+                .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+        }
         Ok((results, events))
     }
 }

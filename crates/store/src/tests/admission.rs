@@ -515,4 +515,9 @@ async fn write_runs_its_actions_in_one_transaction() {
         .collect();
     assert_eq!(promoted, ["msg_third", "msg_q1", "msg_q2"]);
     assert_replay_equal(&store);
+    // The test store folds every few rows: these writes went through folds, and were read back
+    // across them.
+    let stats = store.stats();
+    assert!(stats.folds.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    assert!(stats.folded_rows.load(std::sync::atomic::Ordering::Relaxed) > 0);
 }
