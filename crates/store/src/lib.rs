@@ -287,7 +287,8 @@ fn init(db: &Database) -> Result<()> {
             .map_err(storage)?;
         // Start with an empty front: what a previous process left there is folded now, so the
         // writer's own count of front rows starts true.
-        rows::Tables::open(&txn, 0)?.fold()?;
+        rows::fold(&txn)?;
+        rows::Tables::open(&txn, 0)?;
     }
     txn.commit().map_err(storage)
 }

@@ -12,7 +12,7 @@
 //! the log is append-only and nothing ever rewrites an event.
 //!
 //! Events and inbox rows are written to the front of their table when new (see `tiers`);
-//! [`Tables::fold`] moves the front into the base. Messages, which every step reads back as
+//! [`fold`] moves the front into the base. Messages, which every step reads back as
 //! history, stay in one table.
 
 use std::collections::{BTreeMap, HashMap};
@@ -78,24 +78,37 @@ impl<'t> Pair<'t> {
         .map_err(storage)?;
         Ok(())
     }
+}
 
-    /// Moves every front row into the base, in base key order so that each base page is
-    /// copied once. Returns how many rows moved.
-    fn fold(&mut self) -> Result<usize> {
+/// Moves the whole front of the event log and the inbox into their base tables, in base key
+/// order so that each base page is copied once, and drops the emptied front tables whole
+/// (they are created again, empty, when next opened). Returns how many rows moved. Runs before
+/// [`Tables::open`] in the transaction.
+pub(crate) fn fold(txn: &WriteTransaction) -> Result<usize> {
+    let mut moved = 0;
+    for tiers in [EVENT_TIERS, INBOX_TIERS] {
         let mut rows = Vec::new();
-        for entry in self.front.extract_if(|_, _| true).map_err(storage)? {
-            let (key, value) = entry.map_err(storage)?;
-            let (_, session, seq) = key.value();
-            rows.push((session.to_owned(), seq, value.value().to_vec()));
+        {
+            let front = txn.open_table(tiers.front).map_err(storage)?;
+            for entry in front.iter().map_err(storage)? {
+                let (key, value) = entry.map_err(storage)?;
+                let (_, session, seq) = key.value();
+                rows.push((session.to_owned(), seq, value.value().to_vec()));
+            }
         }
+        if rows.is_empty() {
+            continue;
+        }
+        txn.delete_table(tiers.front).map_err(storage)?;
         rows.sort_unstable_by(|a, b| (a.0.as_str(), a.1).cmp(&(b.0.as_str(), b.1)));
+        let mut base = txn.open_table(tiers.base).map_err(storage)?;
         for (session, seq, value) in &rows {
-            self.base
-                .insert((session.as_str(), *seq), value.as_slice())
+            base.insert((session.as_str(), *seq), value.as_slice())
                 .map_err(storage)?;
         }
-        Ok(rows.len())
+        moved += rows.len();
     }
+    Ok(moved)
 }
 
 /// A session row as the transaction found it and as it is now.
@@ -204,11 +217,6 @@ impl<'t> Tables<'t> {
             .put(newest, session, stored.seq, &encode(stored))?;
         self.front_rows += 1;
         Ok(())
-    }
-
-    /// Moves the whole front into the base tables. Returns how many rows moved.
-    pub(crate) fn fold(&mut self) -> Result<usize> {
-        Ok(self.events.fold()? + self.inbox.fold()?)
     }
 
     /// Writes every row changed in this transaction to its table. Called once, after the last

@@ -178,13 +178,13 @@ impl Writer {
         let mut events = Vec::new();
         let fold = self.front.rows >= self.front.fold_rows;
         let mut folded = None;
+        if fold {
+            let start = Instant::now();
+            folded = Some((crate::rows::fold(&txn)?, start.elapsed()));
+        }
         let added;
         {
             let mut tables = Tables::open(&txn, self.front.generation)?;
-            if fold {
-                let start = Instant::now();
-                folded = Some((tables.fold()?, start.elapsed()));
-            }
             for op in ops {
                 let mut overlay = Overlay::new(&mut tables);
                 match execute(&mut overlay, op, now) {
