@@ -196,6 +196,7 @@ impl RedbStore {
         let writer = Writer {
             db: db.clone(),
             front: writer::Front::new(config.fold_rows),
+            committed: Default::default(),
             max_batch: config.max_batch.max(1),
             max_wait: config.max_wait,
             clock: config.clock,
@@ -288,7 +289,7 @@ fn init(db: &Database) -> Result<()> {
         // Start with an empty front: what a previous process left there is folded now, so the
         // writer's own count of front rows starts true.
         rows::fold(&txn)?;
-        rows::Tables::open(&txn, 0)?;
+        rows::Tables::open(&txn, 0, &rows::Committed::new())?;
     }
     txn.commit().map_err(storage)
 }

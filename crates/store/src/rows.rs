@@ -111,6 +111,12 @@ pub(crate) fn fold(txn: &WriteTransaction) -> Result<usize> {
     Ok(moved)
 }
 
+/// Session rows as last committed, kept by the writer across transactions: a session's row is
+/// read from a B-tree and decoded once, not once per batch. Only the writer changes rows, so
+/// the cache is exact; the writer updates it after each commit and leaves it alone when a
+/// commit fails (nothing of that transaction took effect).
+pub(crate) type Committed = HashMap<SessionId, SessionRow>;
+
 /// A session row as the transaction found it and as it is now.
 struct SessionEntry {
     before: Option<SessionRow>,
@@ -132,6 +138,7 @@ pub(crate) struct Tables<'t> {
     generations: Vec<u64>,
     /// Rows this transaction added to the front.
     front_rows: usize,
+    committed: &'t Committed,
     /// Session rows read or written in this transaction (read ones are cached, not rewritten).
     session_rows: HashMap<SessionId, SessionEntry>,
     changed_messages: HashMap<(SessionId, Seq), Message>,
@@ -145,7 +152,11 @@ pub(crate) struct Tables<'t> {
 
 impl<'t> Tables<'t> {
     /// Opens every table; new rows go to front generation `generation`.
-    pub(crate) fn open(txn: &'t WriteTransaction, generation: u64) -> Result<Self> {
+    pub(crate) fn open(
+        txn: &'t WriteTransaction,
+        generation: u64,
+        committed: &'t Committed,
+    ) -> Result<Self> {
         let events = Pair::open(txn, EVENT_TIERS)?;
         let inbox = Pair::open(txn, INBOX_TIERS)?;
         let mut generations = Vec::new();
@@ -167,6 +178,7 @@ impl<'t> Tables<'t> {
             pending: txn.open_table(PENDING).map_err(storage)?,
             generations,
             front_rows: 0,
+            committed,
             session_rows: HashMap::new(),
             changed_messages: HashMap::new(),
             read_inbox: HashMap::new(),
@@ -220,14 +232,17 @@ impl<'t> Tables<'t> {
     }
 
     /// Writes every row changed in this transaction to its table. Called once, after the last
-    /// operation of the batch. Returns how many rows the transaction added to the front.
-    pub(crate) fn finish(mut self) -> Result<usize> {
+    /// operation of the batch. Returns how many rows the transaction added to the front, and
+    /// every session row it read or wrote, as it will be once committed.
+    pub(crate) fn finish(mut self) -> Result<(usize, Vec<SessionRow>)> {
+        let mut rows = Vec::with_capacity(self.session_rows.len());
         for (id, entry) in std::mem::take(&mut self.session_rows) {
             if let Some(row) = &entry.now
                 && entry.now != entry.before
             {
                 self.write_session(&id, row, entry.before.as_ref())?;
             }
+            rows.extend(entry.now);
         }
         let newest = self.newest();
         for ((session, seq), message) in std::mem::take(&mut self.changed_messages) {
@@ -260,7 +275,7 @@ impl<'t> Tables<'t> {
                 .insert(session.as_str(), encode(&state).as_slice())
                 .map_err(storage)?;
         }
-        Ok(self.front_rows)
+        Ok((self.front_rows, rows))
     }
 
     /// Writes a session row given the row the transaction started from, keeping the derived
@@ -307,12 +322,15 @@ impl Projection for Tables<'_> {
         if let Some(entry) = self.session_rows.get(id) {
             return Ok(entry.now.clone());
         }
-        let row: Option<SessionRow> = self
-            .sessions
-            .get(id.as_str())
-            .map_err(storage)?
-            .map(|v| decode("session row", v.value()))
-            .transpose()?;
+        let row: Option<SessionRow> = match self.committed.get(id) {
+            Some(row) => Some(row.clone()),
+            None => self
+                .sessions
+                .get(id.as_str())
+                .map_err(storage)?
+                .map(|v| decode("session row", v.value()))
+                .transpose()?,
+        };
         self.session_rows.insert(
             id.clone(),
             SessionEntry {

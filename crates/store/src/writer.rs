@@ -20,7 +20,7 @@ use tokio::sync::oneshot;
 
 use crate::error::{Error, Result, storage};
 use crate::ops::{Op, Outcome, execute};
-use crate::rows::{Overlay, Tables};
+use crate::rows::{Committed, Overlay, Tables};
 
 /// Called on the writer thread with every batch of events, in commit order, right after the
 /// commit is durable and before any caller is answered.
@@ -103,9 +103,13 @@ impl Front {
     }
 }
 
+/// Most session rows the writer keeps between commits; past it the cache starts over.
+const CACHED_SESSIONS: usize = 65_536;
+
 pub(crate) struct Writer {
     pub(crate) db: Arc<Database>,
     pub(crate) front: Front,
+    pub(crate) committed: Committed,
     pub(crate) max_batch: usize,
     pub(crate) max_wait: Duration,
     pub(crate) clock: Clock,
@@ -182,9 +186,9 @@ impl Writer {
             let start = Instant::now();
             folded = Some((crate::rows::fold(&txn)?, start.elapsed()));
         }
-        let added;
+        let (added, rows);
         {
-            let mut tables = Tables::open(&txn, self.front.generation)?;
+            let mut tables = Tables::open(&txn, self.front.generation, &self.committed)?;
             for op in ops {
                 let mut overlay = Overlay::new(&mut tables);
                 match execute(&mut overlay, op, now) {
@@ -196,10 +200,16 @@ impl Writer {
                     Err(e) => results.push(Err(e)),
                 }
             }
-            added = tables.finish()?;
+            (added, rows) = tables.finish()?;
         }
         txn.commit().map_err(storage)?;
         self.front.committed(fold, added);
+        if self.committed.len() + rows.len() > CACHED_SESSIONS {
+            self.committed.clear();
+        }
+        for row in rows {
+            self.committed.insert(row.id.clone(), row);
+        }
         if let Some((rows, took)) = folded {
             self.stats.folds.fetch_add(1, Ordering::Relaxed);
             self.stats
