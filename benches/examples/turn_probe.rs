@@ -1,5 +1,6 @@
 //! Turns per second at N sessions with what criterion does not show: writer operations and
-//! commits per turn, and CPU per thread (the store's writer against the async workers).
+//! commits per turn, CPU per thread (the store's writer against the async workers), and how a
+//! turn's time splits between its admission and the rest.
 //!
 //! `cargo run --release -p agenthost-benches --example turn_probe -- [sessions] [turns each]`
 
@@ -47,16 +48,27 @@ fn main() {
             for s in &ids {
                 let (runtime, s) = (runtime.clone(), s.clone());
                 tasks.spawn(async move {
+                    let (mut a, mut w) = (Duration::ZERO, Duration::ZERO);
                     for _ in 0..rounds {
                         let prompt = PromptRequest::new(&s, "summarize the plan in one line");
+                        let t = Instant::now();
                         runtime.prompt(prompt).await.expect("admitted");
+                        a += t.elapsed();
+                        let t = Instant::now();
                         runtime.wait_idle(&s, Duration::from_secs(120)).await.expect("idle");
+                        w += t.elapsed();
                     }
+                    (a, w)
                 });
             }
+            let (mut a, mut w) = (Duration::ZERO, Duration::ZERO);
             while let Some(joined) = tasks.join_next().await {
-                joined.expect("task");
+                let (x, y) = joined.expect("task");
+                a += x;
+                w += y;
             }
+            let per = (n * rounds) as u32;
+            println!("    admission {:?} per turn, rest of the turn {:?}", a / per, w / per);
             let elapsed = start.elapsed();
             let turns = (n * rounds) as f64;
             let commits = (stats.commits.load(Ordering::Relaxed) - commits) as f64;
