@@ -66,24 +66,23 @@ impl Projection for Projections {
     fn session(&mut self, id: &SessionId) -> Result<Option<SessionRow>, Infallible> {
         Ok(self.sessions.get(id).cloned())
     }
-    fn put_session(&mut self, row: &SessionRow) -> Result<(), Infallible> {
-        self.sessions.insert(row.id.clone(), row.clone());
+    fn put_session(&mut self, row: SessionRow) -> Result<(), Infallible> {
+        self.sessions.insert(row.id.clone(), row);
         Ok(())
     }
     fn message(&mut self, session: &SessionId, seq: Seq) -> Result<Option<Message>, Infallible> {
         Ok(self.messages.get(&(session.clone(), seq)).cloned())
     }
-    fn put_message(&mut self, session: &SessionId, message: &Message) -> Result<(), Infallible> {
+    fn put_message(&mut self, session: &SessionId, message: Message) -> Result<(), Infallible> {
         self.messages
-            .insert((session.clone(), message.seq()), message.clone());
+            .insert((session.clone(), message.seq()), message);
         Ok(())
     }
     fn inbox(&mut self, session: &SessionId, seq: Seq) -> Result<Option<InboxRow>, Infallible> {
         Ok(self.inbox.get(&(session.clone(), seq)).cloned())
     }
-    fn put_inbox(&mut self, session: &SessionId, row: &InboxRow) -> Result<(), Infallible> {
-        self.inbox
-            .insert((session.clone(), row.admitted_seq), row.clone());
+    fn put_inbox(&mut self, session: &SessionId, row: InboxRow) -> Result<(), Infallible> {
+        self.inbox.insert((session.clone(), row.admitted_seq), row);
         Ok(())
     }
     fn remove_inbox(&mut self, session: &SessionId, seq: Seq) -> Result<(), Infallible> {
@@ -93,8 +92,8 @@ impl Projection for Projections {
     fn index(&mut self, id: &MessageId) -> Result<Option<IndexEntry>, Infallible> {
         Ok(self.index.get(id).cloned())
     }
-    fn put_index(&mut self, id: &MessageId, entry: &IndexEntry) -> Result<(), Infallible> {
-        self.index.insert(id.clone(), entry.clone());
+    fn put_index(&mut self, id: &MessageId, entry: IndexEntry) -> Result<(), Infallible> {
+        self.index.insert(id.clone(), entry);
         Ok(())
     }
     fn instructions(
@@ -106,9 +105,9 @@ impl Projection for Projections {
     fn put_instructions(
         &mut self,
         session: &SessionId,
-        state: &InstructionState,
+        state: InstructionState,
     ) -> Result<(), Infallible> {
-        self.instructions.insert(session.clone(), state.clone());
+        self.instructions.insert(session.clone(), state);
         Ok(())
     }
 }

@@ -21,18 +21,18 @@ pub trait Projection {
     type Error;
 
     fn session(&mut self, id: &SessionId) -> Result<Option<SessionRow>, Self::Error>;
-    fn put_session(&mut self, row: &SessionRow) -> Result<(), Self::Error>;
+    fn put_session(&mut self, row: SessionRow) -> Result<(), Self::Error>;
     fn message(&mut self, session: &SessionId, seq: Seq) -> Result<Option<Message>, Self::Error>;
-    fn put_message(&mut self, session: &SessionId, message: &Message) -> Result<(), Self::Error>;
+    fn put_message(&mut self, session: &SessionId, message: Message) -> Result<(), Self::Error>;
     fn inbox(
         &mut self,
         session: &SessionId,
         admitted_seq: Seq,
     ) -> Result<Option<InboxRow>, Self::Error>;
-    fn put_inbox(&mut self, session: &SessionId, row: &InboxRow) -> Result<(), Self::Error>;
+    fn put_inbox(&mut self, session: &SessionId, row: InboxRow) -> Result<(), Self::Error>;
     fn remove_inbox(&mut self, session: &SessionId, admitted_seq: Seq) -> Result<(), Self::Error>;
     fn index(&mut self, id: &MessageId) -> Result<Option<IndexEntry>, Self::Error>;
-    fn put_index(&mut self, id: &MessageId, entry: &IndexEntry) -> Result<(), Self::Error>;
+    fn put_index(&mut self, id: &MessageId, entry: IndexEntry) -> Result<(), Self::Error>;
     fn instructions(
         &mut self,
         session: &SessionId,
@@ -40,7 +40,7 @@ pub trait Projection {
     fn put_instructions(
         &mut self,
         session: &SessionId,
-        state: &InstructionState,
+        state: InstructionState,
     ) -> Result<(), Self::Error>;
 }
 
@@ -98,7 +98,7 @@ pub fn apply<P: Projection>(
             compaction: None,
             pending: 0,
         };
-        p.put_session(&row).map_err(be)?;
+        p.put_session(row).map_err(be)?;
         return Ok(());
     }
 
@@ -133,13 +133,13 @@ pub fn apply<P: Projection>(
                 delivery: *delivery,
                 prompt: prompt.clone(),
             };
-            p.put_inbox(session, &inbox).map_err(be)?;
+            p.put_inbox(session, inbox).map_err(be)?;
             let entry = IndexEntry::Prompt {
                 session: session.clone(),
                 admitted_seq: seq,
                 promoted_seq: None,
             };
-            p.put_index(id, &entry).map_err(be)?;
+            p.put_index(id, entry).map_err(be)?;
         }
         Event::PromptPromoted { id } => {
             let not_pending = || Violation::NotPending {
@@ -168,13 +168,13 @@ pub fn apply<P: Projection>(
                 prompt: inbox.prompt,
                 time,
             };
-            p.put_message(session, &message).map_err(be)?;
+            p.put_message(session, message).map_err(be)?;
             let entry = IndexEntry::Prompt {
                 session: session.clone(),
                 admitted_seq,
                 promoted_seq: Some(seq),
             };
-            p.put_index(id, &entry).map_err(be)?;
+            p.put_index(id, entry).map_err(be)?;
         }
         Event::InstructionsUpdated { id, changed, text } => {
             fresh_id(p, id)?;
@@ -188,9 +188,9 @@ pub fn apply<P: Projection>(
                 text: text.clone(),
                 time,
             };
-            p.put_message(session, &message).map_err(be)?;
+            p.put_message(session, message).map_err(be)?;
             index_message(p, session, id, seq)?;
-            p.put_instructions(session, &state).map_err(be)?;
+            p.put_instructions(session, state).map_err(be)?;
         }
         Event::ExecutionStarted { forced } => {
             row.claim = Some(crate::message::Claim {
@@ -239,7 +239,7 @@ pub fn apply<P: Projection>(
                 created: time,
                 completed: None,
             });
-            p.put_message(session, &message).map_err(be)?;
+            p.put_message(session, message).map_err(be)?;
             index_message(p, session, id, seq)?;
         }
         Event::TextEnded {
@@ -252,7 +252,7 @@ pub fn apply<P: Projection>(
                 text: text.clone(),
                 incomplete: *incomplete,
             });
-            p.put_message(session, &Message::Assistant(a)).map_err(be)?;
+            p.put_message(session, Message::Assistant(a)).map_err(be)?;
         }
         Event::ReasoningEnded {
             id,
@@ -266,7 +266,7 @@ pub fn apply<P: Projection>(
                 metadata: metadata.clone(),
                 incomplete: *incomplete,
             });
-            p.put_message(session, &Message::Assistant(a)).map_err(be)?;
+            p.put_message(session, Message::Assistant(a)).map_err(be)?;
         }
         Event::ToolCalled {
             id,
@@ -289,7 +289,7 @@ pub fn apply<P: Projection>(
                 input: input.clone(),
                 state: ToolState::Running,
             }));
-            p.put_message(session, &Message::Assistant(a)).map_err(be)?;
+            p.put_message(session, Message::Assistant(a)).map_err(be)?;
         }
         Event::ToolSucceeded {
             id,
@@ -315,18 +315,18 @@ pub fn apply<P: Projection>(
             a.usage = *usage;
             a.completed = Some(time);
             row.usage.add(usage);
-            p.put_message(session, &Message::Assistant(a)).map_err(be)?;
+            p.put_message(session, Message::Assistant(a)).map_err(be)?;
         }
         Event::StepFailed { id, error } => {
             let mut a = open_assistant(p, session, id)?;
             a.error = Some(error.clone());
             a.completed = Some(time);
-            p.put_message(session, &Message::Assistant(a)).map_err(be)?;
+            p.put_message(session, Message::Assistant(a)).map_err(be)?;
         }
         Event::RetryScheduled { id, .. } => {
             let mut a = open_assistant(p, session, id)?;
             a.retries += 1;
-            p.put_message(session, &Message::Assistant(a)).map_err(be)?;
+            p.put_message(session, Message::Assistant(a)).map_err(be)?;
         }
         Event::CompactionStarted { id, auto } => {
             fresh_id(p, id)?;
@@ -337,7 +337,7 @@ pub fn apply<P: Projection>(
                 state: CompactionState::Running,
                 time,
             };
-            p.put_message(session, &message).map_err(be)?;
+            p.put_message(session, message).map_err(be)?;
             index_message(p, session, id, seq)?;
         }
         Event::CompactionEnded {
@@ -361,7 +361,7 @@ pub fn apply<P: Projection>(
                 state,
                 time: created,
             };
-            p.put_message(session, &message).map_err(be)?;
+            p.put_message(session, message).map_err(be)?;
         }
         Event::CompactionFailed { id, error } => {
             let (at, auto, created) = running_compaction(p, session, id)?;
@@ -374,11 +374,11 @@ pub fn apply<P: Projection>(
                 },
                 time: created,
             };
-            p.put_message(session, &message).map_err(be)?;
+            p.put_message(session, message).map_err(be)?;
         }
         Event::UsageRecorded { usage } => row.usage.add(usage),
     }
-    p.put_session(&row).map_err(be)?;
+    p.put_session(row).map_err(be)?;
     Ok(())
 }
 
@@ -399,7 +399,7 @@ fn index_message<P: Projection>(
         session: session.clone(),
         seq,
     };
-    p.put_index(id, &entry).map_err(ApplyError::Backend)
+    p.put_index(id, entry).map_err(ApplyError::Backend)
 }
 
 fn message_by_id<P: Projection>(
@@ -463,7 +463,7 @@ fn settle_tool<P: Projection>(
         })
         .ok_or_else(no_tool)?;
     tool.state = state;
-    p.put_message(session, &Message::Assistant(a))
+    p.put_message(session, Message::Assistant(a))
         .map_err(ApplyError::Backend)
 }
 

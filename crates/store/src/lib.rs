@@ -289,7 +289,7 @@ fn init(db: &Database) -> Result<()> {
         // Start with an empty front: what a previous process left there is folded now, so the
         // writer's own count of front rows starts true.
         rows::fold(&txn)?;
-        rows::Tables::open(&txn, 0, &rows::Committed::new())?;
+        rows::Tables::open(&txn, 0, &rows::Committed::default())?;
     }
     txn.commit().map_err(storage)
 }

@@ -86,28 +86,29 @@ fn write(
     now: Timestamp,
 ) -> Result<Vec<Stored>> {
     require_session(ov, session)?;
-    let mut written = Vec::with_capacity(actions.len());
     for action in actions {
         match action {
-            Action::Append(event) => written.push(push(ov, session, event, now)?),
-            Action::Promote(boundary) => written.extend(promote(ov, session, boundary, now)?),
+            Action::Append(event) => {
+                push(ov, session, event, now)?;
+            }
+            Action::Promote(boundary) => promote(ov, session, boundary, now)?,
             Action::SucceedIfIdle => {
                 if require_session(ov, session)?.pending == 0 {
-                    written.push(push(ov, session, Event::ExecutionSucceeded, now)?);
+                    push(ov, session, Event::ExecutionSucceeded, now)?;
                 }
             }
         }
     }
-    Ok(written)
+    Ok(ov.recorded().map(|(_, stored)| stored.clone()).collect())
 }
 
-/// Appends one event with the session's next seq, through the projector.
+/// Appends one event with the session's next seq, through the projector, and returns the seq.
 fn push(
     ov: &mut Overlay<'_, '_>,
     session: &SessionId,
     event: Event,
     now: Timestamp,
-) -> Result<Stored> {
+) -> Result<Seq> {
     let seq = match ov.session(session)? {
         Some(row) => row.last_seq.next(),
         None => Seq::ZERO,
@@ -121,8 +122,8 @@ fn push(
         agenthost_model::ApplyError::Violation(v) => Error::Violation(v),
         agenthost_model::ApplyError::Backend(e) => e,
     })?;
-    ov.record(session, stored.clone());
-    Ok(stored)
+    ov.record(session, stored);
+    Ok(seq)
 }
 
 fn require_session(ov: &mut Overlay<'_, '_>, session: &SessionId) -> Result<SessionRow> {
@@ -180,11 +181,11 @@ fn admit(ov: &mut Overlay<'_, '_>, a: Admission, now: Timestamp) -> Result<Recei
         delivery: a.delivery,
         prompt: a.prompt,
     };
-    let stored = push(ov, &a.session, event, now)?;
+    let admitted_seq = push(ov, &a.session, event, now)?;
     Ok(Receipt {
         id: a.id,
         session: a.session,
-        admitted_seq: stored.seq,
+        admitted_seq,
         delivery: a.delivery,
         promoted_seq: None,
     })
@@ -221,15 +222,14 @@ fn promote(
     session: &SessionId,
     boundary: Boundary,
     now: Timestamp,
-) -> Result<Vec<Stored>> {
+) -> Result<()> {
     let row = require_session(ov, session)?;
     if row.pending == 0 {
-        return Ok(Vec::new());
+        return Ok(());
     }
     let pending = ov.pending_inputs(session)?;
-    let mut written = Vec::new();
     for id in promotion::select(&pending, boundary) {
-        written.push(push(ov, session, Event::PromptPromoted { id }, now)?);
+        push(ov, session, Event::PromptPromoted { id }, now)?;
     }
-    Ok(written)
+    Ok(())
 }

@@ -15,13 +15,16 @@
 //! [`fold`] moves the front into the base. Messages, which every step reads back as
 //! history, stay in one table.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use agenthost_model::{
     InboxRow, IndexEntry, InstructionState, Message, MessageId, Projection, Seq, SessionId,
     SessionRow, Stored,
 };
 use redb::{ReadableTable, Table, WriteTransaction};
+
+/// The writer's in-memory maps: seeded, so client-chosen ids cannot be crafted to collide.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 use crate::codec::{decode, encode};
 use crate::error::{Error, Result, storage};
@@ -117,10 +120,28 @@ pub(crate) fn fold(txn: &WriteTransaction) -> Result<usize> {
 /// commit fails (nothing of that transaction took effect).
 pub(crate) type Committed = HashMap<SessionId, SessionRow>;
 
-/// A session row as the transaction found it and as it is now.
+/// A session row as it is now in the transaction, and what the derived sets held for it when
+/// the transaction found it (`None`: the session did not exist).
 struct SessionEntry {
-    before: Option<SessionRow>,
+    found: Option<Membership>,
     now: Option<SessionRow>,
+    changed: bool,
+}
+
+/// Whether a session row has a claim and pending input: what the recovery sets mirror.
+#[derive(Clone, Copy)]
+struct Membership {
+    claim: bool,
+    pending: bool,
+}
+
+impl Membership {
+    fn of(row: &SessionRow) -> Self {
+        Membership {
+            claim: row.claim.is_some(),
+            pending: row.pending > 0,
+        }
+    }
 }
 
 /// Every table opened for writing in one transaction, and the rows changed so far.
@@ -179,12 +200,12 @@ impl<'t> Tables<'t> {
             generations,
             front_rows: 0,
             committed,
-            session_rows: HashMap::new(),
-            changed_messages: HashMap::new(),
-            read_inbox: HashMap::new(),
+            session_rows: HashMap::default(),
+            changed_messages: HashMap::default(),
+            read_inbox: HashMap::default(),
             changed_inbox: BTreeMap::new(),
-            changed_index: HashMap::new(),
-            changed_instructions: HashMap::new(),
+            changed_index: HashMap::default(),
+            changed_instructions: HashMap::default(),
         })
     }
 
@@ -238,9 +259,9 @@ impl<'t> Tables<'t> {
         let mut rows = Vec::with_capacity(self.session_rows.len());
         for (id, entry) in std::mem::take(&mut self.session_rows) {
             if let Some(row) = &entry.now
-                && entry.now != entry.before
+                && entry.changed
             {
-                self.write_session(&id, row, entry.before.as_ref())?;
+                self.write_session(&id, row, entry.found)?;
             }
             rows.extend(entry.now);
         }
@@ -278,26 +299,26 @@ impl<'t> Tables<'t> {
         Ok((self.front_rows, rows))
     }
 
-    /// Writes a session row given the row the transaction started from, keeping the derived
-    /// sets in step.
+    /// Writes a session row given what the derived sets held for it when the transaction
+    /// started, keeping them in step.
     fn write_session(
         &mut self,
         id: &SessionId,
         row: &SessionRow,
-        before: Option<&SessionRow>,
+        found: Option<Membership>,
     ) -> Result<()> {
         let id = id.as_str();
         self.sessions
             .insert(id, encode(row).as_slice())
             .map_err(storage)?;
-        let (had_claim, had_pending) = match before {
+        let (had_claim, had_pending) = match found {
             None => {
                 self.by_created
                     .insert((row.created.0, id), ())
                     .map_err(storage)?;
                 (false, false)
             }
-            Some(old) => (old.claim.is_some(), old.pending > 0),
+            Some(found) => (found.claim, found.pending),
         };
         // The recovery sets mirror the row, so boot finds its work without scanning sessions.
         // They are written only when membership changes: most events leave them alone.
@@ -334,14 +355,15 @@ impl Projection for Tables<'_> {
         self.session_rows.insert(
             id.clone(),
             SessionEntry {
-                before: row.clone(),
+                found: row.as_ref().map(Membership::of),
                 now: row.clone(),
+                changed: false,
             },
         );
         Ok(row)
     }
 
-    fn put_session(&mut self, row: &SessionRow) -> Result<()> {
+    fn put_session(&mut self, row: SessionRow) -> Result<()> {
         if !self.session_rows.contains_key(&row.id) {
             self.session(&row.id)?;
         }
@@ -349,7 +371,8 @@ impl Projection for Tables<'_> {
             .session_rows
             .get_mut(&row.id)
             .expect("invariant: the entry was just read");
-        entry.now = Some(row.clone());
+        entry.now = Some(row);
+        entry.changed = true;
         Ok(())
     }
 
@@ -364,9 +387,9 @@ impl Projection for Tables<'_> {
         value.map(|v| decode("message", v.value())).transpose()
     }
 
-    fn put_message(&mut self, session: &SessionId, message: &Message) -> Result<()> {
+    fn put_message(&mut self, session: &SessionId, message: Message) -> Result<()> {
         self.changed_messages
-            .insert((session.clone(), message.seq()), message.clone());
+            .insert((session.clone(), message.seq()), message);
         Ok(())
     }
 
@@ -382,9 +405,9 @@ impl Projection for Tables<'_> {
         }))
     }
 
-    fn put_inbox(&mut self, session: &SessionId, row: &InboxRow) -> Result<()> {
+    fn put_inbox(&mut self, session: &SessionId, row: InboxRow) -> Result<()> {
         self.changed_inbox
-            .insert((session.clone(), row.admitted_seq), Some(row.clone()));
+            .insert((session.clone(), row.admitted_seq), Some(row));
         Ok(())
     }
 
@@ -405,8 +428,8 @@ impl Projection for Tables<'_> {
         value.map(|v| decode("index entry", v.value())).transpose()
     }
 
-    fn put_index(&mut self, id: &MessageId, entry: &IndexEntry) -> Result<()> {
-        self.changed_index.insert(id.clone(), entry.clone());
+    fn put_index(&mut self, id: &MessageId, entry: IndexEntry) -> Result<()> {
+        self.changed_index.insert(id.clone(), entry);
         Ok(())
     }
 
@@ -420,9 +443,8 @@ impl Projection for Tables<'_> {
             .transpose()
     }
 
-    fn put_instructions(&mut self, session: &SessionId, state: &InstructionState) -> Result<()> {
-        self.changed_instructions
-            .insert(session.clone(), state.clone());
+    fn put_instructions(&mut self, session: &SessionId, state: InstructionState) -> Result<()> {
+        self.changed_instructions.insert(session.clone(), state);
         Ok(())
     }
 }
@@ -444,17 +466,22 @@ impl<'a, 't> Overlay<'a, 't> {
     pub(crate) fn new(tables: &'a mut Tables<'t>) -> Self {
         Overlay {
             tables,
-            sessions: HashMap::new(),
-            messages: HashMap::new(),
-            inbox: HashMap::new(),
-            index: HashMap::new(),
-            instructions: HashMap::new(),
+            sessions: HashMap::default(),
+            messages: HashMap::default(),
+            inbox: HashMap::default(),
+            index: HashMap::default(),
+            instructions: HashMap::default(),
             events: Vec::new(),
         }
     }
 
     pub(crate) fn record(&mut self, session: &SessionId, stored: Stored) {
         self.events.push((session.clone(), stored));
+    }
+
+    /// The events this operation recorded so far, in order.
+    pub(crate) fn recorded(&self) -> impl Iterator<Item = &(SessionId, Stored)> {
+        self.events.iter()
     }
 
     /// Pending inputs of a session in admission order, this operation's changes included.
@@ -479,23 +506,23 @@ impl<'a, 't> Overlay<'a, 't> {
         for (session, stored) in &self.events {
             tables.put_event(session, stored)?;
         }
-        for row in self.sessions.values() {
+        for (_, row) in self.sessions {
             tables.put_session(row)?;
         }
-        for ((session, _), message) in &self.messages {
-            tables.put_message(session, message)?;
+        for ((session, _), message) in self.messages {
+            tables.put_message(&session, message)?;
         }
-        for ((session, seq), row) in &self.inbox {
+        for ((session, seq), row) in self.inbox {
             match row {
-                Some(row) => tables.put_inbox(session, row)?,
-                None => tables.remove_inbox(session, *seq)?,
+                Some(row) => tables.put_inbox(&session, row)?,
+                None => tables.remove_inbox(&session, seq)?,
             }
         }
-        for (id, entry) in &self.index {
-            tables.put_index(id, entry)?;
+        for (id, entry) in self.index {
+            tables.put_index(&id, entry)?;
         }
-        for (session, state) in &self.instructions {
-            tables.put_instructions(session, state)?;
+        for (session, state) in self.instructions {
+            tables.put_instructions(&session, state)?;
         }
         Ok(self.events)
     }
@@ -510,8 +537,8 @@ impl Projection for Overlay<'_, '_> {
             None => self.tables.session(id),
         }
     }
-    fn put_session(&mut self, row: &SessionRow) -> Result<()> {
-        self.sessions.insert(row.id.clone(), row.clone());
+    fn put_session(&mut self, row: SessionRow) -> Result<()> {
+        self.sessions.insert(row.id.clone(), row);
         Ok(())
     }
     fn message(&mut self, session: &SessionId, seq: Seq) -> Result<Option<Message>> {
@@ -520,9 +547,9 @@ impl Projection for Overlay<'_, '_> {
             None => self.tables.message(session, seq),
         }
     }
-    fn put_message(&mut self, session: &SessionId, message: &Message) -> Result<()> {
+    fn put_message(&mut self, session: &SessionId, message: Message) -> Result<()> {
         self.messages
-            .insert((session.clone(), message.seq()), message.clone());
+            .insert((session.clone(), message.seq()), message);
         Ok(())
     }
     fn inbox(&mut self, session: &SessionId, seq: Seq) -> Result<Option<InboxRow>> {
@@ -531,9 +558,9 @@ impl Projection for Overlay<'_, '_> {
             None => self.tables.inbox(session, seq),
         }
     }
-    fn put_inbox(&mut self, session: &SessionId, row: &InboxRow) -> Result<()> {
+    fn put_inbox(&mut self, session: &SessionId, row: InboxRow) -> Result<()> {
         self.inbox
-            .insert((session.clone(), row.admitted_seq), Some(row.clone()));
+            .insert((session.clone(), row.admitted_seq), Some(row));
         Ok(())
     }
     fn remove_inbox(&mut self, session: &SessionId, seq: Seq) -> Result<()> {
@@ -546,8 +573,8 @@ impl Projection for Overlay<'_, '_> {
             None => self.tables.index(id),
         }
     }
-    fn put_index(&mut self, id: &MessageId, entry: &IndexEntry) -> Result<()> {
-        self.index.insert(id.clone(), entry.clone());
+    fn put_index(&mut self, id: &MessageId, entry: IndexEntry) -> Result<()> {
+        self.index.insert(id.clone(), entry);
         Ok(())
     }
     fn instructions(&mut self, session: &SessionId) -> Result<Option<InstructionState>> {
@@ -556,8 +583,8 @@ impl Projection for Overlay<'_, '_> {
             None => self.tables.instructions(session),
         }
     }
-    fn put_instructions(&mut self, session: &SessionId, state: &InstructionState) -> Result<()> {
-        self.instructions.insert(session.clone(), state.clone());
+    fn put_instructions(&mut self, session: &SessionId, state: InstructionState) -> Result<()> {
+        self.instructions.insert(session.clone(), state);
         Ok(())
     }
 }
