@@ -15,8 +15,9 @@ use serde::de::DeserializeOwned;
 use crate::error::{Error, Result};
 
 /// The store format this build writes. Version 2 added the front tables of the event log and
-/// the inbox (`tiers`); its records are encoded exactly as version 1's.
-pub const FORMAT_VERSION: u16 = 2;
+/// the inbox (`tiers`); version 3 replaced the inbox tables and the recovery sets with one work
+/// row per session (`work`). Records of every version are encoded alike.
+pub const FORMAT_VERSION: u16 = 3;
 
 /// The oldest format this build opens: records of versions `OLDEST_READABLE..=FORMAT_VERSION`
 /// share one encoding, and opening an older store upgrades it in place.

@@ -19,6 +19,8 @@ mod rows;
 mod snapshot;
 pub mod tables;
 mod tiers;
+mod upgrade;
+mod work;
 mod writer;
 
 use std::fmt;
@@ -257,8 +259,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Writes the format version into a new store, checks it in an existing one (upgrading a
-/// version-1 store), creates every table so that readers never meet a missing one, and folds
+/// Writes the format version into a new store, checks it in an existing one (upgrading an
+/// older readable format), creates every table so that readers never meet a missing one, and folds
 /// the front.
 fn init(db: &Database) -> Result<()> {
     let txn = db.begin_write().map_err(storage)?;
@@ -281,9 +283,12 @@ fn init(db: &Database) -> Result<()> {
                     supported: FORMAT_VERSION,
                 });
             }
+            if found < 3 {
+                upgrade::into_work_rows(&txn)?;
+            }
         }
-        // A version-1 store has no front tables; creating them (below) is all the upgrade
-        // takes. From here on only this version or a later one may open the file.
+        // A version-1 store has no front table of the log; creating it (below) is all that
+        // upgrade takes. From here on only this version or a later one may open the file.
         meta.insert(tables::FORMAT_KEY, FORMAT_VERSION.to_le_bytes().as_slice())
             .map_err(storage)?;
         // Start with an empty front: what a previous process left there is folded now, so the

@@ -11,9 +11,10 @@
 //! Events are the exception: each is inserted into the log when its operation is accepted, as
 //! the log is append-only and nothing ever rewrites an event.
 //!
-//! Events and inbox rows are written to the front of their table when new (see `tiers`);
-//! [`fold`] moves the front into the base. Messages, which every step reads back as
-//! history, stay in one table.
+//! Events are written to the front of the log when new (see `tiers`); [`fold`] moves the front
+//! into the base. Messages, which every step reads back as history, stay in one table. Pending
+//! inputs live in their session's `work` row (see `work`), which names the events that hold
+//! them.
 
 use std::collections::BTreeMap;
 
@@ -30,6 +31,7 @@ use crate::codec::{decode, encode};
 use crate::error::{Error, Result, storage};
 use crate::tables::*;
 use crate::tiers::{self, BaseKey, Bytes, FrontKey, Tier, Tiered};
+use crate::work::{self, Work};
 
 /// One session-keyed table opened for writing, in its two tiers.
 struct Pair<'t> {
@@ -64,84 +66,94 @@ impl<'t> Pair<'t> {
         .transpose()
     }
 
-    fn put(&mut self, tier: Tier, session: &SessionId, seq: Seq, bytes: &[u8]) -> Result<()> {
-        match tier {
-            Tier::Base => self.base.insert((session.as_str(), seq.0), bytes),
-            Tier::Front(g) => self.front.insert((g, session.as_str(), seq.0), bytes),
-        }
-        .map_err(storage)?;
-        Ok(())
-    }
-
-    fn remove(&mut self, tier: Tier, session: &SessionId, seq: Seq) -> Result<()> {
-        match tier {
-            Tier::Base => self.base.remove((session.as_str(), seq.0)),
-            Tier::Front(g) => self.front.remove((g, session.as_str(), seq.0)),
-        }
-        .map_err(storage)?;
+    /// Adds a row to front generation `generation`.
+    fn add(&mut self, generation: u64, session: &SessionId, seq: Seq, bytes: &[u8]) -> Result<()> {
+        self.front
+            .insert((generation, session.as_str(), seq.0), bytes)
+            .map_err(storage)?;
         Ok(())
     }
 }
 
-/// Moves the whole front of the event log and the inbox into their base tables, in base key
-/// order so that each base page is copied once, and drops the emptied front tables whole
-/// (they are created again, empty, when next opened). Returns how many rows moved. Runs before
-/// [`Tables::open`] in the transaction.
+/// Moves the whole front of the event log into its base table, in base key order so that each
+/// base page is copied once, and drops the emptied front table whole (it is created again,
+/// empty, when next opened). Returns how many rows moved. Runs before [`Tables::open`] in the
+/// transaction.
 pub(crate) fn fold(txn: &WriteTransaction) -> Result<usize> {
-    let mut moved = 0;
-    for tiers in [EVENT_TIERS, INBOX_TIERS] {
-        let mut rows = Vec::new();
-        {
-            let front = txn.open_table(tiers.front).map_err(storage)?;
-            for entry in front.iter().map_err(storage)? {
-                let (key, value) = entry.map_err(storage)?;
-                let (_, session, seq) = key.value();
-                rows.push((session.to_owned(), seq, value.value().to_vec()));
-            }
+    let tiers = EVENT_TIERS;
+    let mut rows = Vec::new();
+    {
+        let front = txn.open_table(tiers.front).map_err(storage)?;
+        for entry in front.iter().map_err(storage)? {
+            let (key, value) = entry.map_err(storage)?;
+            let (_, session, seq) = key.value();
+            rows.push((session.to_owned(), seq, value.value().to_vec()));
         }
-        if rows.is_empty() {
-            continue;
-        }
-        txn.delete_table(tiers.front).map_err(storage)?;
-        rows.sort_unstable_by(|a, b| (a.0.as_str(), a.1).cmp(&(b.0.as_str(), b.1)));
-        let mut base = txn.open_table(tiers.base).map_err(storage)?;
-        for (session, seq, value) in &rows {
-            base.insert((session.as_str(), *seq), value.as_slice())
-                .map_err(storage)?;
-        }
-        moved += rows.len();
     }
-    Ok(moved)
+    if rows.is_empty() {
+        return Ok(0);
+    }
+    txn.delete_table(tiers.front).map_err(storage)?;
+    rows.sort_unstable_by(|a, b| (a.0.as_str(), a.1).cmp(&(b.0.as_str(), b.1)));
+    let mut base = txn.open_table(tiers.base).map_err(storage)?;
+    for (session, seq, value) in &rows {
+        base.insert((session.as_str(), *seq), value.as_slice())
+            .map_err(storage)?;
+    }
+    Ok(rows.len())
 }
 
-/// Session rows as last committed, kept by the writer across transactions: a session's row is
-/// read from a B-tree and decoded once, not once per batch. Only the writer changes rows, so
-/// the cache is exact; the writer updates it after each commit and leaves it alone when a
-/// commit fails (nothing of that transaction took effect).
-pub(crate) type Committed = HashMap<SessionId, SessionRow>;
+/// Session and work rows as last committed, kept by the writer across transactions: a
+/// session's rows are read from their B-trees and decoded once, not once per batch. Only the
+/// writer changes rows, so the cache is exact; the writer updates it after each commit and
+/// leaves it alone when a commit fails (nothing of that transaction took effect).
+#[derive(Default)]
+pub(crate) struct Committed {
+    sessions: HashMap<SessionId, SessionRow>,
+    /// An idle entry stands for "no row".
+    works: HashMap<SessionId, Work>,
+}
 
-/// A session row as it is now in the transaction, and what the derived sets held for it when
-/// the transaction found it (`None`: the session did not exist).
+/// Most sessions the writer keeps rows of between commits; past it the cache starts over.
+const CACHED_SESSIONS: usize = 65_536;
+
+impl Committed {
+    /// Takes in the rows a committed transaction read or wrote.
+    pub(crate) fn update(&mut self, rows: Changed) {
+        if self.sessions.len() + rows.sessions.len() > CACHED_SESSIONS
+            || self.works.len() + rows.works.len() > CACHED_SESSIONS
+        {
+            self.sessions.clear();
+            self.works.clear();
+        }
+        for row in rows.sessions {
+            self.sessions.insert(row.id.clone(), row);
+        }
+        self.works.extend(rows.works);
+    }
+}
+
+/// What a transaction leaves for [`Committed`]: every session and work row it read or wrote,
+/// as they are once it commits.
+pub(crate) struct Changed {
+    sessions: Vec<SessionRow>,
+    works: Vec<(SessionId, Work)>,
+}
+
+/// A session row as it is now in the transaction, and whether it held a claim when the
+/// transaction found it (`None`: the session did not exist).
 struct SessionEntry {
-    found: Option<Membership>,
+    found: Option<bool>,
     now: Option<SessionRow>,
     changed: bool,
 }
 
-/// Whether a session row has a claim and pending input: what the recovery sets mirror.
-#[derive(Clone, Copy)]
-struct Membership {
-    claim: bool,
-    pending: bool,
-}
-
-impl Membership {
-    fn of(row: &SessionRow) -> Self {
-        Membership {
-            claim: row.claim.is_some(),
-            pending: row.pending > 0,
-        }
-    }
+/// A session's work row as it is now in the transaction.
+struct WorkEntry {
+    /// The table has a row for the session.
+    stored: bool,
+    now: Work,
+    changed: bool,
 }
 
 /// Every table opened for writing in one transaction, and the rows changed so far.
@@ -150,11 +162,9 @@ pub(crate) struct Tables<'t> {
     sessions: Table<'t, &'static str, Bytes>,
     by_created: Table<'t, (u64, &'static str), ()>,
     messages: Table<'t, BaseKey, Bytes>,
-    inbox: Pair<'t>,
     index: Table<'t, &'static str, Bytes>,
     instructions: Table<'t, &'static str, Bytes>,
-    claims: Table<'t, &'static str, ()>,
-    pending: Table<'t, &'static str, ()>,
+    work: Table<'t, &'static str, Bytes>,
     /// The front's generations, oldest first; the last is the one new rows go to.
     generations: Vec<u64>,
     /// Rows this transaction added to the front.
@@ -163,10 +173,10 @@ pub(crate) struct Tables<'t> {
     /// Session rows read or written in this transaction (read ones are cached, not rewritten).
     session_rows: HashMap<SessionId, SessionEntry>,
     changed_messages: HashMap<(SessionId, Seq), Message>,
-    /// Where the inbox rows read so far live.
-    read_inbox: HashMap<(SessionId, Seq), Tier>,
-    /// `None` removes the row.
-    changed_inbox: BTreeMap<(SessionId, Seq), Option<InboxRow>>,
+    /// Work rows read or written in this transaction.
+    works: HashMap<SessionId, WorkEntry>,
+    /// Pending inputs whose event this transaction wrote or read.
+    inputs: HashMap<(SessionId, Seq), InboxRow>,
     changed_index: HashMap<MessageId, IndexEntry>,
     changed_instructions: HashMap<SessionId, InstructionState>,
 }
@@ -179,83 +189,93 @@ impl<'t> Tables<'t> {
         committed: &'t Committed,
     ) -> Result<Self> {
         let events = Pair::open(txn, EVENT_TIERS)?;
-        let inbox = Pair::open(txn, INBOX_TIERS)?;
-        let mut generations = Vec::new();
-        for pair in [&events, &inbox] {
-            generations.extend(tiers::generations(&pair.front)?);
+        let mut generations = tiers::generations(&events.front)?;
+        if generations.last() != Some(&generation) {
+            generations.push(generation);
         }
-        generations.push(generation);
-        generations.sort_unstable();
-        generations.dedup();
         Ok(Tables {
             events,
             sessions: txn.open_table(SESSIONS).map_err(storage)?,
             by_created: txn.open_table(SESSIONS_BY_CREATED).map_err(storage)?,
             messages: txn.open_table(MESSAGES).map_err(storage)?,
-            inbox,
             index: txn.open_table(INDEX).map_err(storage)?,
             instructions: txn.open_table(INSTRUCTIONS).map_err(storage)?,
-            claims: txn.open_table(CLAIMS).map_err(storage)?,
-            pending: txn.open_table(PENDING).map_err(storage)?,
+            work: txn.open_table(WORK).map_err(storage)?,
             generations,
             front_rows: 0,
             committed,
             session_rows: HashMap::default(),
             changed_messages: HashMap::default(),
-            read_inbox: HashMap::default(),
-            changed_inbox: BTreeMap::new(),
+            works: HashMap::default(),
+            inputs: HashMap::default(),
             changed_index: HashMap::default(),
             changed_instructions: HashMap::default(),
         })
     }
 
     /// Pending inputs of a session in admission order, as this transaction has them.
-    fn pending_inputs(&self, session: &SessionId) -> Result<BTreeMap<Seq, InboxRow>> {
+    fn pending_inputs(&mut self, session: &SessionId) -> Result<BTreeMap<Seq, InboxRow>> {
+        let seqs: Vec<Seq> = self
+            .work(session)?
+            .now
+            .inbox
+            .iter()
+            .map(|w| w.seq)
+            .collect();
         let mut rows = BTreeMap::new();
-        let (base, front) = (&self.inbox.base, &self.inbox.front);
-        tiers::for_each(
-            base,
-            front,
-            &self.generations,
-            session.as_str(),
-            0,
-            |seq, bytes| {
-                rows.insert(Seq(seq), decode("inbox row", bytes)?);
-                Ok(true)
-            },
-        )?;
-        let changed = (session.clone(), Seq::ZERO)..=(session.clone(), Seq(u64::MAX));
-        for ((_, seq), row) in self.changed_inbox.range(changed) {
-            match row {
-                Some(row) => rows.insert(*seq, row.clone()),
-                None => rows.remove(seq),
-            };
+        for seq in seqs {
+            if let Some(row) = self.inbox(session, seq)? {
+                rows.insert(seq, row);
+            }
         }
         Ok(rows)
     }
 
+    /// The session's work row, read once per transaction.
+    fn work(&mut self, session: &SessionId) -> Result<&mut WorkEntry> {
+        if !self.works.contains_key(session) {
+            let found: Option<Work> = match self.committed.works.get(session) {
+                Some(work) => (!work.is_idle()).then(|| work.clone()),
+                None => self
+                    .work
+                    .get(session.as_str())
+                    .map_err(storage)?
+                    .map(|v| decode("work row", v.value()))
+                    .transpose()?,
+            };
+            let entry = WorkEntry {
+                stored: found.is_some(),
+                now: found.unwrap_or_default(),
+                changed: false,
+            };
+            self.works.insert(session.clone(), entry);
+        }
+        Ok(self
+            .works
+            .get_mut(session)
+            .expect("invariant: the entry was just read"))
+    }
+
     /// The generation new rows go to.
-    fn newest(&self) -> Tier {
-        Tier::Front(
-            *self
-                .generations
-                .last()
-                .expect("invariant: the current generation"),
-        )
+    fn newest(&self) -> u64 {
+        *self
+            .generations
+            .last()
+            .expect("invariant: the current generation")
     }
 
     fn put_event(&mut self, session: &SessionId, stored: &Stored) -> Result<()> {
         let newest = self.newest();
         self.events
-            .put(newest, session, stored.seq, &encode(stored))?;
+            .add(newest, session, stored.seq, &encode(stored))?;
         self.front_rows += 1;
         Ok(())
     }
 
     /// Writes every row changed in this transaction to its table. Called once, after the last
     /// operation of the batch. Returns how many rows the transaction added to the front, and
-    /// every session row it read or wrote, as it will be once committed.
-    pub(crate) fn finish(mut self) -> Result<(usize, Vec<SessionRow>)> {
+    /// the rows to cache once it commits.
+    pub(crate) fn finish(mut self) -> Result<(usize, Changed)> {
         let mut rows = Vec::with_capacity(self.session_rows.len());
         for (id, entry) in std::mem::take(&mut self.session_rows) {
             if let Some(row) = &entry.now
@@ -265,26 +285,23 @@ impl<'t> Tables<'t> {
             }
             rows.extend(entry.now);
         }
-        let newest = self.newest();
         for ((session, seq), message) in std::mem::take(&mut self.changed_messages) {
             self.messages
                 .insert((session.as_str(), seq.0), encode(&message).as_slice())
                 .map_err(storage)?;
         }
-        for ((session, seq), row) in std::mem::take(&mut self.changed_inbox) {
-            let lives = self.read_inbox.get(&(session.clone(), seq)).copied();
-            match (row, lives) {
-                (Some(row), lives) => {
-                    if lives.is_none() {
-                        self.front_rows += 1;
-                    }
-                    let tier = lives.unwrap_or(newest);
-                    self.inbox.put(tier, &session, seq, &encode(&row))?;
-                }
-                (None, Some(tier)) => self.inbox.remove(tier, &session, seq)?,
-                // Added and removed within the batch: never written.
-                (None, None) => {}
+        let mut works = Vec::with_capacity(self.works.len());
+        for (session, entry) in std::mem::take(&mut self.works) {
+            match (entry.changed, entry.now.is_idle(), entry.stored) {
+                (false, _, _) | (true, true, false) => {}
+                (true, true, true) => drop(self.work.remove(session.as_str()).map_err(storage)?),
+                (true, false, _) => drop(
+                    self.work
+                        .insert(session.as_str(), encode(&entry.now).as_slice())
+                        .map_err(storage)?,
+                ),
             }
+            works.push((session, entry.now));
         }
         for (id, entry) in std::mem::take(&mut self.changed_index) {
             self.index
@@ -296,41 +313,37 @@ impl<'t> Tables<'t> {
                 .insert(session.as_str(), encode(&state).as_slice())
                 .map_err(storage)?;
         }
-        Ok((self.front_rows, rows))
+        let changed = Changed {
+            sessions: rows,
+            works,
+        };
+        Ok((self.front_rows, changed))
     }
 
-    /// Writes a session row given what the derived sets held for it when the transaction
-    /// started, keeping them in step.
+    /// Writes a session row given whether it held a claim when the transaction found it
+    /// (`None`: new), keeping the work row's claim in step with it. Runs before the work rows
+    /// are written.
     fn write_session(
         &mut self,
         id: &SessionId,
         row: &SessionRow,
-        found: Option<Membership>,
+        found: Option<bool>,
     ) -> Result<()> {
-        let id = id.as_str();
         self.sessions
-            .insert(id, encode(row).as_slice())
+            .insert(id.as_str(), encode(row).as_slice())
             .map_err(storage)?;
-        let (had_claim, had_pending) = match found {
-            None => {
-                self.by_created
-                    .insert((row.created.0, id), ())
-                    .map_err(storage)?;
-                (false, false)
-            }
-            Some(found) => (found.claim, found.pending),
-        };
-        // The recovery sets mirror the row, so boot finds its work without scanning sessions.
-        // They are written only when membership changes: most events leave them alone.
-        match (had_claim, row.claim.is_some()) {
-            (false, true) => drop(self.claims.insert(id, ()).map_err(storage)?),
-            (true, false) => drop(self.claims.remove(id).map_err(storage)?),
-            _ => {}
+        if found.is_none() {
+            self.by_created
+                .insert((row.created.0, id.as_str()), ())
+                .map_err(storage)?;
         }
-        match (had_pending, row.pending > 0) {
-            (false, true) => drop(self.pending.insert(id, ()).map_err(storage)?),
-            (true, false) => drop(self.pending.remove(id).map_err(storage)?),
-            _ => {}
+        // The work row mirrors the claim, so boot finds its work without scanning sessions. It
+        // is touched only when the claim comes or goes: most events leave it alone.
+        let claimed = row.claim.is_some();
+        if found.unwrap_or(false) != claimed {
+            let work = self.work(id)?;
+            work.now.claimed = claimed;
+            work.changed = true;
         }
         Ok(())
     }
@@ -343,7 +356,7 @@ impl Projection for Tables<'_> {
         if let Some(entry) = self.session_rows.get(id) {
             return Ok(entry.now.clone());
         }
-        let row: Option<SessionRow> = match self.committed.get(id) {
+        let row: Option<SessionRow> = match self.committed.sessions.get(id) {
             Some(row) => Some(row.clone()),
             None => self
                 .sessions
@@ -355,7 +368,7 @@ impl Projection for Tables<'_> {
         self.session_rows.insert(
             id.clone(),
             SessionEntry {
-                found: row.as_ref().map(Membership::of),
+                found: row.as_ref().map(|row| row.claim.is_some()),
                 now: row.clone(),
                 changed: false,
             },
@@ -394,29 +407,37 @@ impl Projection for Tables<'_> {
     }
 
     fn inbox(&mut self, session: &SessionId, seq: Seq) -> Result<Option<InboxRow>> {
-        let key = (session.clone(), seq);
-        if let Some(row) = self.changed_inbox.get(&key) {
-            return Ok(row.clone());
+        if !self.work(session)?.now.waiting(seq) {
+            return Ok(None);
         }
-        let found = self.inbox.get(&self.generations, session, seq)?;
-        Ok(found.map(|(tier, row)| {
-            self.read_inbox.insert(key, tier);
-            row
-        }))
+        let key = (session.clone(), seq);
+        if let Some(row) = self.inputs.get(&key) {
+            return Ok(Some(row.clone()));
+        }
+        let Some((_, stored)) = self.events.get::<Stored>(&self.generations, session, seq)? else {
+            return Err(Error::Corrupt {
+                what: format!("pending input {session}/{seq}"),
+                reason: "its event is missing from the log".into(),
+            });
+        };
+        let row = work::inbox_row(session, stored)?;
+        self.inputs.insert(key, row.clone());
+        Ok(Some(row))
     }
 
     fn put_inbox(&mut self, session: &SessionId, row: InboxRow) -> Result<()> {
-        self.changed_inbox
-            .insert((session.clone(), row.admitted_seq), Some(row));
+        let work = self.work(session)?;
+        work.now.add(row.admitted_seq, row.delivery);
+        work.changed = true;
+        self.inputs.insert((session.clone(), row.admitted_seq), row);
         Ok(())
     }
 
     fn remove_inbox(&mut self, session: &SessionId, seq: Seq) -> Result<()> {
-        // Where the row lives must be known when the batch is written.
-        if !self.changed_inbox.contains_key(&(session.clone(), seq)) {
-            self.inbox(session, seq)?;
-        }
-        self.changed_inbox.insert((session.clone(), seq), None);
+        let work = self.work(session)?;
+        work.now.remove(seq);
+        work.changed = true;
+        self.inputs.remove(&(session.clone(), seq));
         Ok(())
     }
 
@@ -485,7 +506,7 @@ impl<'a, 't> Overlay<'a, 't> {
     }
 
     /// Pending inputs of a session in admission order, this operation's changes included.
-    pub(crate) fn pending_inputs(&self, session: &SessionId) -> Result<Vec<InboxRow>> {
+    pub(crate) fn pending_inputs(&mut self, session: &SessionId) -> Result<Vec<InboxRow>> {
         let mut rows = self.tables.pending_inputs(session)?;
         for ((s, seq), row) in &self.inbox {
             if s != session {

@@ -16,6 +16,7 @@ use crate::codec::decode;
 use crate::error::{Result, storage};
 use crate::tables::*;
 use crate::tiers::{self, Tiered};
+use crate::work::{self, Work};
 
 /// Read access to one consistent state of the store.
 pub trait Snapshot: Send {
@@ -103,12 +104,36 @@ impl RedbSnapshot {
         })
     }
 
-    fn keys(&self, table: redb::TableDefinition<'_, &str, ()>) -> Result<Vec<SessionId>> {
-        let table = self.txn.open_table(table).map_err(storage)?;
+    /// Sessions whose work row passes `keep`, in key order.
+    fn working(&self, keep: fn(&Work) -> bool) -> Result<Vec<SessionId>> {
         let mut out = Vec::new();
-        for entry in table.iter().map_err(storage)? {
-            let (key, _) = entry.map_err(storage)?;
-            out.push(session_key(key.value())?);
+        self.all(WORK, "work row", |session, work: Work| {
+            if keep(&work) {
+                out.push(session_key(session)?);
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// The pending inputs a work row names, read from the events that admitted them.
+    fn inputs(&self, id: &SessionId, work: &Work) -> Result<Vec<InboxRow>> {
+        if work.inbox.is_empty() {
+            return Ok(Vec::new());
+        }
+        let base = self.txn.open_table(EVENT_TIERS.base).map_err(storage)?;
+        let front = self.txn.open_table(EVENT_TIERS.front).map_err(storage)?;
+        let generations = tiers::generations(&front)?;
+        let mut out = Vec::with_capacity(work.inbox.len());
+        for waiting in &work.inbox {
+            let found = tiers::find(&base, &front, &generations, id.as_str(), waiting.seq.0)?;
+            let Some((_, bytes)) = found else {
+                return Err(crate::Error::Corrupt {
+                    what: format!("pending input {id}/{}", waiting.seq),
+                    reason: "its event is missing from the log".into(),
+                });
+            };
+            out.push(work::inbox_row(id, decode("event", &bytes)?)?);
         }
         Ok(out)
     }
@@ -179,7 +204,15 @@ impl Snapshot for RedbSnapshot {
     }
 
     fn pending(&self, id: &SessionId) -> Result<Vec<InboxRow>> {
-        self.session_range(INBOX_TIERS, id, Seq::ZERO, usize::MAX)
+        let table = self.txn.open_table(WORK).map_err(storage)?;
+        let value = table.get(id.as_str()).map_err(storage)?;
+        match value
+            .map(|v| decode::<Work>("work row", v.value()))
+            .transpose()?
+        {
+            Some(work) => self.inputs(id, &work),
+            None => Ok(Vec::new()),
+        }
     }
 
     fn instructions(&self, id: &SessionId) -> Result<InstructionState> {
@@ -202,11 +235,11 @@ impl Snapshot for RedbSnapshot {
     }
 
     fn claimed(&self) -> Result<Vec<SessionId>> {
-        self.keys(CLAIMS)
+        self.working(|work| work.claimed)
     }
 
     fn with_pending(&self) -> Result<Vec<SessionId>> {
-        self.keys(PENDING)
+        self.working(|work| !work.inbox.is_empty())
     }
 
     fn projections(&self) -> Result<Projections> {
@@ -219,9 +252,16 @@ impl Snapshot for RedbSnapshot {
             p.messages.insert((session_key(s)?, Seq(seq)), m);
             Ok(())
         })?;
-        self.all_tiers(INBOX_TIERS, |s, seq, row: InboxRow| {
-            p.inbox.insert((s, seq), row);
+        let mut works = Vec::new();
+        self.all(WORK, "work row", |s, work: Work| {
+            works.push((session_key(s)?, work));
+            Ok(())
         })?;
+        for (s, work) in works {
+            for row in self.inputs(&s, &work)? {
+                p.inbox.insert((s.clone(), row.admitted_seq), row);
+            }
+        }
         self.all(INDEX, "index entry", |id, entry: IndexEntry| {
             let id = MessageId::parse(id).map_err(|e| crate::Error::Corrupt {
                 what: format!("index key {id:?}"),

@@ -1,7 +1,7 @@
 //! Every redb table of the store, in one place. Keys are `(session id, seq)` tuples where rows
-//! belong to a session's log, so a session's rows are one contiguous range. The event log and
-//! the inbox each have a *front* table besides, keyed `(generation, session, seq)`, that takes
-//! new rows until the writer folds them into the base table (see `tiers`).
+//! belong to a session's log, so a session's rows are one contiguous range. The event log has a
+//! *front* table besides, keyed `(generation, session, seq)`, that takes new events until the
+//! writer folds them into the base table (see `tiers`).
 
 use redb::TableDefinition;
 
@@ -18,35 +18,39 @@ pub const SESSIONS_BY_CREATED: TableDefinition<'_, (u64, &str), ()> =
     TableDefinition::new("sessions_by_created");
 /// `(session, seq)` → [`agenthost_model::Message`].
 pub const MESSAGES: TableDefinition<'_, (&str, u64), &[u8]> = TableDefinition::new("messages");
-/// `(session, admitted seq)` → [`agenthost_model::InboxRow`]: pending inputs only.
-pub const INBOX: TableDefinition<'_, (&str, u64), &[u8]> = TableDefinition::new("inbox");
 /// `(generation, session, seq)` → [`agenthost_model::Stored`]: events not yet folded into
 /// [`EVENTS`].
 pub const EVENTS_FRONT: TableDefinition<'_, (u64, &str, u64), &[u8]> =
     TableDefinition::new("events_front");
-/// `(generation, session, admitted seq)` → [`agenthost_model::InboxRow`], not yet folded into
-/// [`INBOX`].
-pub const INBOX_FRONT: TableDefinition<'_, (u64, &str, u64), &[u8]> =
-    TableDefinition::new("inbox_front");
 
 pub(crate) const EVENT_TIERS: Tiered = Tiered {
     what: "event",
     base: EVENTS,
     front: EVENTS_FRONT,
 };
-pub(crate) const INBOX_TIERS: Tiered = Tiered {
-    what: "inbox row",
-    base: INBOX,
-    front: INBOX_FRONT,
-};
 /// `message id` → [`agenthost_model::IndexEntry`]: every admitted input and message.
 pub const INDEX: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("message_index");
 /// `session` → [`agenthost_model::InstructionState`].
 pub const INSTRUCTIONS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("instructions");
-/// `session` → (): sessions holding a claim (derived from session rows, for recovery).
-pub const CLAIMS: TableDefinition<'_, &str, ()> = TableDefinition::new("claims");
-/// `session` → (): sessions with pending input (derived from session rows, for recovery).
-pub const PENDING: TableDefinition<'_, &str, ()> = TableDefinition::new("pending");
+/// `session` → the session's outstanding work (`work::Work`): its claim and its pending inputs.
+/// Only sessions with either have a row, so recovery reads its work from here.
+pub const WORK: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("work");
+
+/// Tables of older formats, read once when such a store is upgraded (see `init` in the crate
+/// root) and then deleted.
+pub(crate) mod legacy {
+    use redb::TableDefinition;
+
+    /// Formats 1–2: `(session, admitted seq)` → [`agenthost_model::InboxRow`].
+    pub(crate) const INBOX: TableDefinition<'_, (&str, u64), &[u8]> = TableDefinition::new("inbox");
+    /// Format 2: `(generation, session, admitted seq)` → [`agenthost_model::InboxRow`].
+    pub(crate) const INBOX_FRONT: TableDefinition<'_, (u64, &str, u64), &[u8]> =
+        TableDefinition::new("inbox_front");
+    /// Formats 1–2: `session` → (), sessions holding a claim.
+    pub(crate) const CLAIMS: TableDefinition<'_, &str, ()> = TableDefinition::new("claims");
+    /// Formats 1–2: `session` → (), sessions with pending input.
+    pub(crate) const PENDING: TableDefinition<'_, &str, ()> = TableDefinition::new("pending");
+}
 
 /// Key of the format version in [`META`].
 pub const FORMAT_KEY: &str = "format_version";

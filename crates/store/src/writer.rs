@@ -103,9 +103,6 @@ impl Front {
     }
 }
 
-/// Most session rows the writer keeps between commits; past it the cache starts over.
-const CACHED_SESSIONS: usize = 65_536;
-
 pub(crate) struct Writer {
     pub(crate) db: Arc<Database>,
     pub(crate) front: Front,
@@ -204,12 +201,7 @@ impl Writer {
         }
         txn.commit().map_err(storage)?;
         self.front.committed(fold, added);
-        if self.committed.len() + rows.len() > CACHED_SESSIONS {
-            self.committed.clear();
-        }
-        for row in rows {
-            self.committed.insert(row.id.clone(), row);
-        }
+        self.committed.update(rows);
         if let Some((rows, took)) = folded {
             self.stats.folds.fetch_add(1, Ordering::Relaxed);
             self.stats

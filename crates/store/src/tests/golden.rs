@@ -143,6 +143,11 @@ async fn golden_store_opens_with_identical_content() {
             expected,
             "the version {version} golden store reads differently"
         );
+        // Recovery finds the same work: the queued input is still pending, nothing is claimed.
+        let snap = store.snapshot().expect("snapshot");
+        assert_eq!(snap.with_pending().expect("pending"), [sid("golden")]);
+        assert_eq!(snap.claimed().expect("claimed"), []);
+        drop(snap);
         // Opening upgraded it: a build of that version would now refuse the file.
         store.close();
         drop(store);
