@@ -178,6 +178,9 @@ pub(crate) struct Tables<'t> {
     /// Pending inputs whose event this transaction wrote or read.
     inputs: HashMap<(SessionId, Seq), InboxRow>,
     changed_index: HashMap<MessageId, IndexEntry>,
+    /// Index entries read from the table (`None`: absent), as an admission checks its id and the
+    /// projector checks it again.
+    read_index: HashMap<MessageId, Option<IndexEntry>>,
     changed_instructions: HashMap<SessionId, InstructionState>,
 }
 
@@ -209,6 +212,7 @@ impl<'t> Tables<'t> {
             works: HashMap::default(),
             inputs: HashMap::default(),
             changed_index: HashMap::default(),
+            read_index: HashMap::default(),
             changed_instructions: HashMap::default(),
         })
     }
@@ -445,8 +449,15 @@ impl Projection for Tables<'_> {
         if let Some(entry) = self.changed_index.get(id) {
             return Ok(Some(entry.clone()));
         }
+        if let Some(found) = self.read_index.get(id) {
+            return Ok(found.clone());
+        }
         let value = self.index.get(id.as_str()).map_err(storage)?;
-        value.map(|v| decode("index entry", v.value())).transpose()
+        let found: Option<IndexEntry> = value
+            .map(|v| decode("index entry", v.value()))
+            .transpose()?;
+        self.read_index.insert(id.clone(), found.clone());
+        Ok(found)
     }
 
     fn put_index(&mut self, id: &MessageId, entry: IndexEntry) -> Result<()> {
