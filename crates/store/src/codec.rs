@@ -15,12 +15,12 @@ use serde::de::DeserializeOwned;
 use crate::error::{Error, Result};
 
 /// The store format this build writes. Version 2 added the front tables of the event log and
-/// the inbox (`tiers`); version 3 replaced the inbox tables and the recovery sets with one work
-/// row per session (`work`). Records of every version are encoded alike.
+/// the inbox (`tiers`); version 3 keeps each session's row and inbox in one record (`record`)
+/// and replaced the inbox tables and the recovery sets (`upgrade`). Every other record is
+/// encoded as in version 1.
 pub const FORMAT_VERSION: u16 = 3;
 
-/// The oldest format this build opens: records of versions `OLDEST_READABLE..=FORMAT_VERSION`
-/// share one encoding, and opening an older store upgrades it in place.
+/// The oldest format this build opens: opening an older store upgrades it in place.
 pub const OLDEST_READABLE: u16 = 1;
 
 /// The largest record decoded; larger length prefixes are treated as corruption.

@@ -15,12 +15,12 @@
 pub mod codec;
 mod error;
 mod ops;
+mod record;
 mod rows;
 mod snapshot;
 pub mod tables;
 mod tiers;
 mod upgrade;
-mod work;
 mod writer;
 
 use std::fmt;
@@ -260,8 +260,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Writes the format version into a new store, checks it in an existing one (upgrading an
-/// older readable format), creates every table so that readers never meet a missing one, and folds
-/// the front.
+/// older readable format), creates every table so that readers never meet a missing one, folds
+/// the front and prunes the working set.
 fn init(db: &Database) -> Result<()> {
     let txn = db.begin_write().map_err(storage)?;
     {
@@ -284,7 +284,7 @@ fn init(db: &Database) -> Result<()> {
                 });
             }
             if found < 3 {
-                upgrade::into_work_rows(&txn)?;
+                upgrade::into_records(&txn)?;
             }
         }
         // A version-1 store has no front table of the log; creating it (below) is all that
@@ -294,6 +294,7 @@ fn init(db: &Database) -> Result<()> {
         // Start with an empty front: what a previous process left there is folded now, so the
         // writer's own count of front rows starts true.
         rows::fold(&txn)?;
+        rows::prune_working(&txn, &rows::Committed::default())?;
         rows::Tables::open(&txn, 0, &rows::Committed::default())?;
     }
     txn.commit().map_err(storage)

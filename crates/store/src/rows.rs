@@ -13,8 +13,8 @@
 //!
 //! Events are written to the front of the log when new (see `tiers`); [`fold`] moves the front
 //! into the base. Messages, which every step reads back as history, stay in one table. Pending
-//! inputs live in their session's `work` row (see `work`), which names the events that hold
-//! them.
+//! inputs are listed in their session's record (see `record`), which names the events that
+//! hold them.
 
 use std::collections::BTreeMap;
 
@@ -29,9 +29,9 @@ type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState
 
 use crate::codec::{decode, encode};
 use crate::error::{Error, Result, storage};
+use crate::record::{self, SessionRecord};
 use crate::tables::*;
 use crate::tiers::{self, BaseKey, Bytes, FrontKey, Tier, Tiered};
-use crate::work::{self, Work};
 
 /// One session-keyed table opened for writing, in its two tiers.
 struct Pair<'t> {
@@ -103,56 +103,74 @@ pub(crate) fn fold(txn: &WriteTransaction) -> Result<usize> {
     Ok(rows.len())
 }
 
-/// Session and work rows as last committed, kept by the writer across transactions: a
-/// session's rows are read from their B-trees and decoded once, not once per batch. Only the
-/// writer changes rows, so the cache is exact; the writer updates it after each commit and
-/// leaves it alone when a commit fails (nothing of that transaction took effect).
+/// Session records as last committed, kept by the writer across transactions: a session's
+/// record is read from its B-tree and decoded once, not once per batch. Only the writer changes
+/// records, so the cache is exact; the writer updates it after each commit and leaves it alone
+/// when a commit fails (nothing of that transaction took effect).
 #[derive(Default)]
 pub(crate) struct Committed {
-    sessions: HashMap<SessionId, SessionRow>,
-    /// An idle entry stands for "no row".
-    works: HashMap<SessionId, Work>,
+    sessions: HashMap<SessionId, SessionRecord>,
 }
 
-/// Most sessions the writer keeps rows of between commits; past it the cache starts over.
+/// Most sessions the writer keeps records of between commits; past it the cache starts over.
 const CACHED_SESSIONS: usize = 65_536;
 
 impl Committed {
-    /// Takes in the rows a committed transaction read or wrote.
-    pub(crate) fn update(&mut self, rows: Changed) {
-        if self.sessions.len() + rows.sessions.len() > CACHED_SESSIONS
-            || self.works.len() + rows.works.len() > CACHED_SESSIONS
-        {
+    /// Takes in the records a committed transaction read or wrote.
+    pub(crate) fn update(&mut self, records: Vec<SessionRecord>) {
+        if self.sessions.len() + records.len() > CACHED_SESSIONS {
             self.sessions.clear();
-            self.works.clear();
         }
-        for row in rows.sessions {
-            self.sessions.insert(row.id.clone(), row);
+        for record in records {
+            self.sessions.insert(record.row.id.clone(), record);
         }
-        self.works.extend(rows.works);
     }
 }
 
-/// What a transaction leaves for [`Committed`]: every session and work row it read or wrote,
-/// as they are once it commits.
-pub(crate) struct Changed {
-    sessions: Vec<SessionRow>,
-    works: Vec<(SessionId, Work)>,
+/// Reads a session's record: from the writer's cache, else from the table.
+fn load(
+    committed: &Committed,
+    sessions: &impl ReadableTable<&'static str, Bytes>,
+    id: &SessionId,
+) -> Result<Option<SessionRecord>> {
+    if let Some(record) = committed.sessions.get(id) {
+        return Ok(Some(record.clone()));
+    }
+    sessions
+        .get(id.as_str())
+        .map_err(storage)?
+        .map(|v| decode("session record", v.value()))
+        .transpose()
 }
 
-/// A session row as it is now in the transaction, and whether it held a claim when the
-/// transaction found it (`None`: the session did not exist).
+/// Takes out of the working set (`tables::WORKING`) every session that no longer holds a claim
+/// or pending input. Runs in the transactions that fold the front, and when the store opens.
+/// Returns how many were taken out.
+pub(crate) fn prune_working(txn: &WriteTransaction, committed: &Committed) -> Result<usize> {
+    let sessions = txn.open_table(SESSIONS).map_err(storage)?;
+    let mut working = txn.open_table(WORKING).map_err(storage)?;
+    let mut idle = Vec::new();
+    for entry in working.iter().map_err(storage)? {
+        let (key, _) = entry.map_err(storage)?;
+        let id = SessionId::parse(key.value()).map_err(|e| Error::Corrupt {
+            what: format!("working session {:?}", key.value()),
+            reason: e.to_string(),
+        })?;
+        if !load(committed, &sessions, &id)?.is_some_and(|r| r.working()) {
+            idle.push(id);
+        }
+    }
+    for id in &idle {
+        working.remove(id.as_str()).map_err(storage)?;
+    }
+    Ok(idle.len())
+}
+
+/// A session's record as it is now in the transaction, and whether the session was working
+/// when the transaction found it (`None`: it did not exist).
 struct SessionEntry {
     found: Option<bool>,
-    now: Option<SessionRow>,
-    changed: bool,
-}
-
-/// A session's work row as it is now in the transaction.
-struct WorkEntry {
-    /// The table has a row for the session.
-    stored: bool,
-    now: Work,
+    now: Option<SessionRecord>,
     changed: bool,
 }
 
@@ -164,17 +182,15 @@ pub(crate) struct Tables<'t> {
     messages: Table<'t, BaseKey, Bytes>,
     index: Table<'t, &'static str, Bytes>,
     instructions: Table<'t, &'static str, Bytes>,
-    work: Table<'t, &'static str, Bytes>,
+    working: Table<'t, &'static str, ()>,
     /// The front's generations, oldest first; the last is the one new rows go to.
     generations: Vec<u64>,
     /// Rows this transaction added to the front.
     front_rows: usize,
     committed: &'t Committed,
-    /// Session rows read or written in this transaction (read ones are cached, not rewritten).
+    /// Session records read or written in this transaction (read ones are not rewritten).
     session_rows: HashMap<SessionId, SessionEntry>,
     changed_messages: HashMap<(SessionId, Seq), Message>,
-    /// Work rows read or written in this transaction.
-    works: HashMap<SessionId, WorkEntry>,
     /// Pending inputs whose event this transaction wrote or read.
     inputs: HashMap<(SessionId, Seq), InboxRow>,
     changed_index: HashMap<MessageId, IndexEntry>,
@@ -203,13 +219,12 @@ impl<'t> Tables<'t> {
             messages: txn.open_table(MESSAGES).map_err(storage)?,
             index: txn.open_table(INDEX).map_err(storage)?,
             instructions: txn.open_table(INSTRUCTIONS).map_err(storage)?,
-            work: txn.open_table(WORK).map_err(storage)?,
+            working: txn.open_table(WORKING).map_err(storage)?,
             generations,
             front_rows: 0,
             committed,
             session_rows: HashMap::default(),
             changed_messages: HashMap::default(),
-            works: HashMap::default(),
             inputs: HashMap::default(),
             changed_index: HashMap::default(),
             read_index: HashMap::default(),
@@ -217,15 +232,41 @@ impl<'t> Tables<'t> {
         })
     }
 
+    /// The session's entry, read once per transaction.
+    fn entry(&mut self, id: &SessionId) -> Result<&mut SessionEntry> {
+        if !self.session_rows.contains_key(id) {
+            let found = load(self.committed, &self.sessions, id)?;
+            let entry = SessionEntry {
+                found: found.as_ref().map(SessionRecord::working),
+                now: found,
+                changed: false,
+            };
+            self.session_rows.insert(id.clone(), entry);
+        }
+        Ok(self
+            .session_rows
+            .get_mut(id)
+            .expect("invariant: the entry was just read"))
+    }
+
+    /// The session's record as this transaction has it, for changing its inbox.
+    fn inbox_of(&mut self, session: &SessionId) -> Result<&mut SessionEntry> {
+        let entry = self.entry(session)?;
+        if entry.now.is_none() {
+            return Err(Error::Corrupt {
+                what: format!("inbox of {session}"),
+                reason: "the session has no record".into(),
+            });
+        }
+        Ok(entry)
+    }
+
     /// Pending inputs of a session in admission order, as this transaction has them.
     fn pending_inputs(&mut self, session: &SessionId) -> Result<BTreeMap<Seq, InboxRow>> {
-        let seqs: Vec<Seq> = self
-            .work(session)?
-            .now
-            .inbox
-            .iter()
-            .map(|w| w.seq)
-            .collect();
+        let seqs: Vec<Seq> = match &self.entry(session)?.now {
+            Some(record) => record.inbox.inputs.iter().map(|w| w.seq).collect(),
+            None => Vec::new(),
+        };
         let mut rows = BTreeMap::new();
         for seq in seqs {
             if let Some(row) = self.inbox(session, seq)? {
@@ -233,31 +274,6 @@ impl<'t> Tables<'t> {
             }
         }
         Ok(rows)
-    }
-
-    /// The session's work row, read once per transaction.
-    fn work(&mut self, session: &SessionId) -> Result<&mut WorkEntry> {
-        if !self.works.contains_key(session) {
-            let found: Option<Work> = match self.committed.works.get(session) {
-                Some(work) => (!work.is_idle()).then(|| work.clone()),
-                None => self
-                    .work
-                    .get(session.as_str())
-                    .map_err(storage)?
-                    .map(|v| decode("work row", v.value()))
-                    .transpose()?,
-            };
-            let entry = WorkEntry {
-                stored: found.is_some(),
-                now: found.unwrap_or_default(),
-                changed: false,
-            };
-            self.works.insert(session.clone(), entry);
-        }
-        Ok(self
-            .works
-            .get_mut(session)
-            .expect("invariant: the entry was just read"))
     }
 
     /// The generation new rows go to.
@@ -278,34 +294,21 @@ impl<'t> Tables<'t> {
 
     /// Writes every row changed in this transaction to its table. Called once, after the last
     /// operation of the batch. Returns how many rows the transaction added to the front, and
-    /// the rows to cache once it commits.
-    pub(crate) fn finish(mut self) -> Result<(usize, Changed)> {
-        let mut rows = Vec::with_capacity(self.session_rows.len());
+    /// every session record it read or wrote, as it will be once committed.
+    pub(crate) fn finish(mut self) -> Result<(usize, Vec<SessionRecord>)> {
+        let mut records = Vec::with_capacity(self.session_rows.len());
         for (id, entry) in std::mem::take(&mut self.session_rows) {
-            if let Some(row) = &entry.now
+            if let Some(record) = &entry.now
                 && entry.changed
             {
-                self.write_session(&id, row, entry.found)?;
+                self.write_session(&id, record, entry.found)?;
             }
-            rows.extend(entry.now);
+            records.extend(entry.now);
         }
         for ((session, seq), message) in std::mem::take(&mut self.changed_messages) {
             self.messages
                 .insert((session.as_str(), seq.0), encode(&message).as_slice())
                 .map_err(storage)?;
-        }
-        let mut works = Vec::with_capacity(self.works.len());
-        for (session, entry) in std::mem::take(&mut self.works) {
-            match (entry.changed, entry.now.is_idle(), entry.stored) {
-                (false, _, _) | (true, true, false) => {}
-                (true, true, true) => drop(self.work.remove(session.as_str()).map_err(storage)?),
-                (true, false, _) => drop(
-                    self.work
-                        .insert(session.as_str(), encode(&entry.now).as_slice())
-                        .map_err(storage)?,
-                ),
-            }
-            works.push((session, entry.now));
         }
         for (id, entry) in std::mem::take(&mut self.changed_index) {
             self.index
@@ -317,37 +320,33 @@ impl<'t> Tables<'t> {
                 .insert(session.as_str(), encode(&state).as_slice())
                 .map_err(storage)?;
         }
-        let changed = Changed {
-            sessions: rows,
-            works,
-        };
-        Ok((self.front_rows, changed))
+        Ok((self.front_rows, records))
     }
 
-    /// Writes a session row given whether it held a claim when the transaction found it
-    /// (`None`: new), keeping the work row's claim in step with it. Runs before the work rows
-    /// are written.
+    /// Writes a session record given whether the session was working when the transaction found
+    /// it (`None`: new), and puts it in the working set when its work starts.
     fn write_session(
         &mut self,
         id: &SessionId,
-        row: &SessionRow,
+        record: &SessionRecord,
         found: Option<bool>,
     ) -> Result<()> {
         self.sessions
-            .insert(id.as_str(), encode(row).as_slice())
+            .insert(id.as_str(), encode(record).as_slice())
             .map_err(storage)?;
         if found.is_none() {
             self.by_created
-                .insert((row.created.0, id.as_str()), ())
+                .insert((record.row.created.0, id.as_str()), ())
                 .map_err(storage)?;
         }
-        // The work row mirrors the claim, so boot finds its work without scanning sessions. It
-        // is touched only when the claim comes or goes: most events leave it alone.
-        let claimed = row.claim.is_some();
-        if found.unwrap_or(false) != claimed {
-            let work = self.work(id)?;
-            work.now.claimed = claimed;
-            work.changed = true;
+        // A session working when the transaction began is in the set already. One whose work
+        // starts now may still be there from an earlier turn: the set is pruned only when the
+        // front is folded, so a busy session costs a lookup here, not a write per turn.
+        if record.working()
+            && !found.unwrap_or(false)
+            && self.working.get(id.as_str()).map_err(storage)?.is_none()
+        {
+            self.working.insert(id.as_str(), ()).map_err(storage)?;
         }
         Ok(())
     }
@@ -357,38 +356,24 @@ impl Projection for Tables<'_> {
     type Error = Error;
 
     fn session(&mut self, id: &SessionId) -> Result<Option<SessionRow>> {
-        if let Some(entry) = self.session_rows.get(id) {
-            return Ok(entry.now.clone());
-        }
-        let row: Option<SessionRow> = match self.committed.sessions.get(id) {
-            Some(row) => Some(row.clone()),
-            None => self
-                .sessions
-                .get(id.as_str())
-                .map_err(storage)?
-                .map(|v| decode("session row", v.value()))
-                .transpose()?,
-        };
-        self.session_rows.insert(
-            id.clone(),
-            SessionEntry {
-                found: row.as_ref().map(|row| row.claim.is_some()),
-                now: row.clone(),
-                changed: false,
-            },
-        );
-        Ok(row)
+        Ok(self
+            .entry(id)?
+            .now
+            .as_ref()
+            .map(|record| record.row.clone()))
     }
 
     fn put_session(&mut self, row: SessionRow) -> Result<()> {
-        if !self.session_rows.contains_key(&row.id) {
-            self.session(&row.id)?;
+        let entry = self.entry(&row.id)?;
+        match &mut entry.now {
+            Some(record) => record.row = row,
+            None => {
+                entry.now = Some(SessionRecord {
+                    row,
+                    inbox: Default::default(),
+                })
+            }
         }
-        let entry = self
-            .session_rows
-            .get_mut(&row.id)
-            .expect("invariant: the entry was just read");
-        entry.now = Some(row);
         entry.changed = true;
         Ok(())
     }
@@ -411,7 +396,12 @@ impl Projection for Tables<'_> {
     }
 
     fn inbox(&mut self, session: &SessionId, seq: Seq) -> Result<Option<InboxRow>> {
-        if !self.work(session)?.now.waiting(seq) {
+        let waiting = self
+            .entry(session)?
+            .now
+            .as_ref()
+            .is_some_and(|record| record.inbox.waiting(seq));
+        if !waiting {
             return Ok(None);
         }
         let key = (session.clone(), seq);
@@ -424,23 +414,27 @@ impl Projection for Tables<'_> {
                 reason: "its event is missing from the log".into(),
             });
         };
-        let row = work::inbox_row(session, stored)?;
+        let row = record::inbox_row(session, stored)?;
         self.inputs.insert(key, row.clone());
         Ok(Some(row))
     }
 
     fn put_inbox(&mut self, session: &SessionId, row: InboxRow) -> Result<()> {
-        let work = self.work(session)?;
-        work.now.add(row.admitted_seq, row.delivery);
-        work.changed = true;
+        let entry = self.inbox_of(session)?;
+        if let Some(record) = &mut entry.now {
+            record.inbox.add(row.admitted_seq, row.delivery);
+        }
+        entry.changed = true;
         self.inputs.insert((session.clone(), row.admitted_seq), row);
         Ok(())
     }
 
     fn remove_inbox(&mut self, session: &SessionId, seq: Seq) -> Result<()> {
-        let work = self.work(session)?;
-        work.now.remove(seq);
-        work.changed = true;
+        let entry = self.inbox_of(session)?;
+        if let Some(record) = &mut entry.now {
+            record.inbox.remove(seq);
+        }
+        entry.changed = true;
         self.inputs.remove(&(session.clone(), seq));
         Ok(())
     }

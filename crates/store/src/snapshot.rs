@@ -14,9 +14,9 @@ use serde::de::DeserializeOwned;
 
 use crate::codec::decode;
 use crate::error::{Result, storage};
+use crate::record::{self, Inbox, SessionRecord};
 use crate::tables::*;
 use crate::tiers::{self, Tiered};
-use crate::work::{self, Work};
 
 /// Read access to one consistent state of the store.
 pub trait Snapshot: Send {
@@ -104,28 +104,38 @@ impl RedbSnapshot {
         })
     }
 
-    /// Sessions whose work row passes `keep`, in key order.
-    fn working(&self, keep: fn(&Work) -> bool) -> Result<Vec<SessionId>> {
+    fn record(&self, id: &SessionId) -> Result<Option<SessionRecord>> {
+        let table = self.txn.open_table(SESSIONS).map_err(storage)?;
+        let value = table.get(id.as_str()).map_err(storage)?;
+        value
+            .map(|v| decode("session record", v.value()))
+            .transpose()
+    }
+
+    /// Sessions of the working set whose row passes `keep`, in key order.
+    fn working(&self, keep: fn(&SessionRow) -> bool) -> Result<Vec<SessionId>> {
+        let table = self.txn.open_table(WORKING).map_err(storage)?;
         let mut out = Vec::new();
-        self.all(WORK, "work row", |session, work: Work| {
-            if keep(&work) {
-                out.push(session_key(session)?);
+        for entry in table.iter().map_err(storage)? {
+            let (key, _) = entry.map_err(storage)?;
+            let id = session_key(key.value())?;
+            if self.session(&id)?.is_some_and(|row| keep(&row)) {
+                out.push(id);
             }
-            Ok(())
-        })?;
+        }
         Ok(out)
     }
 
-    /// The pending inputs a work row names, read from the events that admitted them.
-    fn inputs(&self, id: &SessionId, work: &Work) -> Result<Vec<InboxRow>> {
-        if work.inbox.is_empty() {
+    /// The pending inputs an inbox names, read from the events that admitted them.
+    fn inputs(&self, id: &SessionId, inbox: &Inbox) -> Result<Vec<InboxRow>> {
+        if inbox.inputs.is_empty() {
             return Ok(Vec::new());
         }
         let base = self.txn.open_table(EVENT_TIERS.base).map_err(storage)?;
         let front = self.txn.open_table(EVENT_TIERS.front).map_err(storage)?;
         let generations = tiers::generations(&front)?;
-        let mut out = Vec::with_capacity(work.inbox.len());
-        for waiting in &work.inbox {
+        let mut out = Vec::with_capacity(inbox.inputs.len());
+        for waiting in &inbox.inputs {
             let found = tiers::find(&base, &front, &generations, id.as_str(), waiting.seq.0)?;
             let Some((_, bytes)) = found else {
                 return Err(crate::Error::Corrupt {
@@ -133,7 +143,7 @@ impl RedbSnapshot {
                     reason: "its event is missing from the log".into(),
                 });
             };
-            out.push(work::inbox_row(id, decode("event", &bytes)?)?);
+            out.push(record::inbox_row(id, decode("event", &bytes)?)?);
         }
         Ok(out)
     }
@@ -162,9 +172,7 @@ fn session_key(raw: &str) -> Result<SessionId> {
 
 impl Snapshot for RedbSnapshot {
     fn session(&self, id: &SessionId) -> Result<Option<SessionRow>> {
-        let table = self.txn.open_table(SESSIONS).map_err(storage)?;
-        let value = table.get(id.as_str()).map_err(storage)?;
-        value.map(|v| decode("session row", v.value())).transpose()
+        Ok(self.record(id)?.map(|record| record.row))
     }
 
     fn sessions(
@@ -204,13 +212,8 @@ impl Snapshot for RedbSnapshot {
     }
 
     fn pending(&self, id: &SessionId) -> Result<Vec<InboxRow>> {
-        let table = self.txn.open_table(WORK).map_err(storage)?;
-        let value = table.get(id.as_str()).map_err(storage)?;
-        match value
-            .map(|v| decode::<Work>("work row", v.value()))
-            .transpose()?
-        {
-            Some(work) => self.inputs(id, &work),
+        match self.record(id)? {
+            Some(record) => self.inputs(id, &record.inbox),
             None => Ok(Vec::new()),
         }
     }
@@ -235,33 +238,32 @@ impl Snapshot for RedbSnapshot {
     }
 
     fn claimed(&self) -> Result<Vec<SessionId>> {
-        self.working(|work| work.claimed)
+        self.working(|row| row.claim.is_some())
     }
 
     fn with_pending(&self) -> Result<Vec<SessionId>> {
-        self.working(|work| !work.inbox.is_empty())
+        self.working(|row| row.pending > 0)
     }
 
     fn projections(&self) -> Result<Projections> {
         let mut p = Projections::default();
-        self.all(SESSIONS, "session row", |_, row: SessionRow| {
-            p.sessions.insert(row.id.clone(), row);
+        let mut inboxes = Vec::new();
+        self.all(SESSIONS, "session record", |_, record: SessionRecord| {
+            if !record.inbox.inputs.is_empty() {
+                inboxes.push((record.row.id.clone(), record.inbox));
+            }
+            p.sessions.insert(record.row.id.clone(), record.row);
             Ok(())
         })?;
+        for (s, inbox) in inboxes {
+            for row in self.inputs(&s, &inbox)? {
+                p.inbox.insert((s.clone(), row.admitted_seq), row);
+            }
+        }
         self.all(MESSAGES, "message", |(s, seq), m: Message| {
             p.messages.insert((session_key(s)?, Seq(seq)), m);
             Ok(())
         })?;
-        let mut works = Vec::new();
-        self.all(WORK, "work row", |s, work: Work| {
-            works.push((session_key(s)?, work));
-            Ok(())
-        })?;
-        for (s, work) in works {
-            for row in self.inputs(&s, &work)? {
-                p.inbox.insert((s.clone(), row.admitted_seq), row);
-            }
-        }
         self.all(INDEX, "index entry", |id, entry: IndexEntry| {
             let id = MessageId::parse(id).map_err(|e| crate::Error::Corrupt {
                 what: format!("index key {id:?}"),

@@ -11,7 +11,7 @@ use crate::tiers::Tiered;
 pub const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("meta");
 /// `(session, seq)` → [`agenthost_model::Stored`]: the event log, the source of truth.
 pub const EVENTS: TableDefinition<'_, (&str, u64), &[u8]> = TableDefinition::new("events");
-/// `session` → [`agenthost_model::SessionRow`].
+/// `session` → `record::SessionRecord`: the session row and its inbox.
 pub const SESSIONS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("sessions");
 /// `(created ms, session)` → (): sessions in creation order, for listing newest first.
 pub const SESSIONS_BY_CREATED: TableDefinition<'_, (u64, &str), ()> =
@@ -32,9 +32,11 @@ pub(crate) const EVENT_TIERS: Tiered = Tiered {
 pub const INDEX: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("message_index");
 /// `session` → [`agenthost_model::InstructionState`].
 pub const INSTRUCTIONS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("instructions");
-/// `session` → the session's outstanding work (`work::Work`): its claim and its pending inputs.
-/// Only sessions with either have a row, so recovery reads its work from here.
-pub const WORK: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("work");
+/// `session` → (): every session that holds a claim or has pending input, and maybe some that
+/// no longer do, so recovery finds its work without scanning sessions. A session joins when its
+/// work starts and is not in the set yet; sessions that went idle are pruned when the front is
+/// folded, so a busy session is not taken out and put back in on every turn.
+pub const WORKING: TableDefinition<'_, &str, ()> = TableDefinition::new("working");
 
 /// Tables of older formats, read once when such a store is upgraded (see `init` in the crate
 /// root) and then deleted.

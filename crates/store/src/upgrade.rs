@@ -1,28 +1,30 @@
 //! Upgrades of older store formats, run once by `init` inside its transaction.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use agenthost_model::{InboxRow, Seq};
+use agenthost_model::{InboxRow, Seq, SessionRow};
 use redb::{ReadableTable, WriteTransaction};
 
 use crate::codec::{decode, encode};
 use crate::error::{Result, storage};
-use crate::tables::{WORK, legacy};
-use crate::work::Work;
+use crate::record::{Inbox, SessionRecord};
+use crate::tables::{SESSIONS, WORKING, legacy};
 
-/// Formats 1–2 kept a row per pending input (in `inbox`, and from format 2 also in
-/// `inbox_front`) and the recovery sets `claims` and `pending`. Format 3 keeps all of it in one
-/// work row per session; the inputs' prompts are already in their `PromptAdmitted` events.
-pub(crate) fn into_work_rows(txn: &WriteTransaction) -> Result<()> {
-    let mut works: BTreeMap<String, Work> = BTreeMap::new();
+/// Formats 1–2 kept a bare session row per session, a row per pending input (in `inbox`, and
+/// from format 2 also in `inbox_front`), and the recovery sets `claims` and `pending`. Format 3
+/// keeps each session's row and inbox in one record and one working set; the inputs' prompts are
+/// already in their `PromptAdmitted` events.
+pub(crate) fn into_records(txn: &WriteTransaction) -> Result<()> {
+    let mut inboxes: BTreeMap<String, Inbox> = BTreeMap::new();
     let mut waiting = |session: &str, seq: u64, bytes: &[u8]| -> Result<()> {
         let row: InboxRow = decode("inbox row", bytes)?;
-        works
+        inboxes
             .entry(session.to_owned())
             .or_default()
             .add(Seq(seq), row.delivery);
         Ok(())
     };
+    let mut working = BTreeSet::new();
     {
         let inbox = txn.open_table(legacy::INBOX).map_err(storage)?;
         for entry in inbox.iter().map_err(storage)? {
@@ -36,32 +38,47 @@ pub(crate) fn into_work_rows(txn: &WriteTransaction) -> Result<()> {
             let (_, session, seq) = key.value();
             waiting(session, seq, value.value())?;
         }
-        let claims = txn.open_table(legacy::CLAIMS).map_err(storage)?;
-        for entry in claims.iter().map_err(storage)? {
-            let (key, _) = entry.map_err(storage)?;
-            works.entry(key.value().to_owned()).or_default().claimed = true;
+        for set in [legacy::CLAIMS, legacy::PENDING] {
+            let table = txn.open_table(set).map_err(storage)?;
+            for entry in table.iter().map_err(storage)? {
+                let (key, _) = entry.map_err(storage)?;
+                working.insert(key.value().to_owned());
+            }
         }
+    }
+    for table in [legacy::CLAIMS, legacy::PENDING] {
+        txn.delete_table(table).map_err(storage)?;
     }
     txn.delete_table(legacy::INBOX).map_err(storage)?;
     txn.delete_table(legacy::INBOX_FRONT).map_err(storage)?;
-    txn.delete_table(legacy::CLAIMS).map_err(storage)?;
-    txn.delete_table(legacy::PENDING).map_err(storage)?;
-    let mut table = txn.open_table(WORK).map_err(storage)?;
-    for (session, work) in &works {
-        table
-            .insert(session.as_str(), encode(work).as_slice())
+
+    let mut sessions = txn.open_table(SESSIONS).map_err(storage)?;
+    let mut records = Vec::new();
+    for entry in sessions.iter().map_err(storage)? {
+        let (key, value) = entry.map_err(storage)?;
+        let row: SessionRow = decode("session row", value.value())?;
+        let inbox = inboxes.remove(key.value()).unwrap_or_default();
+        records.push(SessionRecord { row, inbox });
+    }
+    for record in &records {
+        sessions
+            .insert(record.row.id.as_str(), encode(record).as_slice())
             .map_err(storage)?;
+    }
+    let mut set = txn.open_table(WORKING).map_err(storage)?;
+    for session in &working {
+        set.insert(session.as_str(), ()).map_err(storage)?;
     }
     Ok(())
 }
-
 #[cfg(test)]
 mod tests {
-    use agenthost_model::{Delivery, MessageId, Prompt};
-    use redb::{Database, ReadableDatabase, ReadableTableMetadata, TableHandle};
+    use agenthost_model::message::Claim;
+    use agenthost_model::{Delivery, MessageId, Prompt, SessionId, Timestamp, Usage};
+    use redb::{Database, ReadableDatabase, TableHandle};
 
     use super::*;
-    use crate::work::Waiting;
+    use crate::record::Waiting;
 
     fn inbox_row(seq: u64, delivery: Delivery) -> Vec<u8> {
         encode(&InboxRow {
@@ -72,48 +89,93 @@ mod tests {
         })
     }
 
+    fn session_row(id: &str, pending: u32, claim: Option<Claim>) -> SessionRow {
+        SessionRow {
+            id: SessionId::parse(id).expect("id"),
+            agent: "default".into(),
+            model: None,
+            title: None,
+            created: Timestamp(1),
+            updated: Timestamp(2),
+            last_seq: Seq(3),
+            usage: Usage::default(),
+            claim,
+            resume_attempts: 0,
+            halted: None,
+            active_from: Seq::ZERO,
+            compaction: None,
+            pending,
+        }
+    }
+
     #[test]
-    fn inbox_rows_and_claims_become_work_rows() {
+    fn session_rows_inbox_rows_and_recovery_sets_become_records() {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = Database::create(dir.path().join("old.redb")).expect("db");
+        let a = session_row("ses_a", 2, None);
+        let claim = Claim {
+            seq: Seq(3),
+            forced: false,
+        };
+        let b = session_row("ses_b", 0, Some(claim));
         let txn = db.begin_write().expect("txn");
         {
+            let mut sessions = txn.open_table(SESSIONS).expect("sessions");
+            for row in [&a, &b] {
+                let bytes = encode(row);
+                sessions
+                    .insert(row.id.as_str(), bytes.as_slice())
+                    .expect("insert");
+            }
             let mut inbox = txn.open_table(legacy::INBOX).expect("inbox");
             let row = inbox_row(3, Delivery::Queue);
             inbox.insert(("ses_a", 3), row.as_slice()).expect("insert");
             let mut front = txn.open_table(legacy::INBOX_FRONT).expect("front");
             let row = inbox_row(1, Delivery::Steer);
-            front.insert((7, "ses_a", 1), row.as_slice()).expect("insert");
+            front
+                .insert((7, "ses_a", 1), row.as_slice())
+                .expect("insert");
             let mut claims = txn.open_table(legacy::CLAIMS).expect("claims");
             claims.insert("ses_b", ()).expect("insert");
             let mut pending = txn.open_table(legacy::PENDING).expect("pending");
             pending.insert("ses_a", ()).expect("insert");
         }
-        into_work_rows(&txn).expect("upgraded");
+        into_records(&txn).expect("upgraded");
         txn.commit().expect("commit");
 
         let read = db.begin_read().expect("read");
-        let work = read.open_table(WORK).expect("work");
-        let row = |s: &str| -> Work {
-            decode("work row", work.get(s).expect("get").expect("row").value()).expect("decode")
+        let sessions = read.open_table(SESSIONS).expect("sessions");
+        let record = |s: &str| -> SessionRecord {
+            let value = sessions.get(s).expect("get").expect("record");
+            decode("session record", value.value()).expect("decode")
         };
         let waiting = |seq, delivery| Waiting {
             seq: Seq(seq),
             delivery,
         };
-        let a = Work {
-            claimed: false,
-            inbox: vec![waiting(1, Delivery::Steer), waiting(3, Delivery::Queue)],
+        let inputs = vec![waiting(1, Delivery::Steer), waiting(3, Delivery::Queue)];
+        let expected_a = SessionRecord {
+            row: a,
+            inbox: Inbox { inputs },
         };
-        assert_eq!(row("ses_a"), a);
-        let b = Work {
-            claimed: true,
-            inbox: vec![],
+        assert_eq!(record("ses_a"), expected_a);
+        let expected_b = SessionRecord {
+            row: b,
+            inbox: Inbox::default(),
         };
-        assert_eq!(row("ses_b"), b);
-        assert_eq!(work.len().expect("len"), 2);
+        assert_eq!(record("ses_b"), expected_b);
+        let working = read.open_table(WORKING).expect("working");
+        let listed: Vec<String> = working
+            .iter()
+            .expect("iter")
+            .map(|e| e.expect("entry").0.value().to_owned())
+            .collect();
+        assert_eq!(listed, ["ses_a", "ses_b"]);
         for name in ["inbox", "inbox_front", "claims", "pending"] {
-            let listed = read.list_tables().expect("tables").any(|t| t.name() == name);
+            let listed = read
+                .list_tables()
+                .expect("tables")
+                .any(|t| t.name() == name);
             assert!(!listed, "{name} is deleted");
         }
     }

@@ -181,7 +181,9 @@ impl Writer {
         let mut folded = None;
         if fold {
             let start = Instant::now();
-            folded = Some((crate::rows::fold(&txn)?, start.elapsed()));
+            let rows = crate::rows::fold(&txn)?;
+            crate::rows::prune_working(&txn, &self.committed)?;
+            folded = Some((rows, start.elapsed()));
         }
         let (added, rows);
         {

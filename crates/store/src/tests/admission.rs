@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use agenthost_model::promotion::Boundary;
-use agenthost_model::{Delivery, Event, Message, MessageId, Prompt, Seq, SessionId};
+use agenthost_model::{Delivery, Event, Message, MessageId, Prompt, Seq, SessionId, Usage};
 use proptest::prelude::*;
 
 use super::*;
@@ -265,6 +265,15 @@ async fn run(ops: Vec<Op>) {
                 .collect();
             assert_eq!(&users, reference.promoted.get(s).unwrap_or(&Vec::new()));
         }
+        // Recovery finds exactly the sessions with pending input, however stale the working
+        // set is between folds.
+        let with_pending: Vec<SessionId> = reference
+            .pending
+            .iter()
+            .filter(|(_, ids)| !ids.is_empty())
+            .map(|(s, _)| s.clone())
+            .collect();
+        assert_eq!(snap.with_pending().expect("with pending"), with_pending);
     }
     assert_replay_equal(&store);
 }
@@ -520,4 +529,64 @@ async fn write_runs_its_actions_in_one_transaction() {
     let stats = store.stats();
     assert!(stats.folds.load(std::sync::atomic::Ordering::Relaxed) > 0);
     assert!(stats.folded_rows.load(std::sync::atomic::Ordering::Relaxed) > 0);
+}
+
+#[tokio::test]
+async fn the_working_set_keeps_busy_sessions_and_sheds_idle_ones_at_folds() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = open(dir.path());
+    let (busy, done) = (sid("busy"), sid("done"));
+    for s in [&busy, &done] {
+        store.create_session(new_session(s)).await.expect("created");
+    }
+    store
+        .admit(admission(&busy, &mid("b1"), "wait"))
+        .await
+        .expect("admitted");
+    store
+        .admit(admission(&done, &mid("d1"), "go"))
+        .await
+        .expect("admitted");
+    store
+        .promote(done.clone(), Boundary::Idle)
+        .await
+        .expect("promoted");
+    let snap = store.snapshot().expect("snapshot");
+    assert_eq!(
+        snap.with_pending().expect("pending"),
+        std::slice::from_ref(&busy)
+    );
+    assert_eq!(snap.claimed().expect("claimed"), []);
+    drop(snap);
+    let listed = |store: RedbStore| {
+        store.close();
+        drop(store);
+        let db = redb::Database::create(dir.path().join("store.redb")).expect("raw open");
+        let txn = redb::ReadableDatabase::begin_read(&db).expect("read");
+        let table = txn.open_table(crate::tables::WORKING).expect("working");
+        let keys: Vec<String> = redb::ReadableTable::iter(&table)
+            .expect("iter")
+            .map(|e| e.expect("entry").0.value().to_owned())
+            .collect();
+        keys
+    };
+    // Enough events to fold the front (every 5 rows in tests) prune the idle session.
+    for i in 0..6 {
+        store
+            .append(
+                busy.clone(),
+                vec![Event::UsageRecorded {
+                    usage: Usage::default(),
+                }],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("append {i}: {e}"));
+    }
+    assert_eq!(listed(store), ["ses_busy"]);
+    let store = open(dir.path());
+    let snap = store.snapshot().expect("snapshot");
+    assert_eq!(
+        snap.with_pending().expect("pending"),
+        std::slice::from_ref(&busy)
+    );
 }
