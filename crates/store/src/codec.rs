@@ -1,6 +1,7 @@
 //! The on-disk record format, owned here and nowhere else (SPEC §4.3).
 //!
-//! Every value stored is `[FORMAT_VERSION as u16 little-endian][bincode 2 standard encoding]`.
+//! Every value stored is `[FORMAT_VERSION as u16 little-endian][bincode 2 standard encoding]`,
+//! or, in the event log, a [`run`] of such records.
 //! The version is also written once in the `meta` table; opening a store of a version this build
 //! cannot read fails with [`Error::FormatVersion`] naming both, so a build never misreads
 //! another's data. Opening an older readable store rewrites the `meta` version, so older builds
@@ -63,6 +64,60 @@ pub fn decode<T: DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T> {
     Ok(value)
 }
 
+/// Marks a value that holds a run of records: a record begins with its format version, and no
+/// version is this.
+const RUN: u16 = u16::MAX;
+
+/// Frames consecutive records (each as [`encode`] made it) as one value:
+/// `[RUN u16][count u32][length u32, record]…`, all little-endian. A run of one is the bare
+/// record, so a value of the formats before runs reads as a run of one.
+pub(crate) fn run(records: &[&[u8]]) -> Vec<u8> {
+    if let [record] = records {
+        return record.to_vec();
+    }
+    let size = records.iter().map(|r| 4 + r.len()).sum::<usize>();
+    let mut out = Vec::with_capacity(6 + size);
+    out.extend_from_slice(&RUN.to_le_bytes());
+    out.extend_from_slice(&(records.len() as u32).to_le_bytes());
+    for record in records {
+        out.extend_from_slice(&(record.len() as u32).to_le_bytes());
+        out.extend_from_slice(record);
+    }
+    out
+}
+
+/// The records of a value written by [`run`], in order.
+pub(crate) fn records<'a>(what: &str, bytes: &'a [u8]) -> Result<Vec<&'a [u8]>> {
+    let corrupt = |reason: &str| Error::Corrupt {
+        what: what.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let Some((marker, mut rest)) = bytes.split_first_chunk::<2>() else {
+        return Err(corrupt("shorter than its version header"));
+    };
+    if u16::from_le_bytes(*marker) != RUN {
+        return Ok(vec![bytes]);
+    }
+    let mut take = |n: usize| -> Result<&'a [u8]> {
+        let (head, tail) = rest
+            .split_at_checked(n)
+            .ok_or_else(|| corrupt("a run ends inside a record"))?;
+        rest = tail;
+        Ok(head)
+    };
+    let u32_at = |b: &[u8]| u32::from_le_bytes(b.try_into().expect("invariant: 4 bytes")) as usize;
+    let count = u32_at(take(4)?);
+    let mut out = Vec::with_capacity(count.min(bytes.len() / 4));
+    for _ in 0..count {
+        let len = u32_at(take(4)?);
+        out.push(take(len)?);
+    }
+    if !rest.is_empty() {
+        return Err(corrupt("trailing bytes after a run"));
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,5 +152,32 @@ mod tests {
             decode::<Stored>("event", &trailing),
             Err(Error::Corrupt { .. })
         ));
+    }
+
+    #[test]
+    fn runs_frame_records_and_a_bare_record_is_a_run_of_one() {
+        let a = encode(&Stored {
+            seq: Seq(1),
+            time: Timestamp(2),
+            event: Event::ExecutionSucceeded,
+        });
+        let b = encode(&Stored {
+            seq: Seq(2),
+            time: Timestamp(2),
+            event: Event::ExecutionStarted { forced: false },
+        });
+        let framed = run(&[&a, &b]);
+        assert_eq!(records("run", &framed).expect("run"), [&a[..], &b[..]]);
+        assert_eq!(run(&[&a]), a);
+        assert_eq!(records("run", &a).expect("bare"), [&a[..]]);
+        for cut in 1..framed.len() {
+            assert!(
+                matches!(records("run", &framed[..cut]), Err(Error::Corrupt { .. })),
+                "cut at {cut}"
+            );
+        }
+        let mut long = framed;
+        long.push(7);
+        assert!(matches!(records("run", &long), Err(Error::Corrupt { .. })));
     }
 }

@@ -27,11 +27,11 @@ use redb::{ReadableTable, Table, WriteTransaction};
 /// The writer's in-memory maps: seeded, so client-chosen ids cannot be crafted to collide.
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
-use crate::codec::{decode, encode};
+use crate::codec::{self, decode, encode};
 use crate::error::{Error, Result, storage};
 use crate::record::{self, SessionRecord};
 use crate::tables::*;
-use crate::tiers::{self, BaseKey, Bytes, FrontKey, Tier, Tiered};
+use crate::tiers::{self, BaseKey, Bytes, FrontKey, Tiered};
 
 /// One session-keyed table opened for writing, in its two tiers.
 struct Pair<'t> {
@@ -54,7 +54,7 @@ impl<'t> Pair<'t> {
         generations: &[u64],
         session: &SessionId,
         seq: Seq,
-    ) -> Result<Option<(Tier, T)>> {
+    ) -> Result<Option<T>> {
         tiers::find(
             &self.base,
             &self.front,
@@ -62,45 +62,81 @@ impl<'t> Pair<'t> {
             session.as_str(),
             seq.0,
         )?
-        .map(|(tier, bytes)| Ok((tier, decode(self.what, &bytes)?)))
+        .map(|bytes| decode(self.what, &bytes))
         .transpose()
     }
 
-    /// Adds a row to front generation `generation`.
-    fn add(&mut self, generation: u64, session: &SessionId, seq: Seq, bytes: &[u8]) -> Result<()> {
+    /// Adds a run starting at `first` to front generation `generation`.
+    fn add(&mut self, generation: u64, session: &SessionId, first: Seq, run: &[u8]) -> Result<()> {
         self.front
-            .insert((generation, session.as_str(), seq.0), bytes)
+            .insert((generation, session.as_str(), first.0), run)
             .map_err(storage)?;
         Ok(())
     }
 }
 
+/// Most events a fold joins into one run, and most bytes past which it starts another: runs
+/// stay small enough to read back cheaply and to fit a few to a page.
+const RUN_EVENTS: usize = 256;
+const RUN_BYTES: usize = 16 * 1024;
+
 /// Moves the whole front of the event log into its base table, in base key order so that each
-/// base page is copied once, and drops the emptied front table whole (it is created again,
-/// empty, when next opened). Returns how many rows moved. Runs before [`Tables::open`] in the
-/// transaction.
+/// base page is copied once, joining each session's runs into longer ones, and drops the
+/// emptied front table whole (it is created again, empty, when next opened). Returns how many
+/// events moved. Runs before [`Tables::open`] in the transaction.
 pub(crate) fn fold(txn: &WriteTransaction) -> Result<usize> {
     let tiers = EVENT_TIERS;
-    let mut rows = Vec::new();
+    let mut runs = Vec::new();
     {
         let front = txn.open_table(tiers.front).map_err(storage)?;
         for entry in front.iter().map_err(storage)? {
             let (key, value) = entry.map_err(storage)?;
-            let (_, session, seq) = key.value();
-            rows.push((session.to_owned(), seq, value.value().to_vec()));
+            let (_, session, first) = key.value();
+            runs.push((session.to_owned(), first, value.value().to_vec()));
         }
     }
-    if rows.is_empty() {
+    if runs.is_empty() {
         return Ok(0);
     }
     txn.delete_table(tiers.front).map_err(storage)?;
-    rows.sort_unstable_by(|a, b| (a.0.as_str(), a.1).cmp(&(b.0.as_str(), b.1)));
+    runs.sort_unstable_by(|a, b| (a.0.as_str(), a.1).cmp(&(b.0.as_str(), b.1)));
     let mut base = txn.open_table(tiers.base).map_err(storage)?;
-    for (session, seq, value) in &rows {
-        base.insert((session.as_str(), *seq), value.as_slice())
-            .map_err(storage)?;
+    let mut moved = 0;
+    // The run being built: its session, first seq and records. The front holds every event of a
+    // session since the last fold, so its runs of one session follow each other without gaps.
+    let mut joined: Option<(&str, u64, Vec<&[u8]>, usize)> = None;
+    let mut put = |(session, first, records, _): (&str, u64, Vec<&[u8]>, usize)| {
+        base.insert((session, first), codec::run(&records).as_slice())
+            .map_err(storage)
+            .map(drop)
+    };
+    for (session, first, value) in &runs {
+        let records = codec::records(tiers.what, value)?;
+        moved += records.len();
+        for (seq, record) in (*first..).zip(records) {
+            match &mut joined {
+                Some((s, start, held, bytes))
+                    if s == session
+                        && *start + held.len() as u64 == seq
+                        && held.len() < RUN_EVENTS
+                        && *bytes < RUN_BYTES =>
+                {
+                    held.push(record);
+                    *bytes += record.len();
+                }
+                _ => {
+                    if let Some(done) = joined.take() {
+                        put(done)?;
+                    }
+                    joined = Some((session.as_str(), seq, vec![record], record.len()));
+                }
+            }
+        }
     }
-    Ok(rows.len())
+    if let Some(done) = joined.take() {
+        put(done)?;
+    }
+    Ok(moved)
 }
 
 /// Session records as last committed, kept by the writer across transactions: a session's
@@ -284,11 +320,17 @@ impl<'t> Tables<'t> {
             .expect("invariant: the current generation")
     }
 
-    fn put_event(&mut self, session: &SessionId, stored: &Stored) -> Result<()> {
+    /// Writes one operation's consecutive events of a session to the front, as one run.
+    fn put_events(&mut self, session: &SessionId, events: &[&Stored]) -> Result<()> {
+        let Some(first) = events.first() else {
+            return Ok(());
+        };
+        let encoded: Vec<Vec<u8>> = events.iter().map(|stored| encode(*stored)).collect();
+        let records: Vec<&[u8]> = encoded.iter().map(Vec::as_slice).collect();
         let newest = self.newest();
         self.events
-            .add(newest, session, stored.seq, &encode(stored))?;
-        self.front_rows += 1;
+            .add(newest, session, first.seq, &codec::run(&records))?;
+        self.front_rows += events.len();
         Ok(())
     }
 
@@ -408,7 +450,7 @@ impl Projection for Tables<'_> {
         if let Some(row) = self.inputs.get(&key) {
             return Ok(Some(row.clone()));
         }
-        let Some((_, stored)) = self.events.get::<Stored>(&self.generations, session, seq)? else {
+        let Some(stored) = self.events.get::<Stored>(&self.generations, session, seq)? else {
             return Err(Error::Corrupt {
                 what: format!("pending input {session}/{seq}"),
                 reason: "its event is missing from the log".into(),
@@ -529,8 +571,14 @@ impl<'a, 't> Overlay<'a, 't> {
     /// the events in the order they were recorded.
     pub(crate) fn flush(self) -> Result<Vec<(SessionId, Stored)>> {
         let tables = self.tables;
-        for (session, stored) in &self.events {
-            tables.put_event(session, stored)?;
+        // An operation's events are one session's, in seq order: one run each time the session
+        // changes.
+        for chunk in self
+            .events
+            .chunk_by(|(a, x), (b, y)| a == b && x.seq.next() == y.seq)
+        {
+            let events: Vec<&Stored> = chunk.iter().map(|(_, stored)| stored).collect();
+            tables.put_events(&chunk[0].0, &events)?;
         }
         for (_, row) in self.sessions {
             tables.put_session(row)?;

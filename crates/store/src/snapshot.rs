@@ -137,7 +137,7 @@ impl RedbSnapshot {
         let mut out = Vec::with_capacity(inbox.inputs.len());
         for waiting in &inbox.inputs {
             let found = tiers::find(&base, &front, &generations, id.as_str(), waiting.seq.0)?;
-            let Some((_, bytes)) = found else {
+            let Some(bytes) = found else {
                 return Err(crate::Error::Corrupt {
                     what: format!("pending input {id}/{}", waiting.seq),
                     reason: "its event is missing from the log".into(),

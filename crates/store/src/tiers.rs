@@ -1,29 +1,33 @@
-//! The two tiers of the session-keyed tables written once and read back rarely: the event log
-//! and the inbox.
+//! The two tiers of the event log, and the runs its values hold.
 //!
-//! A row written by a commit goes first into the table's *front*, keyed
+//! An event written by a commit goes first into the log's *front*, keyed
 //! `(generation, session, seq)`. The generation is a counter the writer advances every few
-//! thousand rows, so the rows one commit writes for a thousand sessions land side by side on a
-//! few pages instead of on a page per session: redb copies every page a transaction touches, and
-//! with session-major keys that copy, not the row, was the cost of a write. When the front holds
-//! enough rows the writer *folds* it into the *base* table, keyed `(session, seq)`, in one
-//! transaction and in key order, so each session's page is copied once for many rows.
+//! thousand events, so the events one commit writes for a thousand sessions land side by side on
+//! a few pages instead of on a page per session: redb copies every page a transaction touches,
+//! and with session-major keys that copy, not the event, was the cost of a write. When the front
+//! holds enough events the writer *folds* it into the *base*, keyed `(session, seq)`, in one
+//! transaction and in key order, so each session's page is copied once for many events.
+//!
+//! A value holds a *run*: consecutive events of one session (`codec::run`), keyed by the first
+//! one's seq. An operation writes its events as one run, and a fold joins a session's runs into
+//! one, so a B-tree insert carries many events instead of one.
 //!
 //! Invariants (the readers below rely on them):
-//! - a row lives in exactly one place: the base, or one generation of the front. An update
-//!   rewrites it where it lives; a new row goes to the newest generation;
-//! - for one session, every base row has a lower seq than every front row, and a lower
+//! - an event lives in exactly one run, in the base or in one generation of the front; a run
+//!   holds consecutive seqs of one session;
+//! - for one session, every base event has a lower seq than every front event, and a lower
 //!   generation holds lower seqs than a higher one: seqs only grow, generations only grow, and
-//!   a fold moves the whole front. So a session's rows in seq order are its base rows followed
-//!   by its front rows generation by generation, with no merge.
+//!   a fold moves the whole front. So a session's events in seq order are its base runs
+//!   followed by its front runs generation by generation, with no merge.
 
 use redb::{ReadableTable, TableDefinition};
 
+use crate::codec::records;
 use crate::error::{Result, storage};
 
-/// Key of a base table: `(session, seq)`.
+/// Key of a base table: `(session, first seq)`.
 pub(crate) type BaseKey = (&'static str, u64);
-/// Key of a front table: `(generation, session, seq)`.
+/// Key of a front table: `(generation, session, first seq)`.
 pub(crate) type FrontKey = (u64, &'static str, u64);
 pub(crate) type Bytes = &'static [u8];
 
@@ -33,13 +37,6 @@ pub(crate) struct Tiered {
     pub(crate) what: &'static str,
     pub(crate) base: TableDefinition<'static, BaseKey, Bytes>,
     pub(crate) front: TableDefinition<'static, FrontKey, Bytes>,
-}
-
-/// Where a row lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Tier {
-    Base,
-    Front(u64),
 }
 
 /// The generations a front table holds, oldest first.
@@ -52,7 +49,23 @@ pub(crate) fn generations(front: &impl ReadableTable<FrontKey, Bytes>) -> Result
     })
 }
 
-/// Calls `each` with a session's rows whose seq is at least `from`, in seq order, until it
+/// Calls `each` with the records of a run that starts at `first`, from seq `from` on, until it
+/// returns false. Returns whether it may go on.
+fn emit(
+    first: u64,
+    value: &[u8],
+    from: u64,
+    each: &mut impl FnMut(u64, &[u8]) -> Result<bool>,
+) -> Result<bool> {
+    for (seq, record) in (first..).zip(records("event run", value)?) {
+        if seq >= from && !each(seq, record)? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Calls `each` with a session's records whose seq is at least `from`, in seq order, until it
 /// returns false.
 pub(crate) fn for_each(
     base: &impl ReadableTable<BaseKey, Bytes>,
@@ -62,20 +75,31 @@ pub(crate) fn for_each(
     from: u64,
     mut each: impl FnMut(u64, &[u8]) -> Result<bool>,
 ) -> Result<()> {
-    for entry in base
-        .range((session, from)..=(session, u64::MAX))
+    // The run holding `from` starts at or before it; every later run starts after it.
+    let holding = base
+        .range((session, 0)..=(session, from))
         .map_err(storage)?
-    {
+        .next_back();
+    let later = base
+        .range((session, from.saturating_add(1))..=(session, u64::MAX))
+        .map_err(storage)?;
+    for entry in holding.into_iter().chain(later) {
         let (key, value) = entry.map_err(storage)?;
-        if !each(key.value().1, value.value())? {
+        if !emit(key.value().1, value.value(), from, &mut each)? {
             return Ok(());
         }
     }
     for &generation in generations {
-        let range = (generation, session, from)..=(generation, session, u64::MAX);
-        for entry in front.range(range).map_err(storage)? {
+        let holding = front
+            .range((generation, session, 0)..=(generation, session, from))
+            .map_err(storage)?
+            .next_back();
+        let later = front
+            .range((generation, session, from.saturating_add(1))..=(generation, session, u64::MAX))
+            .map_err(storage)?;
+        for entry in holding.into_iter().chain(later) {
             let (key, value) = entry.map_err(storage)?;
-            if !each(key.value().2, value.value())? {
+            if !emit(key.value().2, value.value(), from, &mut each)? {
                 return Ok(());
             }
         }
@@ -83,28 +107,48 @@ pub(crate) fn for_each(
     Ok(())
 }
 
-/// Finds one row: the newest generations first (recent rows are the ones read back), then the
-/// base.
+/// The record at `seq` of a run that starts at `first`, if the run reaches it.
+fn pick(first: u64, value: &[u8], seq: u64) -> Result<Option<Vec<u8>>> {
+    let at = usize::try_from(seq - first).unwrap_or(usize::MAX);
+    Ok(records("event run", value)?.get(at).map(|r| r.to_vec()))
+}
+
+/// Finds one record: the newest generations first (recent events are the ones read back), then
+/// the base.
 pub(crate) fn find(
     base: &impl ReadableTable<BaseKey, Bytes>,
     front: &impl ReadableTable<FrontKey, Bytes>,
     generations: &[u64],
     session: &str,
     seq: u64,
-) -> Result<Option<(Tier, Vec<u8>)>> {
+) -> Result<Option<Vec<u8>>> {
     for &generation in generations.iter().rev() {
-        if let Some(value) = front.get((generation, session, seq)).map_err(storage)? {
-            return Ok(Some((Tier::Front(generation), value.value().to_vec())));
+        let holding = front
+            .range((generation, session, 0)..=(generation, session, seq))
+            .map_err(storage)?
+            .next_back();
+        if let Some(entry) = holding {
+            let (key, value) = entry.map_err(storage)?;
+            if let Some(record) = pick(key.value().2, value.value(), seq)? {
+                return Ok(Some(record));
+            }
         }
     }
-    Ok(base
-        .get((session, seq))
+    let holding = base
+        .range((session, 0)..=(session, seq))
         .map_err(storage)?
-        .map(|value| (Tier::Base, value.value().to_vec())))
+        .next_back();
+    match holding {
+        Some(entry) => {
+            let (key, value) = entry.map_err(storage)?;
+            pick(key.value().1, value.value(), seq)
+        }
+        None => Ok(None),
+    }
 }
 
-/// Calls `each` with every row of both tiers: the base in key order, then the front generation
-/// by generation, so each session's rows come in seq order.
+/// Calls `each` with every record of both tiers: the base in key order, then the front
+/// generation by generation, so each session's records come in seq order.
 pub(crate) fn for_all(
     base: &impl ReadableTable<BaseKey, Bytes>,
     front: &impl ReadableTable<FrontKey, Bytes>,
@@ -112,13 +156,17 @@ pub(crate) fn for_all(
 ) -> Result<()> {
     for entry in base.iter().map_err(storage)? {
         let (key, value) = entry.map_err(storage)?;
-        let (session, seq) = key.value();
-        each(session, seq, value.value())?;
+        let (session, first) = key.value();
+        for (seq, record) in (first..).zip(records("event run", value.value())?) {
+            each(session, seq, record)?;
+        }
     }
     for entry in front.iter().map_err(storage)? {
         let (key, value) = entry.map_err(storage)?;
-        let (_, session, seq) = key.value();
-        each(session, seq, value.value())?;
+        let (_, session, first) = key.value();
+        for (seq, record) in (first..).zip(records("event run", value.value())?) {
+            each(session, seq, record)?;
+        }
     }
     Ok(())
 }
