@@ -3,6 +3,10 @@
 use std::future::Future;
 use std::sync::Arc;
 
+/// The benches run on the allocator the `agenthost` binary runs on.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The tokio runtime every bench drives: two workers, like the machines the figures come from.
 pub fn tokio_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()

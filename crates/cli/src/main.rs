@@ -24,6 +24,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc instead of the system allocator: the store writer allocates and frees a page buffer
+/// for every page a commit touches, and glibc's malloc spent a fifth of the writer's time on them
+/// (BENCHMARKS.md). Embedders choose their own allocator.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "agenthost",
