@@ -1,18 +1,19 @@
 //! What the `sessions` table holds for a session: its row and its inbox.
 //!
-//! The inbox keeps only each pending input's admitted seq and delivery, a few bytes each, in the
-//! record every event of the session rewrites anyway. The input's id and prompt are in its
+//! The inbox keeps only the admitted seqs of the pending inputs, as spans of consecutive seqs,
+//! in the record every event of the session rewrites anyway: a few bytes, however deep the
+//! queue when prompts arrive back to back. An input's id, delivery and prompt are in its
 //! `PromptAdmitted` event, which the log keeps anyway and which is read back at promotion (and
 //! when an exact retry is compared), so admitting an input writes its prompt once and adds no
 //! row of its own.
 
-use agenthost_model::{Delivery, Event, InboxRow, Seq, SessionId, SessionRow, Stored};
+use agenthost_model::{Event, InboxRow, Seq, SessionId, SessionRow, Stored};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
-/// A session's record. Invariant: `inbox` lists exactly the inputs admitted and not promoted,
-/// so its length is `row.pending`.
+/// A session's record. Invariant: `inbox` holds exactly the seqs of the inputs admitted and not
+/// promoted, so it holds `row.pending` of them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct SessionRecord {
     pub(crate) row: SessionRow,
@@ -22,43 +23,92 @@ pub(crate) struct SessionRecord {
 impl SessionRecord {
     /// Holds a claim or has pending input: recovery's business (see `tables::WORKING`).
     pub(crate) fn working(&self) -> bool {
-        working(&self.row)
+        self.row.claim.is_some() || self.row.pending > 0
     }
 }
 
-pub(crate) fn working(row: &SessionRow) -> bool {
-    row.claim.is_some() || row.pending > 0
-}
-
-/// Pending inputs in admission order.
+/// The admitted seqs of pending inputs, as sorted, disjoint, non-adjacent spans.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Inbox {
-    pub(crate) inputs: Vec<Waiting>,
+    spans: Vec<Span>,
 }
 
-/// A pending input.
+/// Seqs `first .. first + count`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Waiting {
-    pub(crate) seq: Seq,
-    pub(crate) delivery: Delivery,
+struct Span {
+    first: u64,
+    count: u64,
+}
+
+impl Span {
+    fn end(&self) -> u64 {
+        self.first + self.count
+    }
 }
 
 impl Inbox {
-    pub(crate) fn waiting(&self, seq: Seq) -> bool {
-        self.inputs.binary_search_by_key(&seq, |w| w.seq).is_ok()
+    /// The span that would hold `seq`: the last one starting at or before it.
+    fn span_of(&self, seq: Seq) -> Option<usize> {
+        self.spans
+            .partition_point(|s| s.first <= seq.0)
+            .checked_sub(1)
     }
 
-    /// Adds an input, keeping admission order.
-    pub(crate) fn add(&mut self, seq: Seq, delivery: Delivery) {
-        if let Err(at) = self.inputs.binary_search_by_key(&seq, |w| w.seq) {
-            self.inputs.insert(at, Waiting { seq, delivery });
+    pub(crate) fn waiting(&self, seq: Seq) -> bool {
+        self.span_of(seq)
+            .is_some_and(|i| seq.0 < self.spans[i].end())
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    /// The pending seqs in admission order.
+    pub(crate) fn seqs(&self) -> impl Iterator<Item = Seq> + '_ {
+        self.spans.iter().flat_map(|s| (s.first..s.end()).map(Seq))
+    }
+
+    pub(crate) fn add(&mut self, seq: Seq) {
+        if self.waiting(seq) {
+            return;
+        }
+        let at = self.span_of(seq).map_or(0, |i| i + 1);
+        self.spans.insert(
+            at,
+            Span {
+                first: seq.0,
+                count: 1,
+            },
+        );
+        // Join with the neighbours it touches.
+        if at + 1 < self.spans.len() && self.spans[at].end() == self.spans[at + 1].first {
+            self.spans[at].count += self.spans[at + 1].count;
+            self.spans.remove(at + 1);
+        }
+        if at > 0 && self.spans[at - 1].end() == self.spans[at].first {
+            self.spans[at - 1].count += self.spans[at].count;
+            self.spans.remove(at);
         }
     }
 
     pub(crate) fn remove(&mut self, seq: Seq) {
-        if let Ok(at) = self.inputs.binary_search_by_key(&seq, |w| w.seq) {
-            self.inputs.remove(at);
-        }
+        let Some(i) = self.span_of(seq).filter(|&i| seq.0 < self.spans[i].end()) else {
+            return;
+        };
+        let span = self.spans[i];
+        let before = Span {
+            first: span.first,
+            count: seq.0 - span.first,
+        };
+        let after = Span {
+            first: seq.0 + 1,
+            count: span.end() - seq.0 - 1,
+        };
+        let kept: Vec<Span> = [before, after]
+            .into_iter()
+            .filter(|s| s.count > 0)
+            .collect();
+        self.spans.splice(i..=i, kept);
     }
 }
 
@@ -86,21 +136,45 @@ pub(crate) fn inbox_row(session: &SessionId, stored: Stored) -> Result<InboxRow>
 mod tests {
     use super::*;
 
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn the_inbox_is_the_set_of_seqs_added_and_not_removed(
+            ops in proptest::collection::vec((any::<bool>(), 0u64..24), 0..80)
+        ) {
+            let mut inbox = Inbox::default();
+            let mut model = std::collections::BTreeSet::new();
+            for (add, seq) in ops {
+                if add {
+                    inbox.add(Seq(seq));
+                    model.insert(seq);
+                } else {
+                    inbox.remove(Seq(seq));
+                    model.remove(&seq);
+                }
+                let seqs: Vec<u64> = inbox.seqs().map(|s| s.0).collect();
+                prop_assert_eq!(&seqs, &model.iter().copied().collect::<Vec<_>>());
+                for seq in 0..24 {
+                    prop_assert_eq!(inbox.waiting(Seq(seq)), model.contains(&seq));
+                }
+                // Spans stay as few as the set allows: no two touch.
+                prop_assert!(inbox.spans.windows(2).all(|w| w[0].end() < w[1].first));
+                prop_assert!(inbox.spans.iter().all(|s| s.count > 0));
+            }
+        }
+    }
+
     #[test]
-    fn inputs_stay_in_admission_order() {
+    fn a_queue_of_back_to_back_admissions_is_one_span() {
         let mut inbox = Inbox::default();
-        inbox.add(Seq(5), Delivery::Queue);
-        inbox.add(Seq(2), Delivery::Steer);
-        inbox.add(Seq(5), Delivery::Queue);
-        assert_eq!(
-            inbox.inputs.iter().map(|w| w.seq).collect::<Vec<_>>(),
-            [Seq(2), Seq(5)]
-        );
-        assert!(inbox.waiting(Seq(2)) && !inbox.waiting(Seq(3)));
-        inbox.remove(Seq(2));
-        inbox.remove(Seq(9));
-        assert_eq!(inbox.inputs.len(), 1);
-        inbox.remove(Seq(5));
-        assert!(inbox.inputs.is_empty());
+        for seq in 10..1010 {
+            inbox.add(Seq(seq));
+        }
+        assert_eq!(inbox.spans.len(), 1);
+        inbox.remove(Seq(10));
+        inbox.remove(Seq(500));
+        assert_eq!(inbox.spans.len(), 2);
+        assert_eq!(inbox.seqs().count(), 998);
     }
 }

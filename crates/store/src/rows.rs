@@ -143,23 +143,43 @@ pub(crate) fn fold(txn: &WriteTransaction) -> Result<usize> {
 /// record is read from its B-tree and decoded once, not once per batch. Only the writer changes
 /// records, so the cache is exact; the writer updates it after each commit and leaves it alone
 /// when a commit fails (nothing of that transaction took effect).
-#[derive(Default)]
+///
+/// Two generations make it an approximate LRU at the cost of a second lookup: records go to
+/// `recent`, which shadows `older`; when `recent` is full it becomes `older` and the previous
+/// `older` is dropped. So the sessions in use stay cached however many others come and go.
 pub(crate) struct Committed {
-    sessions: HashMap<SessionId, SessionRecord>,
+    recent: HashMap<SessionId, SessionRecord>,
+    older: HashMap<SessionId, SessionRecord>,
+    /// Most sessions one generation holds.
+    capacity: usize,
 }
 
-/// Most sessions the writer keeps records of between commits; past it the cache starts over.
+/// Most sessions one generation of the cache holds: the writer keeps at most twice as many.
 const CACHED_SESSIONS: usize = 65_536;
+
+impl Default for Committed {
+    fn default() -> Self {
+        Committed {
+            recent: HashMap::default(),
+            older: HashMap::default(),
+            capacity: CACHED_SESSIONS,
+        }
+    }
+}
 
 impl Committed {
     /// Takes in the records a committed transaction read or wrote.
     pub(crate) fn update(&mut self, records: Vec<SessionRecord>) {
-        if self.sessions.len() + records.len() > CACHED_SESSIONS {
-            self.sessions.clear();
+        if self.recent.len() + records.len() > self.capacity {
+            self.older = std::mem::take(&mut self.recent);
         }
         for record in records {
-            self.sessions.insert(record.row.id.clone(), record);
+            self.recent.insert(record.row.id.clone(), record);
         }
+    }
+
+    fn get(&self, id: &SessionId) -> Option<&SessionRecord> {
+        self.recent.get(id).or_else(|| self.older.get(id))
     }
 }
 
@@ -169,7 +189,7 @@ fn load(
     sessions: &impl ReadableTable<&'static str, Bytes>,
     id: &SessionId,
 ) -> Result<Option<SessionRecord>> {
-    if let Some(record) = committed.sessions.get(id) {
+    if let Some(record) = committed.get(id) {
         return Ok(Some(record.clone()));
     }
     sessions
@@ -300,7 +320,7 @@ impl<'t> Tables<'t> {
     /// Pending inputs of a session in admission order, as this transaction has them.
     fn pending_inputs(&mut self, session: &SessionId) -> Result<BTreeMap<Seq, InboxRow>> {
         let seqs: Vec<Seq> = match &self.entry(session)?.now {
-            Some(record) => record.inbox.inputs.iter().map(|w| w.seq).collect(),
+            Some(record) => record.inbox.seqs().collect(),
             None => Vec::new(),
         };
         let mut rows = BTreeMap::new();
@@ -464,7 +484,7 @@ impl Projection for Tables<'_> {
     fn put_inbox(&mut self, session: &SessionId, row: InboxRow) -> Result<()> {
         let entry = self.inbox_of(session)?;
         if let Some(record) = &mut entry.now {
-            record.inbox.add(row.admitted_seq, row.delivery);
+            record.inbox.add(row.admitted_seq);
         }
         entry.changed = true;
         self.inputs.insert((session.clone(), row.admitted_seq), row);
@@ -660,5 +680,68 @@ impl Projection for Overlay<'_, '_> {
     fn put_instructions(&mut self, session: &SessionId, state: InstructionState) -> Result<()> {
         self.instructions.insert(session.clone(), state);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use agenthost_model::{Seq, SessionRow, Timestamp, Usage};
+
+    use super::*;
+
+    fn record(id: &str, last: u64) -> SessionRecord {
+        SessionRecord {
+            row: SessionRow {
+                id: SessionId::parse(id).expect("id"),
+                agent: "default".into(),
+                model: None,
+                title: None,
+                created: Timestamp(1),
+                updated: Timestamp(1),
+                last_seq: Seq(last),
+                usage: Usage::default(),
+                claim: None,
+                resume_attempts: 0,
+                halted: None,
+                active_from: Seq::ZERO,
+                compaction: None,
+                pending: 0,
+            },
+            inbox: Default::default(),
+        }
+    }
+
+    #[test]
+    fn the_cache_keeps_recent_sessions_and_the_newest_record_of_each() {
+        let mut cache = Committed {
+            capacity: 2,
+            ..Committed::default()
+        };
+        let last = |cache: &Committed, id: &str| {
+            cache
+                .get(&SessionId::parse(id).expect("id"))
+                .map(|r| r.row.last_seq.0)
+        };
+        cache.update(vec![record("ses_a", 1), record("ses_b", 1)]);
+        cache.update(vec![record("ses_c", 1)]);
+        assert_eq!(
+            last(&cache, "ses_a"),
+            Some(1),
+            "the older generation still answers"
+        );
+        cache.update(vec![record("ses_a", 2)]);
+        assert_eq!(
+            last(&cache, "ses_a"),
+            Some(2),
+            "the recent record shadows the older one"
+        );
+        cache.update(vec![record("ses_d", 1)]);
+        assert_eq!(last(&cache, "ses_a"), Some(2));
+        assert_eq!(last(&cache, "ses_c"), Some(1));
+        assert_eq!(
+            last(&cache, "ses_b"),
+            None,
+            "two rotations drop an unused session"
+        );
     }
 }

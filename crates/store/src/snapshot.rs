@@ -128,18 +128,18 @@ impl RedbSnapshot {
 
     /// The pending inputs an inbox names, read from the events that admitted them.
     fn inputs(&self, id: &SessionId, inbox: &Inbox) -> Result<Vec<InboxRow>> {
-        if inbox.inputs.is_empty() {
+        if inbox.is_empty() {
             return Ok(Vec::new());
         }
         let base = self.txn.open_table(EVENT_TIERS.base).map_err(storage)?;
         let front = self.txn.open_table(EVENT_TIERS.front).map_err(storage)?;
         let generations = tiers::generations(&front)?;
-        let mut out = Vec::with_capacity(inbox.inputs.len());
-        for waiting in &inbox.inputs {
-            let found = tiers::find(&base, &front, &generations, id.as_str(), waiting.seq.0)?;
+        let mut out = Vec::new();
+        for seq in inbox.seqs() {
+            let found = tiers::find(&base, &front, &generations, id.as_str(), seq.0)?;
             let Some(bytes) = found else {
                 return Err(crate::Error::Corrupt {
-                    what: format!("pending input {id}/{}", waiting.seq),
+                    what: format!("pending input {id}/{seq}"),
                     reason: "its event is missing from the log".into(),
                 });
             };
@@ -249,7 +249,7 @@ impl Snapshot for RedbSnapshot {
         let mut p = Projections::default();
         let mut inboxes = Vec::new();
         self.all(SESSIONS, "session record", |_, record: SessionRecord| {
-            if !record.inbox.inputs.is_empty() {
+            if !record.inbox.is_empty() {
                 inboxes.push((record.row.id.clone(), record.inbox));
             }
             p.sessions.insert(record.row.id.clone(), record.row);
