@@ -85,7 +85,7 @@ fn write(
     actions: Vec<Action>,
     now: Timestamp,
 ) -> Result<Vec<Stored>> {
-    require_session(ov, session)?;
+    pending(ov, session)?;
     for action in actions {
         match action {
             Action::Append(event) => {
@@ -93,7 +93,7 @@ fn write(
             }
             Action::Promote(boundary) => promote(ov, session, boundary, now)?,
             Action::SucceedIfIdle => {
-                if require_session(ov, session)?.pending == 0 {
+                if pending(ov, session)? == 0 {
                     push(ov, session, Event::ExecutionSucceeded, now)?;
                 }
             }
@@ -109,10 +109,9 @@ fn push(
     event: Event,
     now: Timestamp,
 ) -> Result<Seq> {
-    let seq = match ov.session(session)? {
-        Some(row) => row.last_seq.next(),
-        None => Seq::ZERO,
-    };
+    let seq = ov
+        .peek(session, |row| row.last_seq.next())?
+        .unwrap_or(Seq::ZERO);
     let stored = Stored {
         seq,
         time: now,
@@ -124,6 +123,12 @@ fn push(
     })?;
     ov.record(session, stored);
     Ok(seq)
+}
+
+/// How many inputs of the session are pending; an error if there is no such session.
+fn pending(ov: &mut Overlay<'_, '_>, session: &SessionId) -> Result<u32> {
+    ov.peek(session, |row| row.pending)?
+        .ok_or_else(|| Error::SessionNotFound(session.clone()))
 }
 
 fn require_session(ov: &mut Overlay<'_, '_>, session: &SessionId) -> Result<SessionRow> {
@@ -145,7 +150,7 @@ fn create(ov: &mut Overlay<'_, '_>, new: NewSession, now: Timestamp) -> Result<S
 }
 
 fn admit(ov: &mut Overlay<'_, '_>, a: Admission, now: Timestamp) -> Result<Receipt> {
-    require_session(ov, &a.session)?;
+    pending(ov, &a.session)?;
     let conflict = |reason| Error::PromptConflict {
         id: a.id.clone(),
         reason,
@@ -223,8 +228,7 @@ fn promote(
     boundary: Boundary,
     now: Timestamp,
 ) -> Result<()> {
-    let row = require_session(ov, session)?;
-    if row.pending == 0 {
+    if pending(ov, session)? == 0 {
         return Ok(());
     }
     let pending = ov.pending_inputs(session)?;

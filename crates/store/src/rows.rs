@@ -253,6 +253,9 @@ pub(crate) struct Tables<'t> {
     /// Index entries read from the table (`None`: absent), as an admission checks its id and the
     /// projector checks it again.
     read_index: HashMap<MessageId, Option<IndexEntry>>,
+    /// The greatest id in the index table when the transaction began. Minted ids sort by time,
+    /// so a new one is usually greater and known absent without a lookup.
+    index_last: Option<String>,
     changed_instructions: HashMap<SessionId, InstructionState>,
 }
 
@@ -268,12 +271,17 @@ impl<'t> Tables<'t> {
         if generations.last() != Some(&generation) {
             generations.push(generation);
         }
+        let index: Table<'t, &'static str, Bytes> = txn.open_table(INDEX).map_err(storage)?;
+        let index_last = index
+            .last()
+            .map_err(storage)?
+            .map(|(key, _)| key.value().to_owned());
         Ok(Tables {
             events,
             sessions: txn.open_table(SESSIONS).map_err(storage)?,
             by_created: txn.open_table(SESSIONS_BY_CREATED).map_err(storage)?,
             messages: txn.open_table(MESSAGES).map_err(storage)?,
-            index: txn.open_table(INDEX).map_err(storage)?,
+            index,
             instructions: txn.open_table(INSTRUCTIONS).map_err(storage)?,
             working: txn.open_table(WORKING).map_err(storage)?,
             generations,
@@ -284,6 +292,7 @@ impl<'t> Tables<'t> {
             inputs: HashMap::default(),
             changed_index: HashMap::default(),
             read_index: HashMap::default(),
+            index_last,
             changed_instructions: HashMap::default(),
         })
     }
@@ -303,6 +312,11 @@ impl<'t> Tables<'t> {
             .session_rows
             .get_mut(id)
             .expect("invariant: the entry was just read"))
+    }
+
+    /// Reads from the session's row without copying it.
+    fn peek<T>(&mut self, id: &SessionId, f: impl FnOnce(&SessionRow) -> T) -> Result<Option<T>> {
+        Ok(self.entry(id)?.now.as_ref().map(|record| f(&record.row)))
     }
 
     /// The session's record as this transaction has it, for changing its inbox.
@@ -508,6 +522,13 @@ impl Projection for Tables<'_> {
         if let Some(found) = self.read_index.get(id) {
             return Ok(found.clone());
         }
+        if self
+            .index_last
+            .as_deref()
+            .is_none_or(|last| id.as_str() > last)
+        {
+            return Ok(None);
+        }
         let value = self.index.get(id.as_str()).map_err(storage)?;
         let found: Option<IndexEntry> = value
             .map(|v| decode("index entry", v.value()))
@@ -570,6 +591,18 @@ impl<'a, 't> Overlay<'a, 't> {
     /// The events this operation recorded so far, in order.
     pub(crate) fn recorded(&self) -> impl Iterator<Item = &(SessionId, Stored)> {
         self.events.iter()
+    }
+
+    /// Reads from the session's row without copying it, this operation's changes included.
+    pub(crate) fn peek<T>(
+        &mut self,
+        id: &SessionId,
+        f: impl FnOnce(&SessionRow) -> T,
+    ) -> Result<Option<T>> {
+        match self.sessions.get(id) {
+            Some(row) => Ok(Some(f(row))),
+            None => self.tables.peek(id, f),
+        }
     }
 
     /// Pending inputs of a session in admission order, this operation's changes included.
