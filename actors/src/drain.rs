@@ -85,7 +85,9 @@ pub(crate) struct Drain {
 /// What a drain submitted and has not yet waited for.
 #[derive(Default)]
 pub(crate) struct Submitted {
-    /// Writes, in submission order.
+    /// Events submitted and not yet sent to the store, in order (see [`Drain::send`]).
+    unsent: Vec<Event>,
+    /// Writes sent, in order.
     writes: Vec<InFlight>,
     /// Deltas held on the bus until a submitted `StepStarted` is published: released by the
     /// next flush, once that write has either committed (and been published) or failed.
@@ -115,20 +117,51 @@ impl Drain {
     }
 
     /// Runs `actions` in one transaction after everything submitted before, waits until all of
-    /// it is durable, and returns the events the actions wrote.
+    /// it is durable, and returns the events the actions wrote. Events submitted and not sent
+    /// yet ride in the same transaction, ahead of the actions.
     pub(crate) async fn write(&self, actions: Vec<Action>) -> Result<Vec<Stored>> {
-        let write = self.shared.store.write(self.session.clone(), actions);
-        self.flush().await?;
-        Ok(write.await?)
+        let Submitted {
+            unsent,
+            writes,
+            holds,
+        } = std::mem::take(&mut *self.submitted());
+        let ahead = unsent.len();
+        let all: Vec<Action> = unsent
+            .into_iter()
+            .map(Action::Append)
+            .chain(actions)
+            .collect();
+        let write = self.shared.store.write(self.session.clone(), all);
+        let earlier = wait(writes).await;
+        let written = write.await;
+        // Held deltas go out only once the write that may carry their `StepStarted` is done.
+        drop(holds);
+        earlier?;
+        let mut written = written?;
+        // Each append wrote exactly its one event.
+        written.drain(..ahead);
+        Ok(written)
     }
 
-    /// Submits events without waiting. The writer applies one drain's submissions in order, so
-    /// a part's event is on its way the moment the part ends, and several of them share one
-    /// commit; [`Drain::flush`] (or the next `append`) waits for them. Used for events nothing
-    /// waits on before the step's next durable boundary (parts that ended, the step's end).
+    /// Submits events without waiting for them. They go to the store with the next
+    /// [`Drain::send`], which the step calls whenever it is about to wait for the provider, and
+    /// with every write and flush, so an event is on its way as soon as the drain would
+    /// otherwise sit idle, and the events of a burst (a part's end, the step's end, the drain's
+    /// settlement) share one operation. Used for events nothing waits on before the step's next
+    /// durable boundary (the step's start, parts that ended, the step's end).
     pub(crate) fn submit(&self, events: Vec<Event>) {
+        self.submitted().unsent.extend(events);
+    }
+
+    /// Sends the events submitted so far to the store as one operation, without waiting.
+    pub(crate) fn send(&self) {
+        let mut submitted = self.submitted();
+        if submitted.unsent.is_empty() {
+            return;
+        }
+        let events = std::mem::take(&mut submitted.unsent);
         let write = self.shared.store.append(self.session.clone(), events);
-        self.submitted().writes.push(write);
+        submitted.writes.push(write);
     }
 
     /// Keeps `hold` until every write submitted so far has been waited for.
@@ -140,20 +173,27 @@ impl Drain {
         self.in_flight.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Waits for every submitted write; the first failure is returned.
+    /// Sends what is unsent and waits for every submitted write; the first failure is returned.
     pub(crate) async fn flush(&self) -> Result<()> {
-        let Submitted { writes, holds } = std::mem::take(&mut *self.submitted());
-        let mut result = Ok(());
-        for write in writes {
-            if let Err(e) = write.await
-                && result.is_ok()
-            {
-                result = Err(e.into());
-            }
-        }
+        self.send();
+        let Submitted { writes, holds, .. } = std::mem::take(&mut *self.submitted());
+        let result = wait(writes).await;
         drop(holds);
         result
     }
+}
+
+/// Waits for every write; the first failure is returned.
+async fn wait(writes: Vec<InFlight>) -> Result<()> {
+    let mut result = Ok(());
+    for write in writes {
+        if let Err(e) = write.await
+            && result.is_ok()
+        {
+            result = Err(e.into());
+        }
+    }
+    result
 }
 
 pub(crate) async fn run(d: Drain) -> Result<Outcome> {

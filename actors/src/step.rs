@@ -48,10 +48,12 @@ async fn build(d: &Drain, step: u32) -> Result<Prepared> {
     build_with(d, step, None).await
 }
 
-/// Records the step's assistant message. The write is submitted, not awaited: the provider
-/// call starts at once, and the message's deltas wait on the bus until its `step_started` event
-/// is published. Everything that depends on the message being durable (tool calls running,
-/// the step's settlement) waits for its own writes, which the writer applies after this one.
+/// Records the step's assistant message. The event is submitted, not awaited: the provider
+/// call starts at once, the event goes to the store as soon as the step waits for the provider
+/// (or with the step's next write), and the message's deltas wait on the bus until its
+/// `step_started` event is published. Everything that depends on the message being durable
+/// (tool calls running, the step's settlement) waits for its own writes, which the writer
+/// applies after this one.
 fn start(d: &Drain, step: u32, prepared: &Prepared) -> MessageId {
     d.shared
         .metrics
@@ -127,10 +129,20 @@ pub(crate) async fn run(d: &Drain, step: u32) -> Result<StepEnd> {
 
     let mut attempt = 0;
     loop {
-        let permit = tokio::select! {
-            biased;
-            _ = d.cancel.cancelled() => return abort(d, &message, &mut Attempt::default()).await,
-            permit = shared.streams.clone().acquire_owned() => permit,
+        let permit = match shared.streams.clone().try_acquire_owned() {
+            Ok(permit) => Ok(permit),
+            Err(tokio::sync::TryAcquireError::Closed) => return Err(Error::ShuttingDown),
+            // Waiting for a stream permit: the step's start goes to the store meanwhile.
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                d.send();
+                tokio::select! {
+                    biased;
+                    _ = d.cancel.cancelled() => {
+                        return abort(d, &message, &mut Attempt::default()).await;
+                    }
+                    permit = shared.streams.clone().acquire_owned() => permit,
+                }
+            }
         };
         let Ok(_permit) = permit else {
             return Err(Error::ShuttingDown);
@@ -138,10 +150,21 @@ pub(crate) async fn run(d: &Drain, step: u32) -> Result<StepEnd> {
         let mut a = Attempt::default();
         let mut stream = prepared.provider.stream(prepared.request.clone());
         let cancelled = loop {
-            let next = tokio::select! {
-                biased;
-                _ = d.cancel.cancelled() => break true,
-                next = stream.next() => next,
+            if d.cancel.is_cancelled() {
+                break true;
+            }
+            // What the stream has ready is handled at once; before waiting for more, the events
+            // of the parts that ended so far go to the store.
+            let next = match stream.next().now_or_never() {
+                Some(next) => next,
+                None => {
+                    d.send();
+                    tokio::select! {
+                        biased;
+                        _ = d.cancel.cancelled() => break true,
+                        next = stream.next() => next,
+                    }
+                }
             };
             match next {
                 None => break false,
@@ -515,6 +538,9 @@ async fn run_tools(
     calls: &[llm::ToolCall],
     last_step: bool,
 ) -> Result<bool> {
+    if calls.is_empty() {
+        return Ok(false);
+    }
     d.flush().await?;
     let shared = &d.shared;
     let agent = shared.catalog.agents.get(&agent_of(d)?).cloned();

@@ -397,3 +397,64 @@ async fn deltas_follow_the_event_that_creates_their_message() {
         assert_eq!(mine, want, "{seen:#?}");
     }
 }
+
+/// A step's events go to the store in bursts: what the stream has ready is handled first, and
+/// the events so far are sent when the step would wait. A stream that is ready all at once
+/// therefore costs the turn three writer operations: the admission, the drain's opening
+/// (claim and promotion), and the step with the drain's settlement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ready_stream_settles_its_turn_in_one_write() {
+    let h = Harness::start([Script::new()
+        .reasoning("weighing it")
+        .text("answer")
+        .finish(FinishReason::Stop)])
+    .await;
+    let s = h.session().await;
+    let ops = || {
+        h.runtime
+            .store()
+            .stats()
+            .ops
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let before = ops();
+    h.prompt(&s, "go").await;
+    h.idle(&s).await;
+    assert_eq!(ops() - before, 3, "{:?}", h.kinds(&s));
+    assert_eq!(
+        h.kinds(&s)[2..],
+        [
+            "execution_started",
+            "prompt_promoted",
+            "step_started",
+            "reasoning_ended",
+            "text_ended",
+            "step_ended",
+            "execution_succeeded"
+        ]
+    );
+    h.assert_replay_equal();
+}
+
+/// A part that ended is durable while the stream waits for more, not only when the step ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_part_is_durable_while_the_stream_waits() {
+    let gate = Gate::new();
+    let h = Harness::start([Script::new()
+        .reasoning("weighing it")
+        .text("answer")
+        .gate(&gate)
+        .finish(FinishReason::Stop)])
+    .await;
+    let s = h.session().await;
+    h.prompt(&s, "go").await;
+    gate.reached().await;
+    while !h.kinds(&s).contains(&"reasoning_ended") {
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    assert_eq!(h.count(&s, "step_ended"), 0, "the stream is still open");
+    gate.release();
+    h.idle(&s).await;
+    assert_eq!(h.count(&s, "text_ended"), 1);
+    assert_eq!(h.count(&s, "step_ended"), 1);
+}
