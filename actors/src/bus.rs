@@ -103,6 +103,22 @@ impl Bus {
         }
     }
 
+    /// Whether anyone listens to `session` (or to every session) right now. Publishers check it
+    /// before building what nobody would receive; a subscriber that arrives just after sees
+    /// what is published from then on, as with any subscription. A session channel whose last
+    /// subscriber left is removed here, as in [`Bus::publish`].
+    pub(crate) fn listening(&self, session: &SessionId) -> bool {
+        if self.tx.receiver_count() > 0 {
+            return true;
+        }
+        let listened = self.sessions.get(session).map(|tx| tx.receiver_count() > 0);
+        if listened == Some(false) {
+            self.sessions
+                .remove_if(session, |_, tx| tx.receiver_count() == 0);
+        }
+        listened == Some(true)
+    }
+
     /// Publishes to whoever listens; with no subscriber the event is simply dropped. A session
     /// channel whose last subscriber left is removed here.
     pub(crate) fn publish(&self, session: &SessionId, live: Live) {

@@ -142,7 +142,11 @@ impl Runtime {
         let commits = bus.clone();
         store_config.on_commit = Some(Arc::new(move |events| {
             for (session, stored) in events {
-                commits.publish(session, Live::Event(stored.clone()));
+                // The commit hook runs on the store's writer thread: copy an event only for
+                // a listener.
+                if commits.listening(session) {
+                    commits.publish(session, Live::Event(stored.clone()));
+                }
             }
         }));
         let store = tokio::task::spawn_blocking(move || RedbStore::open(store_config))

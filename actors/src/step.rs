@@ -418,6 +418,9 @@ impl Attempt {
 
     async fn on_event(&mut self, d: &Drain, message: &MessageId, event: llm::Event) -> Result<()> {
         let delta = |kind, part, delta: String| {
+            if !d.shared.bus.listening(&d.session) {
+                return;
+            }
             d.shared.bus.publish(
                 &d.session,
                 Live::Delta {
