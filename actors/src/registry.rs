@@ -27,8 +27,12 @@ use crate::session::{self, SessionActor, Start};
 #[derive(Debug)]
 pub(crate) enum Msg {
     /// The live actor of a session, spawned if the session exists; `None` for an unknown one.
+    /// The flag says the caller knows the session exists (it has just admitted input to it), so
+    /// spawning skips the store lookup: the registry spawns one actor at a time, and a lookup
+    /// for each of a thousand sessions woken at once made the last ones wait.
     Get(
         SessionId,
+        bool,
         RpcReplyPort<Result<Option<ActorRef<session::Msg>>>>,
     ),
     /// Restart a failed session actor (after its backoff).
@@ -142,12 +146,18 @@ impl Actor for Registry {
         state: &mut State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            Msg::Get(session, reply) => {
+            Msg::Get(session, known, reply) => {
                 let live = state.shared.actors.get(&session).map(|a| a.clone());
+                let exists = async {
+                    match known {
+                        true => Ok(true),
+                        false => session_exists(&state.shared, &session).await,
+                    }
+                };
                 let result = match live {
                     Some(actor) => Ok(Some(actor)),
                     None if state.shared.is_shutting_down() => Err(Error::ShuttingDown),
-                    None => match session_exists(&state.shared, &session).await {
+                    None => match exists.await {
                         Ok(true) => Registry::spawn(&myself, state, session, Start::Fresh)
                             .await
                             .map(Some),

@@ -263,7 +263,8 @@ impl Runtime {
             hook.on_admitted(&receipt.session, &receipt.id);
         }
         if request.resume {
-            self.wake(&request.session).await?;
+            // The admission just found the session: no need to look it up again.
+            self.notify(&request.session, true).await?;
         }
         Ok(receipt)
     }
@@ -271,8 +272,12 @@ impl Runtime {
     /// Advisory notice that durable work may exist. A no-op for an unknown session.
     pub async fn wake(&self, session: &SessionId) -> Result<()> {
         self.check_open()?;
+        self.notify(session, false).await
+    }
+
+    async fn notify(&self, session: &SessionId, known: bool) -> Result<()> {
         let timeout = self.shared.limits.call_timeout;
-        self.ask(session, "wake", Some(timeout), session::Msg::Wake)
+        self.ask_routed(session, known, "wake", Some(timeout), session::Msg::Wake)
             .await
             .map(|_| ())
     }
@@ -450,7 +455,11 @@ impl Runtime {
 
     /// Routes to the session's live actor: the concurrent map first, the registry only when no
     /// live actor is there. `None` for an unknown session.
-    async fn route(&self, session: &SessionId) -> Result<Option<ActorRef<session::Msg>>> {
+    async fn route(
+        &self,
+        session: &SessionId,
+        known: bool,
+    ) -> Result<Option<ActorRef<session::Msg>>> {
         if let Some(actor) = self.shared.actors.get(session) {
             return Ok(Some(actor.clone()));
         }
@@ -458,7 +467,7 @@ impl Runtime {
         match self
             .registry
             .call(
-                |reply| registry::Msg::Get(session.clone(), reply),
+                |reply| registry::Msg::Get(session.clone(), known, reply),
                 Some(timeout),
             )
             .await
@@ -480,8 +489,20 @@ impl Runtime {
         timeout: Option<Duration>,
         build: impl Fn(RpcReplyPort<T>) -> session::Msg,
     ) -> Result<Option<T>> {
+        self.ask_routed(session, false, what, timeout, build).await
+    }
+
+    /// [`Runtime::ask`], saying whether the session is known to exist (see `registry::Msg::Get`).
+    async fn ask_routed<T: Send + 'static>(
+        &self,
+        session: &SessionId,
+        known: bool,
+        what: &'static str,
+        timeout: Option<Duration>,
+        build: impl Fn(RpcReplyPort<T>) -> session::Msg,
+    ) -> Result<Option<T>> {
         for _ in 0..3 {
-            let Some(actor) = self.route(session).await? else {
+            let Some(actor) = self.route(session, known).await? else {
                 return Ok(None);
             };
             match actor.call(&build, timeout).await {
