@@ -24,9 +24,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// mimalloc instead of the system allocator: the store writer allocates and frees a page buffer
-/// for every page a commit touches, and glibc's malloc spent a fifth of the writer's time on them
-/// (BENCHMARKS.md). Embedders choose their own allocator.
+/// mimalloc instead of the system allocator (the default `mimalloc` feature): the store writer
+/// allocates and frees a page buffer for every page a commit touches, and glibc's malloc spent a
+/// fifth of the writer's time on them. mimalloc holds more memory after a burst, so a build
+/// without the feature trades that CPU for a smaller resident set (BENCHMARKS.md). Embedders
+/// choose their own allocator.
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
