@@ -148,16 +148,13 @@ impl Actor for Registry {
         match msg {
             Msg::Get(session, known, reply) => {
                 let live = state.shared.actors.get(&session).map(|a| a.clone());
-                let exists = async {
-                    match known {
-                        true => Ok(true),
-                        false => session_exists(&state.shared, &session).await,
-                    }
-                };
                 let result = match live {
                     Some(actor) => Ok(Some(actor)),
                     None if state.shared.is_shutting_down() => Err(Error::ShuttingDown),
-                    None => match exists.await {
+                    None if known => Registry::spawn(&myself, state, session, Start::Fresh)
+                        .await
+                        .map(Some),
+                    None => match session_exists(&state.shared, &session).await {
                         Ok(true) => Registry::spawn(&myself, state, session, Start::Fresh)
                             .await
                             .map(Some),

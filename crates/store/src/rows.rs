@@ -718,28 +718,16 @@ impl Projection for Overlay<'_, '_> {
 
 #[cfg(test)]
 mod tests {
-    use agenthost_model::{Seq, SessionRow, Timestamp, Usage};
+    use agenthost_model::Seq;
 
     use super::*;
+    use crate::tests::session_row;
 
     fn record(id: &str, last: u64) -> SessionRecord {
+        let mut row = session_row(id, 0, None);
+        row.last_seq = Seq(last);
         SessionRecord {
-            row: SessionRow {
-                id: SessionId::parse(id).expect("id"),
-                agent: "default".into(),
-                model: None,
-                title: None,
-                created: Timestamp(1),
-                updated: Timestamp(1),
-                last_seq: Seq(last),
-                usage: Usage::default(),
-                claim: None,
-                resume_attempts: 0,
-                halted: None,
-                active_from: Seq::ZERO,
-                compaction: None,
-                pending: 0,
-            },
+            row,
             inbox: Default::default(),
         }
     }

@@ -72,10 +72,11 @@ pub(crate) fn into_records(txn: &WriteTransaction) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use agenthost_model::message::Claim;
-    use agenthost_model::{Delivery, MessageId, Prompt, SessionId, Timestamp, Usage};
+    use agenthost_model::{Delivery, MessageId, Prompt};
     use redb::{Database, ReadableDatabase, TableHandle};
 
     use super::*;
+    use crate::tests::session_row;
 
     fn inbox_row(seq: u64, delivery: Delivery) -> Vec<u8> {
         encode(&InboxRow {
@@ -84,25 +85,6 @@ mod tests {
             delivery,
             prompt: Prompt::text("hi"),
         })
-    }
-
-    fn session_row(id: &str, pending: u32, claim: Option<Claim>) -> SessionRow {
-        SessionRow {
-            id: SessionId::parse(id).expect("id"),
-            agent: "default".into(),
-            model: None,
-            title: None,
-            created: Timestamp(1),
-            updated: Timestamp(2),
-            last_seq: Seq(3),
-            usage: Usage::default(),
-            claim,
-            resume_attempts: 0,
-            halted: None,
-            active_from: Seq::ZERO,
-            compaction: None,
-            pending,
-        }
     }
 
     #[test]

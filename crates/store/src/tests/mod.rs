@@ -8,7 +8,8 @@ mod projection;
 
 use std::sync::Arc;
 
-use agenthost_model::{Delivery, MessageId, Prompt, SessionId, Timestamp};
+use agenthost_model::message::Claim;
+use agenthost_model::{Delivery, MessageId, Prompt, Seq, SessionId, SessionRow, Timestamp, Usage};
 
 use crate::{Admission, Config, NewSession, RedbStore, Snapshot, Store};
 
@@ -27,6 +28,27 @@ pub(crate) fn open(dir: &std::path::Path) -> RedbStore {
     config.clock = Arc::new(|| Timestamp(1_700_000_000_000));
     config.fold_rows = 5;
     RedbStore::open(config).expect("store opens")
+}
+
+/// A session row with `pending` inputs and the given claim, for tests that build store values
+/// directly.
+pub(crate) fn session_row(id: &str, pending: u32, claim: Option<Claim>) -> SessionRow {
+    SessionRow {
+        id: SessionId::parse(id).expect("id"),
+        agent: "default".into(),
+        model: None,
+        title: None,
+        created: Timestamp(1),
+        updated: Timestamp(2),
+        last_seq: Seq(3),
+        usage: Usage::default(),
+        claim,
+        resume_attempts: 0,
+        halted: None,
+        active_from: Seq::ZERO,
+        compaction: None,
+        pending,
+    }
 }
 
 pub(crate) fn new_session(id: &SessionId) -> NewSession {
