@@ -37,6 +37,9 @@ pub(crate) fn threshold(context_window: u32, max_output: Option<u32>) -> u64 {
 /// Compacts the session's active history. Returns the new `kept_from`.
 pub(crate) async fn compact(d: &Drain, auto: bool) -> Result<Seq> {
     let shared = &d.shared;
+    // The history is read from the store: what the drain submitted (a promotion riding with the
+    // step's start, say) must be in it.
+    d.flush().await?;
     let (row, history) = {
         let snap = shared.store.snapshot()?;
         snap.history(&d.session, Mode::All)?

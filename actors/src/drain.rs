@@ -9,9 +9,9 @@
 use std::sync::{Arc, Mutex};
 
 use agenthost_model::history::Mode;
-use agenthost_model::promotion::Boundary;
+use agenthost_model::promotion::{self, Boundary};
 use agenthost_model::{
-    Event, FailureKind, InterruptReason, Message, MessageId, Part, SessionId, StepError, Stored,
+    Event, FailureKind, InboxRow, InterruptReason, Message, MessageId, Part, SessionId, StepError, Stored,
     ToolState,
 };
 use agenthost_store::Action;
@@ -169,6 +169,12 @@ impl Drain {
         self.submitted().holds.push(hold);
     }
 
+    /// Whether everything the drain submitted is durable (or failed and was reported).
+    pub(crate) fn nothing_submitted(&self) -> bool {
+        let submitted = self.submitted();
+        submitted.unsent.is_empty() && submitted.writes.is_empty()
+    }
+
     fn submitted(&self) -> std::sync::MutexGuard<'_, Submitted> {
         self.in_flight.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -214,20 +220,23 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
         return Ok(Outcome::Idle);
     }
     // The claim is taken in the drain's first write, together with whatever that write does
-    // (instructions, promotion): one commit instead of two. Recovery takes it first, because
-    // settling what the crash left comes before anything else.
-    let mut opening = Some(Action::Append(Event::ExecutionStarted { forced: d.forced }));
+    // (instructions, promotion, or the first step's start and, when the stream is quick, its
+    // whole settlement). Recovery takes it first, because settling what the crash left comes
+    // before anything else.
+    let mut opening = Some(Event::ExecutionStarted { forced: d.forced });
     d.shared
         .metrics
         .drains
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut owed = d.forced;
     if recovering {
-        d.write(opening.take().into_iter().collect()).await?;
+        d.append(opening.take().into_iter().collect()).await?;
         owed |= settle_leftovers(&d).await?;
     }
 
     let mut continuation = false;
+    // The inputs of the last promotion that rode with a step (see below).
+    let mut promised = Vec::new();
     let mut step = 1;
     let mut steps_run = 0;
     loop {
@@ -243,38 +252,64 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
         } else {
             Boundary::Idle
         };
-        // A snapshot read decides whether promotion can find anything: an empty promotion would
-        // still cost a commit.
-        let pending = has_pending(&d)?;
-        let mut actions: Vec<Action> = opening.take().into_iter().collect();
-        if owed || continuation || pending {
+        // A snapshot read decides what promotion will find: an empty promotion would still cost
+        // a commit. Inputs this drain promoted in writes the snapshot may predate are not
+        // pending any more.
+        let mut inputs = pending_inputs(&d)?;
+        inputs.retain(|input| !promised.contains(&input.id));
+        let opened = opening.take();
+        let mut update = None;
+        if owed || continuation || !inputs.is_empty() {
             // Instructions are sampled here, before promotion, so a change lands in history
             // ahead of the input it applies to.
             match instructions_update(&d).await {
-                Ok(update) => actions.extend(update.map(Action::Append)),
+                Ok(changed) => update = changed,
                 Err(error) => {
-                    actions.push(Action::Append(Event::ExecutionFailed {
+                    let failed = Event::ExecutionFailed {
                         error: error.to_string(),
                         halted: false,
-                    }));
-                    d.write(actions).await?;
+                    };
+                    d.append(opened.into_iter().chain([failed]).collect()).await?;
                     return Err(error);
                 }
             }
         }
-        if pending {
-            actions.push(Action::Promote(boundary));
-        }
-        let written = match actions.is_empty() {
-            true => Vec::new(),
-            false => d.write(actions).await?,
-        };
-        if written
-            .iter()
-            .any(|e| matches!(e.event, Event::PromptPromoted { .. }))
-        {
+        let selected = promotion::select(&inputs, boundary);
+        let mut ahead = Vec::new();
+        if update.is_none() && !selected.is_empty() && d.nothing_submitted() {
+            // The promotion rides with the step's first write instead of a commit of its own:
+            // the step is built from the snapshot plus the inputs promoted here (SPEC §9 order:
+            // promote, then prepare). Until that write is durable nothing is promoted, so a
+            // crash leaves the input pending for recovery, and the writer refuses a promotion
+            // of an input that is no longer pending. Only when the drain has nothing in flight
+            // is the snapshot it chose from complete; otherwise (after a step) the writer
+            // chooses, in the same write as the step's settlement.
+            let promoted = selected.iter().map(|id| Event::PromptPromoted { id: id.clone() });
+            d.submit(opened.into_iter().chain(promoted).collect());
+            ahead = inputs
+                .into_iter()
+                .filter(|input| selected.contains(&input.id))
+                .collect();
+            promised = selected;
             step = 1;
             owed = true;
+        } else {
+            let mut actions: Vec<Action> =
+                opened.into_iter().chain(update).map(Action::Append).collect();
+            if !inputs.is_empty() {
+                actions.push(Action::Promote(boundary));
+            }
+            let written = match actions.is_empty() {
+                true => Vec::new(),
+                false => d.write(actions).await?,
+            };
+            if written
+                .iter()
+                .any(|e| matches!(e.event, Event::PromptPromoted { .. }))
+            {
+                step = 1;
+                owed = true;
+            }
         }
         if !owed && !continuation {
             // Settles in the same commit as the step's last writes, unless input arrived since
@@ -289,7 +324,7 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
             continue;
         }
         owed = false;
-        match step::run(&d, step).await? {
+        match step::run(&d, step, ahead).await? {
             StepEnd::Done { continuation: next } => {
                 continuation = next;
                 steps_run += 1;
@@ -308,9 +343,9 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
     }
 }
 
-fn has_pending(d: &Drain) -> Result<bool> {
-    let snap = d.shared.store.snapshot()?;
-    Ok(snap.session(&d.session)?.is_some_and(|row| row.pending > 0))
+/// The session's pending inputs, in admission order.
+fn pending_inputs(d: &Drain) -> Result<Vec<InboxRow>> {
+    Ok(d.shared.store.snapshot()?.pending(&d.session)?)
 }
 
 /// Resolves instruction sources read-only and returns the chronological system update to

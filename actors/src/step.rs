@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use agenthost_llm as llm;
 use agenthost_model::history::Mode;
-use agenthost_model::{Event, FailureKind, Finish, MessageId, StepError, ToolPart, Usage};
+use agenthost_model::{
+    Event, FailureKind, Finish, InboxRow, Message, MessageId, StepError, ToolPart, Usage,
+};
 use futures::StreamExt;
 use futures::future::FutureExt;
 use tokio::task::JoinSet;
@@ -45,7 +47,7 @@ pub const CONTINUE_NOTE: &str = "Your previous response was cut off by a network
 
 /// The step's request from a fresh snapshot.
 async fn build(d: &Drain, step: u32) -> Result<Prepared> {
-    build_with(d, step, None).await
+    build_with(d, step, None, Vec::new()).await
 }
 
 /// Records the step's assistant message. The event is submitted, not awaited: the provider
@@ -82,10 +84,17 @@ fn spent(a: &Attempt, prepared: &Prepared) -> Vec<Event> {
 }
 
 /// The snapshot read and the request build (hooks included) are blocking work: they run on the
-/// blocking pool, not on an async worker.
-async fn build_with(d: &Drain, step: u32, note: Option<&'static str>) -> Result<Prepared> {
+/// blocking pool, not on an async worker. `ahead` are inputs the drain promoted in events it
+/// submitted and has not written yet: they join the history as the user messages those events
+/// create.
+async fn build_with(
+    d: &Drain,
+    step: u32,
+    note: Option<&'static str>,
+    ahead: Vec<InboxRow>,
+) -> Result<Prepared> {
     let d = d.clone();
-    tokio::task::spawn_blocking(move || build_blocking(&d, step, note))
+    tokio::task::spawn_blocking(move || build_blocking(&d, step, note, ahead))
         .await
         .map_err(|e| match e.try_into_panic() {
             // A panicking hook fails the drain like any panic in it.
@@ -94,22 +103,46 @@ async fn build_with(d: &Drain, step: u32, note: Option<&'static str>) -> Result<
         })?
 }
 
-fn build_blocking(d: &Drain, step: u32, note: Option<&str>) -> Result<Prepared> {
+fn build_blocking(
+    d: &Drain,
+    step: u32,
+    note: Option<&str>,
+    ahead: Vec<InboxRow>,
+) -> Result<Prepared> {
     let shared = &d.shared;
     let snap = shared.store.snapshot()?;
-    let (row, history) = snap
+    let (row, mut history) = snap
         .history(&d.session, Mode::All)?
         .ok_or_else(|| Error::SessionNotFound(d.session.clone()))?;
     drop(snap);
+    // Their seqs are not assigned until the write; the ones given here follow the row's last
+    // seq in order, which is all preparation reads of them.
+    let time = agenthost_store::system_clock();
+    let mut seq = row.last_seq;
+    for input in ahead {
+        seq = seq.next();
+        history.messages.push(Message::User {
+            id: input.id,
+            seq,
+            admitted_seq: input.admitted_seq,
+            delivery: input.delivery,
+            prompt: input.prompt,
+            time,
+        });
+    }
     let inputs = Inputs::of(shared, &row, &history, step, Purpose::Step);
     prepare(inputs, note)
 }
 
-pub(crate) async fn run(d: &Drain, step: u32) -> Result<StepEnd> {
-    // The previous step's settlement must be in the snapshot this step is built from.
-    d.flush().await?;
+/// Runs step `step`. `ahead` are the inputs promoted in events the drain submitted just before
+/// (see `drain::run`); everything else the drain submitted is durable already.
+pub(crate) async fn run(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd> {
+    if ahead.is_empty() {
+        // The previous step's settlement must be in the snapshot this step is built from.
+        d.flush().await?;
+    }
     let shared = &d.shared;
-    let mut prepared = build(d, step).await?;
+    let mut prepared = build_with(d, step, None, ahead).await?;
     // Compaction check: compact before the request when it would not fit (SPEC §11).
     let limit = threshold(prepared.model.context_window, prepared.model.max_output);
     let mut compacted = false;
@@ -247,7 +280,7 @@ pub(crate) async fn run(d: &Drain, step: u32) -> Result<StepEnd> {
                     _ = d.cancel.cancelled() => return Ok(StepEnd::Interrupted),
                     _ = tokio::time::sleep(delay) => {}
                 }
-                prepared = build_with(d, step, Some(CONTINUE_NOTE)).await?;
+                prepared = build_with(d, step, Some(CONTINUE_NOTE), Vec::new()).await?;
                 message = start(d, step, &prepared);
             }
             Some(error) => {
