@@ -220,6 +220,10 @@ pub struct Limits {
     pub call_timeout: Duration,
     /// Longest graceful shutdown before drains are abandoned (claims stay for recovery).
     pub shutdown_timeout: Duration,
+    /// Settled history that live session actors keep decoded between steps, in bytes
+    /// (approximate) across all sessions; 0 turns the cache off. A session whose history does
+    /// not fit reads it whole from the store at every step.
+    pub history_cache: usize,
 }
 
 impl Default for Limits {
@@ -231,6 +235,7 @@ impl Default for Limits {
             tool_output: 32 * 1024,
             call_timeout: Duration::from_secs(30),
             shutdown_timeout: Duration::from_secs(15),
+            history_cache: 64 * 1024 * 1024,
         }
     }
 }

@@ -11,14 +11,15 @@ use std::sync::{Arc, Mutex};
 use agenthost_model::history::Mode;
 use agenthost_model::promotion::{self, Boundary};
 use agenthost_model::{
-    Event, FailureKind, InboxRow, InterruptReason, Message, MessageId, Part, SessionId, StepError, Stored,
-    ToolState,
+    Event, FailureKind, InboxRow, InterruptReason, Message, MessageId, Part, SessionId, StepError,
+    Stored, ToolState,
 };
 use agenthost_store::Action;
 use tokio_util::sync::CancellationToken;
 
 use crate::bus::Hold;
 use crate::error::{Error, Result};
+use crate::history_cache::HistoryCache;
 use crate::instructions;
 use crate::runtime::Shared;
 use crate::step::{self, StepEnd};
@@ -80,6 +81,8 @@ pub(crate) struct Drain {
     pub cancel: Cancel,
     /// Writes submitted and not yet confirmed durable.
     pub in_flight: Arc<Mutex<Submitted>>,
+    /// The session actor's history cache; none for a drain outside an actor.
+    pub history: Option<Arc<Mutex<HistoryCache>>>,
 }
 
 /// What a drain submitted and has not yet waited for.
@@ -269,7 +272,8 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
                         error: error.to_string(),
                         halted: false,
                     };
-                    d.append(opened.into_iter().chain([failed]).collect()).await?;
+                    d.append(opened.into_iter().chain([failed]).collect())
+                        .await?;
                     return Err(error);
                 }
             }
@@ -284,7 +288,9 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
             // of an input that is no longer pending. Only when the drain has nothing in flight
             // is the snapshot it chose from complete; otherwise (after a step) the writer
             // chooses, in the same write as the step's settlement.
-            let promoted = selected.iter().map(|id| Event::PromptPromoted { id: id.clone() });
+            let promoted = selected
+                .iter()
+                .map(|id| Event::PromptPromoted { id: id.clone() });
             d.submit(opened.into_iter().chain(promoted).collect());
             ahead = inputs
                 .into_iter()
@@ -294,8 +300,11 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
             step = 1;
             owed = true;
         } else {
-            let mut actions: Vec<Action> =
-                opened.into_iter().chain(update).map(Action::Append).collect();
+            let mut actions: Vec<Action> = opened
+                .into_iter()
+                .chain(update)
+                .map(Action::Append)
+                .collect();
             if !inputs.is_empty() {
                 actions.push(Action::Promote(boundary));
             }

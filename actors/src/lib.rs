@@ -17,6 +17,7 @@ mod compaction;
 pub mod config;
 mod drain;
 mod error;
+mod history_cache;
 pub mod hooks;
 pub mod instructions;
 pub mod prepare;

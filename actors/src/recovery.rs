@@ -76,6 +76,7 @@ async fn recover(runtime: &Runtime, config: &Recovery, session: &SessionId) -> R
                 compact: false,
                 cancel: Cancel::default(),
                 in_flight: Default::default(),
+                history: None,
             };
             settle_leftovers(&drain).await?;
             let event = Event::ExecutionFailed {

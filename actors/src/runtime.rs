@@ -61,6 +61,8 @@ pub(crate) struct Shared {
     pub passivate_after: Duration,
     pub instructions: Vec<crate::instructions::Instruction>,
     pub compaction: crate::config::Compaction,
+    /// What session actors' history caches may hold together.
+    pub history_budget: Arc<crate::history_cache::Budget>,
     pub metrics: Metrics,
     shutting_down: AtomicBool,
 }
@@ -153,6 +155,7 @@ impl Runtime {
             .await
             .map_err(|e| Error::Storage(e.to_string()))??;
         let store: Arc<dyn Store> = Arc::new(store);
+        let history_budget = crate::history_cache::Budget::new(config.limits.history_cache);
         let shared = Arc::new(Shared {
             store,
             catalog,
@@ -167,6 +170,7 @@ impl Runtime {
             passivate_after: config.passivate_after,
             instructions: config.instructions,
             compaction: config.compaction,
+            history_budget,
             metrics: Metrics::default(),
             shutting_down: AtomicBool::new(false),
         });

@@ -9,7 +9,7 @@
 //! drain's outcome; interrupt clears the follow-up, cancels, and answers after the durable
 //! cleanup; wakes and resumes that arrive during that cleanup run after it.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use agenthost_model::{InterruptReason, SessionId};
 use futures::FutureExt;
@@ -18,6 +18,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use crate::bus::Live;
 use crate::drain::{self, Cancel, Drain, Outcome};
 use crate::error::{Error, Result};
+use crate::history_cache::HistoryCache;
 use crate::runtime::Shared;
 
 pub(crate) type Reply<T> = RpcReplyPort<T>;
@@ -68,6 +69,8 @@ pub(crate) struct State {
     last_active: tokio::time::Instant,
     /// One passivation timer at a time, however many messages arrive.
     timer_armed: bool,
+    /// The settled front of the session's history, for its drains' steps.
+    history: Arc<Mutex<HistoryCache>>,
 }
 
 struct Current {
@@ -122,6 +125,7 @@ impl State {
             compact,
             cancel: cancel.clone(),
             in_flight: Default::default(),
+            history: Some(self.history.clone()),
         };
         self.shared.active.insert(self.session.clone(), ());
         self.shared
@@ -183,6 +187,7 @@ impl Actor for SessionActor {
         _myself: ActorRef<Msg>,
         (session, shared, start): Self::Arguments,
     ) -> Result<State, ActorProcessingErr> {
+        let history = Arc::new(Mutex::new(HistoryCache::new(shared.history_budget.clone())));
         Ok(State {
             session,
             start,
@@ -194,6 +199,7 @@ impl Actor for SessionActor {
             drains: 0,
             last_active: tokio::time::Instant::now(),
             timer_armed: false,
+            history,
         })
     }
 

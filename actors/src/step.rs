@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use agenthost_llm as llm;
-use agenthost_model::history::Mode;
+use agenthost_model::history::{self, Mode};
 use agenthost_model::{
     Event, FailureKind, Finish, InboxRow, Message, MessageId, StepError, ToolPart, Usage,
 };
@@ -111,12 +111,36 @@ fn build_blocking(
 ) -> Result<Prepared> {
     let shared = &d.shared;
     let snap = shared.store.snapshot()?;
-    let (row, mut history) = snap
-        .history(&d.session, Mode::All)?
+    let row = snap
+        .session(&d.session)?
         .ok_or_else(|| Error::SessionNotFound(d.session.clone()))?;
+    let mut cache = d
+        .history
+        .as_ref()
+        .map(|c| c.lock().unwrap_or_else(|e| e.into_inner()));
+    let mut history = match cache.as_mut() {
+        Some(cache) => cache.load(&*snap, &d.session, &row)?,
+        None => history::select(
+            &row,
+            snap.messages(&d.session, history::load_from(&row), usize::MAX)?,
+            Mode::All,
+        ),
+    };
+    #[cfg(debug_assertions)]
+    {
+        let (_, whole) = snap
+            .history(&d.session, Mode::All)?
+            .ok_or_else(|| Error::SessionNotFound(d.session.clone()))?;
+        assert_eq!(
+            history, whole,
+            "the cached history of {} differs from the store",
+            d.session
+        );
+    }
     drop(snap);
     // Their seqs are not assigned until the write; the ones given here follow the row's last
     // seq in order, which is all preparation reads of them.
+    let read = history.messages.len();
     let time = agenthost_store::system_clock();
     let mut seq = row.last_seq;
     for input in ahead {
@@ -131,7 +155,13 @@ fn build_blocking(
         });
     }
     let inputs = Inputs::of(shared, &row, &history, step, Purpose::Step);
-    prepare(inputs, note)
+    let prepared = prepare(inputs, note);
+    if let Some(cache) = cache.as_mut() {
+        // Not durable yet: the promoted inputs stay out of the cache.
+        history.messages.truncate(read);
+        cache.keep(history);
+    }
+    prepared
 }
 
 /// Runs step `step`. `ahead` are the inputs promoted in events the drain submitted just before

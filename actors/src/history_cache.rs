@@ -1,0 +1,317 @@
+//! The settled front of a session's active history, kept decoded by its session actor between
+//! steps, so a step reads and decodes only what can still change (the messages from the first
+//! unsettled one on) instead of the whole active history.
+//!
+//! Why it is safe: a user or system message never changes, and an assistant message never
+//! changes once it is settled with no tool running. Which messages are active depends only on the
+//! row's compaction and `active_from`; the cache starts over when either moves. The cache lives
+//! in one actor and goes with it (passivation, restart), and only the session's drain, one at a
+//! time, uses it. Debug builds check every cached history against a full read.
+//!
+//! Its memory is bounded across all sessions by [`Budget`]: a history that does not fit is read
+//! whole every step, as if there were no cache.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use agenthost_model::history::{self, History, Mode};
+use agenthost_model::{Message, Part, Seq, SessionId, SessionRow, ToolState};
+use agenthost_store::Snapshot;
+
+use crate::error::Result;
+
+/// Bytes all caches may hold together (approximate: text and a fixed overhead per message).
+#[derive(Debug)]
+pub(crate) struct Budget {
+    limit: usize,
+    used: AtomicUsize,
+}
+
+impl Budget {
+    pub(crate) fn new(limit: usize) -> Arc<Self> {
+        Arc::new(Budget {
+            limit,
+            used: AtomicUsize::new(0),
+        })
+    }
+
+    /// Takes `bytes` more if they fit.
+    fn take(&self, bytes: usize) -> bool {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(bytes).filter(|total| *total <= self.limit)
+            })
+            .is_ok()
+    }
+
+    fn give_back(&self, bytes: usize) {
+        self.used.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    #[cfg(test)]
+    fn used(&self) -> usize {
+        self.used.load(Ordering::Acquire)
+    }
+}
+
+/// One session's cache.
+#[derive(Debug)]
+pub(crate) struct HistoryCache {
+    budget: Arc<Budget>,
+    /// The row's `(compaction, active_from)` the cached selection was made for; none while the
+    /// messages are lent out by [`HistoryCache::load`], so a history never handed back (a
+    /// panicking hook) makes the next step start over.
+    key: Option<(Option<Seq>, Seq)>,
+    lent: Option<(Option<Seq>, Seq)>,
+    summary: Option<String>,
+    /// Settled messages of the active history, in seq order.
+    messages: Vec<Message>,
+    /// What `messages` and `summary` are charged to the budget.
+    bytes: usize,
+    /// The first seq a step still has to read.
+    next: Seq,
+}
+
+impl HistoryCache {
+    pub(crate) fn new(budget: Arc<Budget>) -> Self {
+        HistoryCache {
+            budget,
+            key: None,
+            lent: None,
+            summary: None,
+            messages: Vec::new(),
+            bytes: 0,
+            next: Seq::ZERO,
+        }
+    }
+
+    /// The active history of `row` in `snap` (as `Snapshot::history` with [`Mode::All`] selects
+    /// it). Hand it back with [`HistoryCache::keep`] once used.
+    pub(crate) fn load(
+        &mut self,
+        snap: &dyn Snapshot,
+        session: &SessionId,
+        row: &SessionRow,
+    ) -> Result<History> {
+        let key = (row.compaction, row.active_from);
+        if self.key != Some(key) {
+            self.clear();
+            self.key = Some(key);
+            self.next = history::load_from(row);
+        }
+        let fresh = snap.messages(session, self.next, usize::MAX)?;
+        let fresh = history::select(row, fresh, Mode::All);
+        let mut messages = std::mem::take(&mut self.messages);
+        messages.extend(fresh.messages);
+        self.lent = self.key.take();
+        Ok(History {
+            summary: self.summary.clone().or(fresh.summary),
+            messages,
+        })
+    }
+
+    /// Keeps the settled front of `history`, which [`HistoryCache::load`] returned.
+    pub(crate) fn keep(&mut self, history: History) {
+        let History {
+            summary,
+            mut messages,
+        } = history;
+        let Some(key) = self.lent.take() else {
+            self.clear();
+            return;
+        };
+        let settled = messages.iter().take_while(|m| is_final(m)).count();
+        messages.truncate(settled);
+        let bytes = summary.as_ref().map_or(0, String::len)
+            + messages.iter().map(approx_bytes).sum::<usize>();
+        self.budget.give_back(self.bytes);
+        self.bytes = 0;
+        if !self.budget.take(bytes) {
+            // Over budget: this session reads its whole history, as without a cache.
+            self.clear();
+            return;
+        }
+        self.bytes = bytes;
+        self.key = Some(key);
+        if let Some(last) = messages.last() {
+            self.next = last.seq().next();
+        }
+        self.summary = summary;
+        self.messages = messages;
+    }
+
+    /// Starts over; the dropped contents give their bytes back.
+    fn clear(&mut self) {
+        *self = HistoryCache::new(self.budget.clone());
+    }
+}
+
+impl Drop for HistoryCache {
+    fn drop(&mut self) {
+        self.budget.give_back(self.bytes);
+    }
+}
+
+/// Whether a message of the active history can no longer change.
+fn is_final(message: &Message) -> bool {
+    match message {
+        Message::User { .. } | Message::System { .. } => true,
+        Message::Assistant(a) => a.is_settled() && a.running_tools().next().is_none(),
+        // Never in an active history; a running one would still change.
+        Message::Compaction { .. } => false,
+    }
+}
+
+/// A message's heap and inline size, roughly: its text plus a fixed overhead.
+fn approx_bytes(message: &Message) -> usize {
+    const OVERHEAD: usize = 160;
+    OVERHEAD
+        + match message {
+            Message::User { prompt, .. } => {
+                prompt.text.len()
+                    + prompt
+                        .files
+                        .iter()
+                        .map(|f| f.url.len() + f.mime.len() + 64)
+                        .sum::<usize>()
+            }
+            Message::System { text, .. } => text.len(),
+            Message::Compaction { .. } => 0,
+            Message::Assistant(a) => {
+                a.agent.len()
+                    + a.model.len()
+                    + a.parts
+                        .iter()
+                        .map(|part| match part {
+                            Part::Text { text, .. } => text.len() + 32,
+                            Part::Reasoning { text, metadata, .. } => {
+                                text.len() + metadata.as_ref().map_or(0, String::len) + 48
+                            }
+                            Part::Tool(t) => {
+                                let result = match &t.state {
+                                    ToolState::Completed { output, .. } => output.len(),
+                                    ToolState::Error { error } => error.len(),
+                                    ToolState::Running => 0,
+                                };
+                                t.call_id.len() + t.name.len() + t.input.len() + result + 96
+                            }
+                        })
+                        .sum::<usize>()
+            }
+        }
+}
+
+#[cfg(test)]
+mod tests {
+    use agenthost_model::{
+        AssistantMessage, Delivery, Finish, MessageId, Prompt, Timestamp, ToolPart, Usage,
+    };
+
+    use super::*;
+
+    fn user(seq: u64, text: &str) -> Message {
+        Message::User {
+            id: MessageId::parse(&format!("msg_u{seq}")).expect("valid"),
+            seq: Seq(seq),
+            admitted_seq: Seq(seq),
+            delivery: Delivery::Queue,
+            prompt: Prompt::text(text),
+            time: Timestamp(0),
+        }
+    }
+
+    fn assistant(seq: u64, finished: bool, tool: Option<ToolState>) -> Message {
+        let mut parts = vec![Part::Text {
+            text: "answer".into(),
+            incomplete: false,
+        }];
+        parts.extend(tool.map(|state| {
+            Part::Tool(ToolPart {
+                call_id: "c1".into(),
+                name: "noop".into(),
+                input: "{}".into(),
+                state,
+            })
+        }));
+        Message::Assistant(AssistantMessage {
+            id: MessageId::parse(&format!("msg_a{seq}")).expect("valid"),
+            seq: Seq(seq),
+            step: 1,
+            agent: "default".into(),
+            model: "m".into(),
+            parts,
+            finish: finished.then_some(Finish::Stop),
+            error: None,
+            usage: Usage::default(),
+            retries: 0,
+            created: Timestamp(0),
+            completed: None,
+        })
+    }
+
+    /// As `load` leaves the cache: its messages lent out for the key of a row.
+    fn lend(cache: &mut HistoryCache) -> &mut HistoryCache {
+        cache.lent = Some((None, Seq::ZERO));
+        cache
+    }
+
+    fn history(messages: Vec<Message>) -> History {
+        History {
+            summary: None,
+            messages,
+        }
+    }
+
+    #[test]
+    fn keeps_the_settled_front_and_charges_it() {
+        let budget = Budget::new(1 << 20);
+        let mut cache = HistoryCache::new(budget.clone());
+        let done = ToolState::Completed {
+            output: "ok".into(),
+            truncated: false,
+        };
+        lend(&mut cache).keep(history(vec![
+            user(1, "one"),
+            assistant(3, true, Some(done)),
+            user(5, "two"),
+            // Still running a tool: this and everything after it is read again.
+            assistant(7, true, Some(ToolState::Running)),
+            user(9, "three"),
+        ]));
+        assert_eq!(cache.messages.len(), 3);
+        assert_eq!(cache.next, Seq(6));
+        assert_eq!(budget.used(), cache.bytes);
+        assert!(cache.bytes > 0);
+        // An unsettled step is not final either.
+        lend(&mut cache).keep(history(vec![user(1, "one"), assistant(3, false, None)]));
+        assert_eq!(cache.messages.len(), 1);
+        assert_eq!(cache.next, Seq(2));
+        assert_eq!(budget.used(), cache.bytes);
+        // A history handed back without having been lent (its loan was lost) is not kept.
+        cache.keep(history(vec![user(1, "one")]));
+        assert!(cache.messages.is_empty() && cache.key.is_none());
+        assert_eq!(budget.used(), 0);
+        lend(&mut cache).keep(history(vec![user(1, "one")]));
+        drop(cache);
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn a_history_over_budget_is_not_kept() {
+        let budget = Budget::new(400);
+        let mut small = HistoryCache::new(budget.clone());
+        lend(&mut small).keep(history(vec![user(1, "one")]));
+        assert_eq!(small.messages.len(), 1);
+        let mut large = HistoryCache::new(budget.clone());
+        lend(&mut large).keep(history(vec![user(1, &"x".repeat(300))]));
+        assert!(large.messages.is_empty());
+        assert_eq!(large.next, Seq::ZERO);
+        assert_eq!(budget.used(), small.bytes);
+        // Off: nothing is ever kept.
+        let off = Budget::new(0);
+        let mut none = HistoryCache::new(off.clone());
+        lend(&mut none).keep(history(vec![user(1, "one")]));
+        assert!(none.messages.is_empty());
+        assert_eq!(off.used(), 0);
+    }
+}
