@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use agenthost_model::history::Mode;
 use agenthost_model::promotion::{self, Boundary};
 use agenthost_model::{
-    Event, FailureKind, InboxRow, InterruptReason, Message, MessageId, Part, SessionId, StepError,
-    Stored, ToolState,
+    Event, FailureKind, InterruptReason, Message, MessageId, Part, SessionId, StepError, Stored,
+    ToolState,
 };
 use agenthost_store::Action;
 use tokio_util::sync::CancellationToken;
@@ -238,7 +238,7 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
     }
 
     let mut continuation = false;
-    // The inputs of the last promotion that rode with a step (see below).
+    // The admitted seqs of the last promotion that rode with a step (see below).
     let mut promised = Vec::new();
     let mut step = 1;
     let mut steps_run = 0;
@@ -255,14 +255,25 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
         } else {
             Boundary::Idle
         };
-        // A snapshot read decides what promotion will find: an empty promotion would still cost
-        // a commit. Inputs this drain promoted in writes the snapshot may predate are not
-        // pending any more.
-        let mut inputs = pending_inputs(&d)?;
-        inputs.retain(|input| !promised.contains(&input.id));
+        // A snapshot read decides whether promotion can find anything: an empty promotion would
+        // still cost a commit. With nothing in flight the snapshot is complete and the drain
+        // chooses the inputs itself; otherwise it may predate the drain's own promotion, whose
+        // inputs do not count, and the writer chooses.
+        let deferrable = d.nothing_submitted();
+        let (inputs, pending) = {
+            let snap = d.shared.store.snapshot()?;
+            if deferrable {
+                let inputs = snap.pending(&d.session)?;
+                let pending = !inputs.is_empty();
+                (inputs, pending)
+            } else {
+                let seqs = snap.pending_seqs(&d.session)?;
+                (Vec::new(), seqs.iter().any(|seq| !promised.contains(seq)))
+            }
+        };
         let opened = opening.take();
         let mut update = None;
-        if owed || continuation || !inputs.is_empty() {
+        if owed || continuation || pending {
             // Instructions are sampled here, before promotion, so a change lands in history
             // ahead of the input it applies to.
             match instructions_update(&d).await {
@@ -280,14 +291,12 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
         }
         let selected = promotion::select(&inputs, boundary);
         let mut ahead = Vec::new();
-        if update.is_none() && !selected.is_empty() && d.nothing_submitted() {
+        if update.is_none() && !selected.is_empty() {
             // The promotion rides with the step's first write instead of a commit of its own:
             // the step is built from the snapshot plus the inputs promoted here (SPEC §9 order:
             // promote, then prepare). Until that write is durable nothing is promoted, so a
             // crash leaves the input pending for recovery, and the writer refuses a promotion
-            // of an input that is no longer pending. Only when the drain has nothing in flight
-            // is the snapshot it chose from complete; otherwise (after a step) the writer
-            // chooses, in the same write as the step's settlement.
+            // of an input that is no longer pending.
             let promoted = selected
                 .iter()
                 .map(|id| Event::PromptPromoted { id: id.clone() });
@@ -295,8 +304,8 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
             ahead = inputs
                 .into_iter()
                 .filter(|input| selected.contains(&input.id))
-                .collect();
-            promised = selected;
+                .collect::<Vec<_>>();
+            promised = ahead.iter().map(|input| input.admitted_seq).collect();
             step = 1;
             owed = true;
         } else {
@@ -305,7 +314,7 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
                 .chain(update)
                 .map(Action::Append)
                 .collect();
-            if !inputs.is_empty() {
+            if pending {
                 actions.push(Action::Promote(boundary));
             }
             let written = match actions.is_empty() {
@@ -350,11 +359,6 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
             }
         }
     }
-}
-
-/// The session's pending inputs, in admission order.
-fn pending_inputs(d: &Drain) -> Result<Vec<InboxRow>> {
-    Ok(d.shared.store.snapshot()?.pending(&d.session)?)
 }
 
 /// Resolves instruction sources read-only and returns the chronological system update to

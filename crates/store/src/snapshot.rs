@@ -31,6 +31,9 @@ pub trait Snapshot: Send {
     fn messages(&self, id: &SessionId, from: Seq, limit: usize) -> Result<Vec<Message>>;
     /// Pending (admitted, unpromoted) inputs in admission order.
     fn pending(&self, id: &SessionId) -> Result<Vec<InboxRow>>;
+    /// The admitted seqs of the pending inputs, in order: [`Snapshot::pending`] without reading
+    /// the prompts.
+    fn pending_seqs(&self, id: &SessionId) -> Result<Vec<Seq>>;
     fn instructions(&self, id: &SessionId) -> Result<InstructionState>;
     fn index(&self, id: &MessageId) -> Result<Option<IndexEntry>>;
     /// Events with `seq >= from`, in seq order, at most `limit`.
@@ -216,6 +219,13 @@ impl Snapshot for RedbSnapshot {
             Some(record) => self.inputs(id, &record.inbox),
             None => Ok(Vec::new()),
         }
+    }
+
+    fn pending_seqs(&self, id: &SessionId) -> Result<Vec<Seq>> {
+        Ok(self
+            .record(id)?
+            .map(|record| record.inbox.seqs().collect())
+            .unwrap_or_default())
     }
 
     fn instructions(&self, id: &SessionId) -> Result<InstructionState> {

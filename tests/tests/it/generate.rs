@@ -187,6 +187,10 @@ async fn generate_runs_during_a_drain_from_settled_history_without_pending_input
     h.prompt(&s, "two").await;
     gate.reached().await;
     // The drain is mid-step with a tool call recorded and unresolved; another input is pending.
+    // The step's promotion and its events so far go to the store as the stream waits.
+    while !h.kinds(&s).contains(&"tool_called") {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
     h.admit(&s, "three").await;
     assert_eq!(h.runtime.active(), vec![s.clone()]);
     let answer = h
