@@ -13,8 +13,9 @@
 use std::sync::Arc;
 
 use agenthost_model::{Event, MessageId, SessionId, Stored};
-use dashmap::DashMap;
 use tokio::sync::broadcast;
+
+use crate::IdMap;
 
 /// Something that happened in a session, as subscribers see it.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,9 +60,9 @@ type Item = Arc<(SessionId, Live)>;
 #[derive(Debug, Clone)]
 pub struct Bus {
     tx: broadcast::Sender<Item>,
-    sessions: Arc<DashMap<SessionId, broadcast::Sender<Item>>>,
+    sessions: Arc<IdMap<SessionId, broadcast::Sender<Item>>>,
     /// Deltas of messages whose creating event has not been published yet.
-    held: Arc<DashMap<MessageId, Held>>,
+    held: Arc<IdMap<MessageId, Held>>,
 }
 
 #[derive(Debug, Default)]
@@ -89,8 +90,8 @@ impl Bus {
         let (tx, _) = broadcast::channel(capacity);
         Bus {
             tx,
-            sessions: Arc::new(DashMap::new()),
-            held: Arc::new(DashMap::new()),
+            sessions: Arc::default(),
+            held: Arc::default(),
         }
     }
 

@@ -210,10 +210,17 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
         let kept_from = crate::compaction::compact(&d, false).await?;
         return Ok(Outcome::Compacted { kept_from });
     }
-    let row = {
+    // The row and the pending inputs from one snapshot; the inputs serve the first boundary.
+    let (row, mut first_inputs) = {
         let snap = d.shared.store.snapshot()?;
-        snap.session(&d.session)?
-            .ok_or_else(|| Error::SessionNotFound(d.session.clone()))?
+        let row = snap
+            .session(&d.session)?
+            .ok_or_else(|| Error::SessionNotFound(d.session.clone()))?;
+        let inputs = match row.pending {
+            0 => Vec::new(),
+            _ => snap.pending(&d.session)?,
+        };
+        (row, Some(inputs))
     };
     let recovering = row.claim.is_some();
     if row.halted.is_some() && !d.forced {
@@ -260,16 +267,17 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
         // chooses the inputs itself; otherwise it may predate the drain's own promotion, whose
         // inputs do not count, and the writer chooses.
         let deferrable = d.nothing_submitted();
-        let (inputs, pending) = {
-            let snap = d.shared.store.snapshot()?;
-            if deferrable {
-                let inputs = snap.pending(&d.session)?;
-                let pending = !inputs.is_empty();
-                (inputs, pending)
-            } else {
-                let seqs = snap.pending_seqs(&d.session)?;
-                (Vec::new(), seqs.iter().any(|seq| !promised.contains(seq)))
-            }
+        let first = first_inputs.take();
+        let (inputs, pending) = if deferrable {
+            let inputs = match first {
+                Some(inputs) => inputs,
+                None => d.shared.store.snapshot()?.pending(&d.session)?,
+            };
+            let pending = !inputs.is_empty();
+            (inputs, pending)
+        } else {
+            let seqs = d.shared.store.snapshot()?.pending_seqs(&d.session)?;
+            (Vec::new(), seqs.iter().any(|seq| !promised.contains(seq)))
         };
         let opened = opening.take();
         let mut update = None;

@@ -47,6 +47,7 @@ impl From<agenthost_store::Error> for Error {
             S::PromptConflict { id, reason } => Error::PromptConflict { id, reason },
             S::Invalid(e) => Error::from(e),
             S::Closed => Error::ShuttingDown,
+            full @ S::Full { .. } => Error::Unavailable(full.to_string()),
             other => Error::Storage(other.to_string()),
         }
     }

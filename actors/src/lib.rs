@@ -29,6 +29,10 @@ mod session;
 mod step;
 pub mod tools;
 
+/// The runtime's concurrent maps by id, with a fast seeded hasher: the bus looks a session up
+/// for every streamed delta.
+pub(crate) type IdMap<K, V> = dashmap::DashMap<K, V, foldhash::fast::RandomState>;
+
 pub use bus::{DeltaKind, Live};
 pub use compaction::SUMMARY_PROMPT;
 pub use config::{

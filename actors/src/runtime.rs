@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use agenthost_model::{Delivery, InterruptReason, MessageId, Prompt, SessionId, SessionRow};
 use agenthost_store::{Admission, NewSession, Receipt, RedbStore, Snapshot, Store};
-use dashmap::DashMap;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef, RpcReplyPort};
 use tokio::sync::{Semaphore, broadcast};
 
+use crate::IdMap;
 use crate::bus::{Bus, Live};
 use crate::config::{Config, Limits, Supervision};
 use crate::drain::Outcome;
@@ -53,9 +53,9 @@ pub(crate) struct Shared {
     /// Provider streams open at once; tokio's semaphore is fair, so steps wait in FIFO order.
     pub streams: Arc<Semaphore>,
     /// Sessions with a drain in progress in this process.
-    pub active: DashMap<SessionId, ()>,
+    pub active: IdMap<SessionId, ()>,
     /// Live session actors: the routing fast path.
-    pub actors: DashMap<SessionId, ActorRef<session::Msg>>,
+    pub actors: IdMap<SessionId, ActorRef<session::Msg>>,
     pub limits: Limits,
     pub supervision: Supervision,
     pub passivate_after: Duration,
@@ -141,6 +141,7 @@ impl Runtime {
         catalog.resolve(&catalog.default_agent, None)?;
         let bus = Bus::new(16 * 1024);
         let mut store_config = config.store;
+        store_config.pending_limit = config.limits.pending_per_session;
         let commits = bus.clone();
         store_config.on_commit = Some(Arc::new(move |events| {
             for (session, stored) in events {
@@ -163,8 +164,8 @@ impl Runtime {
             hooks: extensions.hooks,
             bus,
             streams: Arc::new(Semaphore::new(config.limits.concurrent_streams.max(1))),
-            active: DashMap::new(),
-            actors: DashMap::new(),
+            active: IdMap::default(),
+            actors: IdMap::default(),
             limits: config.limits,
             supervision: config.supervision,
             passivate_after: config.passivate_after,
@@ -240,21 +241,8 @@ impl Runtime {
     /// Admits a prompt durably (SPEC §5), then wakes the session once when `resume` is set.
     pub async fn prompt(&self, request: PromptRequest) -> Result<Receipt> {
         self.check_open()?;
-        let snap = self.shared.store.snapshot()?;
-        let row = snap
-            .session(&request.session)?
-            .ok_or_else(|| Error::SessionNotFound(request.session.clone()))?;
-        let retry = match &request.id {
-            Some(id) => snap.index(id)?.is_some(),
-            None => false,
-        };
-        drop(snap);
-        if !retry && row.pending >= self.shared.limits.pending_per_session {
-            return Err(Error::Unavailable(format!(
-                "session {} already holds {} pending inputs",
-                row.id, row.pending
-            )));
-        }
+        // The store checks the session, the id and the pending limit in the admission's own
+        // transaction.
         let id = request.id.unwrap_or_else(crate::drain::mint_message_id);
         let admission = Admission {
             session: request.session.clone(),

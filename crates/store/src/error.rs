@@ -11,6 +11,8 @@ pub enum Error {
     PromptConflict { id: MessageId, reason: &'static str },
     #[error(transparent)]
     Invalid(#[from] agenthost_model::Error),
+    #[error("session {session} already holds {pending} pending inputs")]
+    Full { session: SessionId, pending: u32 },
     #[error("refused event: {0}")]
     Violation(#[from] Violation),
     #[error(

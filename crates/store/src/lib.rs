@@ -101,6 +101,9 @@ pub struct Config {
     /// soon as the queue is empty: batches then form from what arrives during the previous fsync.
     pub max_wait: Duration,
     pub prompt_limit: usize,
+    /// Pending inputs a session may hold: an admission beyond it is refused with
+    /// [`Error::Full`] (an exact retry is still answered with its receipt).
+    pub pending_limit: u32,
     /// redb page cache in bytes; redb's default (1 GiB, allocated as used) when `None`.
     pub cache_size: Option<usize>,
     /// New events and inbox rows are written to a front area keyed for locality and folded into
@@ -119,6 +122,7 @@ impl Config {
             max_batch: 4096,
             max_wait: Duration::ZERO,
             prompt_limit: DEFAULT_PROMPT_LIMIT,
+            pending_limit: u32::MAX,
             cache_size: None,
             fold_rows: 16_384,
             clock: Arc::new(system_clock),
@@ -134,6 +138,7 @@ impl fmt::Debug for Config {
             .field("max_batch", &self.max_batch)
             .field("max_wait", &self.max_wait)
             .field("prompt_limit", &self.prompt_limit)
+            .field("pending_limit", &self.pending_limit)
             .field("cache_size", &self.cache_size)
             .field("fold_rows", &self.fold_rows)
             .finish_non_exhaustive()
@@ -201,6 +206,7 @@ impl RedbStore {
             committed: Default::default(),
             max_batch: config.max_batch.max(1),
             max_wait: config.max_wait,
+            pending_limit: config.pending_limit,
             clock: config.clock,
             on_commit: config.on_commit,
             stats: stats.clone(),

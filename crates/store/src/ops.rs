@@ -71,10 +71,17 @@ pub(crate) enum Outcome {
     Events(Vec<Stored>),
 }
 
-pub(crate) fn execute(ov: &mut Overlay<'_, '_>, op: Op, now: Timestamp) -> Result<Outcome> {
+/// Runs one operation. `pending_limit` bounds the pending inputs of a session (see
+/// [`crate::Config::pending_limit`]).
+pub(crate) fn execute(
+    ov: &mut Overlay<'_, '_>,
+    op: Op,
+    now: Timestamp,
+    pending_limit: u32,
+) -> Result<Outcome> {
     match op {
         Op::Create(new) => create(ov, new, now).map(Outcome::Session),
-        Op::Admit(admission) => admit(ov, admission, now).map(Outcome::Receipt),
+        Op::Admit(admission) => admit(ov, admission, now, pending_limit).map(Outcome::Receipt),
         Op::Write(session, actions) => write(ov, &session, actions, now).map(Outcome::Events),
     }
 }
@@ -149,8 +156,13 @@ fn create(ov: &mut Overlay<'_, '_>, new: NewSession, now: Timestamp) -> Result<S
     require_session(ov, &new.id)
 }
 
-fn admit(ov: &mut Overlay<'_, '_>, a: Admission, now: Timestamp) -> Result<Receipt> {
-    pending(ov, &a.session)?;
+fn admit(
+    ov: &mut Overlay<'_, '_>,
+    a: Admission,
+    now: Timestamp,
+    pending_limit: u32,
+) -> Result<Receipt> {
+    let held = pending(ov, &a.session)?;
     let conflict = |reason| Error::PromptConflict {
         id: a.id.clone(),
         reason,
@@ -180,6 +192,12 @@ fn admit(ov: &mut Overlay<'_, '_>, a: Admission, now: Timestamp) -> Result<Recei
                 promoted_seq,
             });
         }
+    }
+    if held >= pending_limit {
+        return Err(Error::Full {
+            session: a.session,
+            pending: held,
+        });
     }
     let event = Event::PromptAdmitted {
         id: a.id.clone(),

@@ -109,6 +109,7 @@ pub(crate) struct Writer {
     pub(crate) committed: Committed,
     pub(crate) max_batch: usize,
     pub(crate) max_wait: Duration,
+    pub(crate) pending_limit: u32,
     pub(crate) clock: Clock,
     pub(crate) on_commit: Option<CommitHook>,
     pub(crate) stats: Arc<Stats>,
@@ -190,7 +191,7 @@ impl Writer {
             let mut tables = Tables::open(&txn, self.front.generation, &self.committed)?;
             for op in ops {
                 let mut overlay = Overlay::new(&mut tables);
-                match execute(&mut overlay, op, now) {
+                match execute(&mut overlay, op, now, self.pending_limit) {
                     Ok(outcome) => {
                         events.extend(overlay.flush()?);
                         results.push(Ok(outcome));

@@ -590,3 +590,46 @@ async fn the_working_set_keeps_busy_sessions_and_sheds_idle_ones_at_folds() {
         std::slice::from_ref(&busy)
     );
 }
+
+#[tokio::test]
+async fn a_session_at_its_pending_limit_refuses_new_input_but_answers_retries() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = Config::new(dir.path().join("store.redb"));
+    config.pending_limit = 2;
+    let store = RedbStore::open(config).expect("opens");
+    let a = sid("a");
+    store.create_session(new_session(&a)).await.expect("a");
+    let first = store
+        .admit(admission(&a, &mid("one"), "first"))
+        .await
+        .expect("one");
+    store
+        .admit(admission(&a, &mid("two"), "second"))
+        .await
+        .expect("two");
+    let before = contents(&store);
+    let full = store.admit(admission(&a, &mid("three"), "third")).await;
+    assert!(
+        matches!(full, Err(Error::Full { pending: 2, .. })),
+        "{full:?}"
+    );
+    assert_eq!(
+        contents(&store),
+        before,
+        "a refused admission writes nothing"
+    );
+    let retry = store
+        .admit(admission(&a, &mid("one"), "first"))
+        .await
+        .expect("an exact retry is answered");
+    assert_eq!(retry, first);
+    // Promotion frees a place.
+    store
+        .promote(a.clone(), Boundary::Idle)
+        .await
+        .expect("promoted");
+    store
+        .admit(admission(&a, &mid("three"), "third"))
+        .await
+        .expect("room again");
+}
