@@ -139,47 +139,82 @@ pub(crate) fn fold(txn: &WriteTransaction) -> Result<usize> {
     Ok(moved)
 }
 
-/// Session records as last committed, kept by the writer across transactions: a session's
-/// record is read from its B-tree and decoded once, not once per batch. Only the writer changes
-/// records, so the cache is exact; the writer updates it after each commit and leaves it alone
+/// What the writer keeps across transactions, as last committed: session records, so a
+/// session's record is read from its B-tree and decoded once, not once per batch; and the
+/// pending inputs it admitted or read, so a promotion a few commits after the admission does not
+/// read the prompt back from the log. Only the writer changes records, and an input's row never
+/// changes, so the cache is exact; the writer updates it after each commit and leaves it alone
 /// when a commit fails (nothing of that transaction took effect).
-///
-/// Two generations make it an approximate LRU at the cost of a second lookup: records go to
-/// `recent`, which shadows `older`; when `recent` is full it becomes `older` and the previous
-/// `older` is dropped. So the sessions in use stay cached however many others come and go.
 pub(crate) struct Committed {
-    recent: HashMap<SessionId, SessionRecord>,
-    older: HashMap<SessionId, SessionRecord>,
-    /// Most sessions one generation holds.
-    capacity: usize,
+    records: Recent<SessionId, SessionRecord>,
+    /// Rows of inputs that were pending when cached. Whether one still is comes from its
+    /// session's inbox, never from here.
+    inputs: Recent<(SessionId, Seq), InboxRow>,
 }
 
-/// Most sessions one generation of the cache holds: the writer keeps at most twice as many.
+/// Most sessions (and most inputs) one generation of the cache holds: the writer keeps at most
+/// twice as many.
 const CACHED_SESSIONS: usize = 65_536;
+const CACHED_INPUTS: usize = 16_384;
 
 impl Default for Committed {
     fn default() -> Self {
         Committed {
-            recent: HashMap::default(),
-            older: HashMap::default(),
-            capacity: CACHED_SESSIONS,
+            records: Recent::new(CACHED_SESSIONS),
+            inputs: Recent::new(CACHED_INPUTS),
         }
     }
 }
 
 impl Committed {
-    /// Takes in the records a committed transaction read or wrote.
-    pub(crate) fn update(&mut self, records: Vec<SessionRecord>) {
-        if self.recent.len() + records.len() > self.capacity {
-            self.older = std::mem::take(&mut self.recent);
-        }
-        for record in records {
-            self.recent.insert(record.row.id.clone(), record);
-        }
+    /// Takes in the records a committed transaction read or wrote, and the inputs it admitted or
+    /// read that were still pending at its end.
+    pub(crate) fn update(
+        &mut self,
+        records: Vec<SessionRecord>,
+        inputs: Vec<((SessionId, Seq), InboxRow)>,
+    ) {
+        self.records.extend(
+            records
+                .into_iter()
+                .map(|record| (record.row.id.clone(), record)),
+        );
+        self.inputs.extend(inputs.into_iter());
     }
 
     fn get(&self, id: &SessionId) -> Option<&SessionRecord> {
-        self.recent.get(id).or_else(|| self.older.get(id))
+        self.records.get(id)
+    }
+}
+
+/// Two generations make an approximate LRU at the cost of a second lookup: entries go to
+/// `recent`, which shadows `older`; when `recent` is full it becomes `older` and the previous
+/// `older` is dropped. So the entries in use stay cached however many others come and go.
+struct Recent<K, V> {
+    recent: HashMap<K, V>,
+    older: HashMap<K, V>,
+    /// Most entries one generation holds.
+    capacity: usize,
+}
+
+impl<K: std::hash::Hash + Eq, V> Recent<K, V> {
+    fn new(capacity: usize) -> Self {
+        Recent {
+            recent: HashMap::default(),
+            older: HashMap::default(),
+            capacity,
+        }
+    }
+
+    fn extend(&mut self, entries: impl ExactSizeIterator<Item = (K, V)>) {
+        if self.recent.len() + entries.len() > self.capacity {
+            self.older = std::mem::take(&mut self.recent);
+        }
+        self.recent.extend(entries);
+    }
+
+    fn get(&self, key: &K) -> Option<&V> {
+        self.recent.get(key).or_else(|| self.older.get(key))
     }
 }
 
@@ -371,7 +406,10 @@ impl<'t> Tables<'t> {
     /// Writes every row changed in this transaction to its table. Called once, after the last
     /// operation of the batch. Returns how many rows the transaction added to the front, and
     /// every session record it read or wrote, as it will be once committed.
-    pub(crate) fn finish(mut self) -> Result<(usize, Vec<SessionRecord>)> {
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn finish(
+        mut self,
+    ) -> Result<(usize, Vec<SessionRecord>, Vec<((SessionId, Seq), InboxRow)>)> {
         let mut records = Vec::with_capacity(self.session_rows.len());
         for (id, entry) in std::mem::take(&mut self.session_rows) {
             if let Some(record) = &entry.now
@@ -396,7 +434,8 @@ impl<'t> Tables<'t> {
                 .insert(session.as_str(), encode(&state).as_slice())
                 .map_err(storage)?;
         }
-        Ok((self.front_rows, records))
+        let inputs = std::mem::take(&mut self.inputs).into_iter().collect();
+        Ok((self.front_rows, records, inputs))
     }
 
     /// Writes a session record given whether the session was working when the transaction found
@@ -481,7 +520,11 @@ impl Projection for Tables<'_> {
             return Ok(None);
         }
         let key = (session.clone(), seq);
-        if let Some(row) = self.inputs.get(&key) {
+        if let Some(row) = self
+            .inputs
+            .get(&key)
+            .or_else(|| self.committed.inputs.get(&key))
+        {
             return Ok(Some(row.clone()));
         }
         let Some(stored) = self.events.get::<Stored>(&self.generations, session, seq)? else {
@@ -735,7 +778,7 @@ mod tests {
     #[test]
     fn the_cache_keeps_recent_sessions_and_the_newest_record_of_each() {
         let mut cache = Committed {
-            capacity: 2,
+            records: Recent::new(2),
             ..Committed::default()
         };
         let last = |cache: &Committed, id: &str| {
@@ -743,20 +786,20 @@ mod tests {
                 .get(&SessionId::parse(id).expect("id"))
                 .map(|r| r.row.last_seq.0)
         };
-        cache.update(vec![record("ses_a", 1), record("ses_b", 1)]);
-        cache.update(vec![record("ses_c", 1)]);
+        cache.update(vec![record("ses_a", 1), record("ses_b", 1)], Vec::new());
+        cache.update(vec![record("ses_c", 1)], Vec::new());
         assert_eq!(
             last(&cache, "ses_a"),
             Some(1),
             "the older generation still answers"
         );
-        cache.update(vec![record("ses_a", 2)]);
+        cache.update(vec![record("ses_a", 2)], Vec::new());
         assert_eq!(
             last(&cache, "ses_a"),
             Some(2),
             "the recent record shadows the older one"
         );
-        cache.update(vec![record("ses_d", 1)]);
+        cache.update(vec![record("ses_d", 1)], Vec::new());
         assert_eq!(last(&cache, "ses_a"), Some(2));
         assert_eq!(last(&cache, "ses_c"), Some(1));
         assert_eq!(

@@ -186,7 +186,7 @@ impl Writer {
             crate::rows::prune_working(&txn, &self.committed)?;
             folded = Some((rows, start.elapsed()));
         }
-        let (added, rows);
+        let (added, rows, inputs);
         {
             let mut tables = Tables::open(&txn, self.front.generation, &self.committed)?;
             for op in ops {
@@ -200,11 +200,11 @@ impl Writer {
                     Err(e) => results.push(Err(e)),
                 }
             }
-            (added, rows) = tables.finish()?;
+            (added, rows, inputs) = tables.finish()?;
         }
         txn.commit().map_err(storage)?;
         self.front.committed(fold, added);
-        self.committed.update(rows);
+        self.committed.update(rows, inputs);
         if let Some((rows, took)) = folded {
             self.stats.folds.fetch_add(1, Ordering::Relaxed);
             self.stats
