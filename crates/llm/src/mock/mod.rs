@@ -4,8 +4,8 @@
 //! tests through the real client.
 //!
 //! Determinism: the reply is a function of the request (model, system, messages, tools) and
-//! [`Config::seed`] only, through a fixed hash (FNV-1a, not std's hasher, whose algorithm may
-//! change between Rust releases).
+//! [`Config::seed`] only, through a fixed hash (FNV-1a over 8-byte words, not std's hasher,
+//! whose algorithm may change between Rust releases).
 
 pub mod server;
 
@@ -327,7 +327,7 @@ fn text(tokens: u32, random: &mut SplitMix) -> Vec<String> {
     out
 }
 
-/// FNV-1a over everything that identifies a request.
+/// FNV-1a (by word) over everything that identifies a request.
 fn fingerprint(seed: u64, request: &Request) -> u64 {
     let mut hash = Fnv(0xcbf2_9ce4_8422_2325);
     hash.write(&seed.to_le_bytes());
