@@ -46,7 +46,9 @@ async fn a_panicking_drain_restarts_the_actor_and_owed_work_continues() {
         matches!(result, Err(agenthost_actors::Error::Panicked(_))),
         "{result:?}"
     );
-    // The restarted actor settles the claim the dead drain left and answers the prompt.
+    // The dead drain panicked building its first request, before its first write (which would
+    // carry the claim and the promotion): the restarted actor finds the input still pending and
+    // answers it.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while h.count(&s, "execution_succeeded") == 0 {
         assert!(tokio::time::Instant::now() < deadline, "{:?}", h.kinds(&s));
