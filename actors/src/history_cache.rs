@@ -110,6 +110,14 @@ impl HistoryCache {
         })
     }
 
+    /// Whether the cache holds a history (its last step's) small enough that loading it and
+    /// building a request from it is cheaper than a hop to the blocking pool.
+    pub(crate) fn holds_a_short_history(&self) -> bool {
+        const MESSAGES: usize = 256;
+        const BYTES: usize = 64 * 1024;
+        self.key.is_some() && self.messages.len() <= MESSAGES && self.bytes <= BYTES
+    }
+
     /// Keeps the settled front of `history`, which [`HistoryCache::load`] returned.
     pub(crate) fn keep(&mut self, history: History) {
         let History {
@@ -280,6 +288,7 @@ mod tests {
         ]));
         assert_eq!(cache.messages.len(), 3);
         assert_eq!(cache.next, Seq(6));
+        assert!(cache.holds_a_short_history());
         assert_eq!(budget.used(), cache.bytes);
         assert!(cache.bytes > 0);
         // An unsettled step is not final either.
@@ -297,14 +306,27 @@ mod tests {
     }
 
     #[test]
+    fn a_long_history_is_not_short() {
+        let mut cache = HistoryCache::new(Budget::new(1 << 30));
+        lend(&mut cache).keep(history(vec![user(1, &"x".repeat(70 * 1024))]));
+        assert_eq!(cache.messages.len(), 1, "kept");
+        assert!(!cache.holds_a_short_history(), "too many bytes");
+        let many = (0..300).map(|n| user(n, "hi")).collect();
+        lend(&mut cache).keep(history(many));
+        assert!(!cache.holds_a_short_history(), "too many messages");
+    }
+
+    #[test]
     fn a_history_over_budget_is_not_kept() {
         let budget = Budget::new(400);
         let mut small = HistoryCache::new(budget.clone());
         lend(&mut small).keep(history(vec![user(1, "one")]));
         assert_eq!(small.messages.len(), 1);
         let mut large = HistoryCache::new(budget.clone());
+        assert!(!large.holds_a_short_history(), "an empty cache holds nothing");
         lend(&mut large).keep(history(vec![user(1, &"x".repeat(300))]));
         assert!(large.messages.is_empty());
+        assert!(!large.holds_a_short_history());
         assert_eq!(large.next, Seq::ZERO);
         assert_eq!(budget.used(), small.bytes);
         // Off: nothing is ever kept.

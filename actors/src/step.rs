@@ -3,6 +3,7 @@
 //! step exactly once.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use agenthost_llm as llm;
@@ -19,6 +20,7 @@ use crate::compaction::{self, threshold};
 use crate::config::Price;
 use crate::drain::{Drain, STOPPED_TOOL, mint_message_id};
 use crate::error::{Error, Result};
+use crate::history_cache::HistoryCache;
 use crate::hooks::{Purpose, StepReport, ToolReport};
 use crate::prepare::{Inputs, Prepared, prepare};
 use crate::tools::{Call, allowed};
@@ -84,15 +86,26 @@ fn spent(a: &Attempt, prepared: &Prepared) -> Vec<Event> {
 }
 
 /// The snapshot read and the request build (hooks included) are blocking work: they run on the
-/// blocking pool, not on an async worker. `ahead` are inputs the drain promoted in events it
-/// submitted and has not written yet: they join the history as the user messages those events
-/// create.
+/// blocking pool, not on an async worker, unless they are small. They are when no hook runs (a
+/// hook is code we do not know) and the session's history cache holds a short history: the read
+/// is then the row and the few newest messages, and the build copies a few kilobytes. The hop to
+/// the blocking pool costs more than that build.
+///
+/// `ahead` are inputs the drain promoted in events it submitted and has not written yet: they
+/// join the history as the user messages those events create.
 async fn build_with(
     d: &Drain,
     step: u32,
     note: Option<&'static str>,
     ahead: Vec<InboxRow>,
 ) -> Result<Prepared> {
+    let small = d.shared.hooks.is_empty()
+        && d.history
+            .as_ref()
+            .is_some_and(|cache| lock(cache).holds_a_short_history());
+    if small {
+        return build_blocking(d, step, note, ahead);
+    }
     let d = d.clone();
     tokio::task::spawn_blocking(move || build_blocking(&d, step, note, ahead))
         .await
@@ -114,10 +127,7 @@ fn build_blocking(
     let row = snap
         .session(&d.session)?
         .ok_or_else(|| Error::SessionNotFound(d.session.clone()))?;
-    let mut cache = d
-        .history
-        .as_ref()
-        .map(|c| c.lock().unwrap_or_else(|e| e.into_inner()));
+    let mut cache = d.history.as_ref().map(lock);
     let mut history = match cache.as_mut() {
         Some(cache) => cache.load(&*snap, &d.session, &row)?,
         None => history::select(
@@ -787,4 +797,8 @@ pub(crate) async fn settle_orphaned_tool(
     };
     let event = settled(message, &tool.call_id, &result, d.shared.limits.tool_output);
     d.append(vec![event]).await
+}
+
+fn lock(cache: &Arc<Mutex<HistoryCache>>) -> MutexGuard<'_, HistoryCache> {
+    cache.lock().unwrap_or_else(|e| e.into_inner())
 }
