@@ -323,7 +323,10 @@ mod tests {
         lend(&mut small).keep(history(vec![user(1, "one")]));
         assert_eq!(small.messages.len(), 1);
         let mut large = HistoryCache::new(budget.clone());
-        assert!(!large.holds_a_short_history(), "an empty cache holds nothing");
+        assert!(
+            !large.holds_a_short_history(),
+            "an empty cache holds nothing"
+        );
         lend(&mut large).keep(history(vec![user(1, &"x".repeat(300))]));
         assert!(large.messages.is_empty());
         assert!(!large.holds_a_short_history());

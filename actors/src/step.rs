@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use agenthost_llm as llm;
-use agenthost_model::history::{self, Mode};
+use agenthost_model::history::Mode;
 use agenthost_model::{
     Event, FailureKind, Finish, InboxRow, Message, MessageId, StepError, ToolPart, Usage,
 };
@@ -123,30 +123,26 @@ fn build_blocking(
     ahead: Vec<InboxRow>,
 ) -> Result<Prepared> {
     let shared = &d.shared;
+    let not_found = || Error::SessionNotFound(d.session.clone());
     let snap = shared.store.snapshot()?;
-    let row = snap
-        .session(&d.session)?
-        .ok_or_else(|| Error::SessionNotFound(d.session.clone()))?;
     let mut cache = d.history.as_ref().map(lock);
-    let mut history = match cache.as_mut() {
-        Some(cache) => cache.load(&*snap, &d.session, &row)?,
-        None => history::select(
-            &row,
-            snap.messages(&d.session, history::load_from(&row), usize::MAX)?,
-            Mode::All,
-        ),
+    let (row, mut history) = match cache.as_mut() {
+        Some(cache) => {
+            let row = snap.session(&d.session)?.ok_or_else(not_found)?;
+            let history = cache.load(&*snap, &d.session, &row)?;
+            #[cfg(debug_assertions)]
+            {
+                let (_, whole) = snap.history(&d.session, Mode::All)?.ok_or_else(not_found)?;
+                assert_eq!(
+                    history, whole,
+                    "the cached history of {} differs from the store",
+                    d.session
+                );
+            }
+            (row, history)
+        }
+        None => snap.history(&d.session, Mode::All)?.ok_or_else(not_found)?,
     };
-    #[cfg(debug_assertions)]
-    {
-        let (_, whole) = snap
-            .history(&d.session, Mode::All)?
-            .ok_or_else(|| Error::SessionNotFound(d.session.clone()))?;
-        assert_eq!(
-            history, whole,
-            "the cached history of {} differs from the store",
-            d.session
-        );
-    }
     drop(snap);
     // Their seqs are not assigned until the write; the ones given here follow the row's last
     // seq in order, which is all preparation reads of them.
