@@ -152,6 +152,9 @@ pub(crate) struct Committed {
     inputs: Recent<(SessionId, Seq), InboxRow>,
 }
 
+/// Pending inputs by session and admitted seq.
+pub(crate) type Inputs = Vec<((SessionId, Seq), InboxRow)>;
+
 /// Most sessions (and most inputs) one generation of the cache holds: the writer keeps at most
 /// twice as many.
 const CACHED_SESSIONS: usize = 65_536;
@@ -169,11 +172,7 @@ impl Default for Committed {
 impl Committed {
     /// Takes in the records a committed transaction read or wrote, and the inputs it admitted or
     /// read that were still pending at its end.
-    pub(crate) fn update(
-        &mut self,
-        records: Vec<SessionRecord>,
-        inputs: Vec<((SessionId, Seq), InboxRow)>,
-    ) {
+    pub(crate) fn update(&mut self, records: Vec<SessionRecord>, inputs: Inputs) {
         self.records.extend(
             records
                 .into_iter()
@@ -404,12 +403,10 @@ impl<'t> Tables<'t> {
     }
 
     /// Writes every row changed in this transaction to its table. Called once, after the last
-    /// operation of the batch. Returns how many rows the transaction added to the front, and
-    /// every session record it read or wrote, as it will be once committed.
-    #[allow(clippy::type_complexity)]
-    pub(crate) fn finish(
-        mut self,
-    ) -> Result<(usize, Vec<SessionRecord>, Vec<((SessionId, Seq), InboxRow)>)> {
+    /// operation of the batch. Returns how many rows the transaction added to the front, every
+    /// session record it read or wrote, as it will be once committed, and the pending inputs it
+    /// wrote or read.
+    pub(crate) fn finish(mut self) -> Result<(usize, Vec<SessionRecord>, Inputs)> {
         let mut records = Vec::with_capacity(self.session_rows.len());
         for (id, entry) in std::mem::take(&mut self.session_rows) {
             if let Some(record) = &entry.now
