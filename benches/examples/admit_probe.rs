@@ -1,7 +1,10 @@
 //! Admissions per second at N concurrent sessions, with what criterion does not show: bytes
 //! written per admission (redb's copy-on-write pages) and operations per commit.
 //!
-//! `cargo run --release -p agenthost-benches --example admit_probe -- [sessions] [per round] [minted|named] [rounds]`
+//! `cargo run --release -p agenthost-benches --example admit_probe -- [sessions] [per round] [minted|named] [rounds] [linger ms] [max batch]`
+//!
+//! A linger makes batches full even when the threads run one at a time, as under callgrind, so
+//! an instruction count sees the batch sizes of a real run.
 //!
 //! `minted` uses sortable ids as the runtime mints them; `named` uses client-chosen ids in
 //! the store bench's pattern.
@@ -24,20 +27,29 @@ fn main() {
     let minted = args.get(3).is_none_or(|s| s == "minted");
     let rt = tokio_runtime();
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = Arc::new(RedbStore::open(Config::new(dir.path().join("p.redb"))).expect("store"));
+    let mut config = Config::new(dir.path().join("p.redb"));
+    config.max_wait = std::time::Duration::from_millis(arg(5, 0) as u64);
+    config.max_batch = arg(6, config.max_batch);
+    let store = Arc::new(RedbStore::open(config).expect("store"));
     let ids: Vec<SessionId> = (0..sessions)
         .map(|i| SessionId::mint(system_clock(), entropy(i)))
         .collect();
+    // Created concurrently, so that they share commits as the admissions will.
     rt.block_on(async {
+        let mut creating = tokio::task::JoinSet::new();
         for id in &ids {
-            let new = NewSession {
-                id: id.clone(),
-                agent: "default".into(),
-                model: None,
-                title: None,
-            };
-            store.create_session(new).await.expect("created");
+            let (store, id) = (store.clone(), id.clone());
+            creating.spawn(async move {
+                let new = NewSession {
+                    id,
+                    agent: "default".into(),
+                    model: None,
+                    title: None,
+                };
+                store.create_session(new).await.expect("created");
+            });
         }
+        creating.join_all().await;
     });
     let fold_stats = |store: &RedbStore| {
         let stats = store.stats();
@@ -48,17 +60,19 @@ fn main() {
     };
     for round in 0..rounds {
         let (folds, fold_micros) = fold_stats(&store);
-        let (written, commits) = (
+        let (written, commits, commit_micros) = (
             written_bytes(),
             store.stats().commits.load(Ordering::Relaxed),
+            store.stats().commit_micros.load(Ordering::Relaxed),
         );
+        // The writer's two threads: the planner runs operations, the committer writes them.
         let writer = || {
-            thread_cpu()
-                .get("agenthost-store")
-                .copied()
-                .unwrap_or_default()
+            let cpu = thread_cpu();
+            let of = |name: &str| cpu.get(name).copied().unwrap_or_default();
+            (of("store-planner"), of("store-committer"))
         };
         let writer_cpu = writer();
+        let all_cpu = thread_cpu();
         let start = Instant::now();
         rt.block_on(async {
             let mut tasks = tokio::task::JoinSet::new();
@@ -91,12 +105,30 @@ fn main() {
         });
         let n = (sessions * per) as f64;
         let commits = store.stats().commits.load(Ordering::Relaxed) - commits;
+        let (planner, committer) = writer();
+        let per = |now: std::time::Duration, then: std::time::Duration| {
+            (now - then).as_secs_f64() * 1e6 / n
+        };
         println!(
-            "round {round}: {:.1} k admissions/s, writer CPU {:.1} µs per admission, {:.0} B written per admission, {:.0} per commit",
+            "round {round}: {:.1} k admissions/s, writer CPU {:.1} + {:.1} µs per admission (planner + committer), {:.0} B written per admission, {:.0} per commit",
             n / start.elapsed().as_secs_f64() / 1000.0,
-            (writer() - writer_cpu).as_secs_f64() * 1e6 / n,
+            per(planner, writer_cpu.0),
+            per(committer, writer_cpu.1),
             (written_bytes() - written) as f64 / n,
             n / commits as f64
+        );
+        let mut others = std::time::Duration::ZERO;
+        for (name, cpu) in thread_cpu() {
+            if !name.starts_with("store-") {
+                others += cpu - all_cpu.get(&name).copied().unwrap_or_default();
+            }
+        }
+        println!(
+            "    other threads (the admitting tasks): {:.1} µs per admission; {:.2} ms per commit in redb's commit (writes and fsync)",
+            others.as_secs_f64() * 1e6 / n,
+            (store.stats().commit_micros.load(Ordering::Relaxed) - commit_micros) as f64
+                / 1000.0
+                / commits as f64
         );
         let (folds_now, micros_now) = fold_stats(&store);
         if folds_now > folds {

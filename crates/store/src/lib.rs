@@ -45,7 +45,7 @@ pub use writer::{BUCKETS, Clock, CommitHook, Stats};
 use crate::codec::FORMAT_VERSION;
 use crate::error::storage;
 use crate::ops::{Op, Outcome};
-use crate::writer::{Request, Writer};
+use crate::writer::{Committer, Msg, Planner, Request};
 
 /// Every durable operation of agenthost, each one whole transaction (SPEC §20). redb is the
 /// embedded backend; a second backend implements this trait without touching callers.
@@ -158,11 +158,14 @@ pub fn system_clock() -> Timestamp {
 pub struct RedbStore {
     /// `None` once closed: closing releases the file, so another store can open it.
     db: std::sync::RwLock<Option<Arc<Database>>>,
-    tx: Mutex<Option<mpsc::Sender<Request>>>,
-    writer: Mutex<Option<JoinHandle<()>>>,
+    tx: Mutex<Option<mpsc::Sender<Msg>>>,
+    /// The planner's and the committer's threads.
+    writer: Mutex<Vec<JoinHandle<()>>>,
     stats: Arc<Stats>,
     prompt_limit: usize,
     path: PathBuf,
+    #[cfg(test)]
+    fail_commits: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl fmt::Debug for RedbStore {
@@ -200,28 +203,50 @@ impl RedbStore {
         let db = Arc::new(db);
         let stats = Arc::new(Stats::default());
         let (tx, rx) = mpsc::channel();
-        let writer = Writer {
+        let (plans, planned) = mpsc::channel();
+        let planner = Planner {
             db: db.clone(),
             front: writer::Front::new(config.fold_rows),
             committed: Default::default(),
+            in_flight: Default::default(),
+            epoch: 0,
             max_batch: config.max_batch.max(1),
             max_wait: config.max_wait,
             pending_limit: config.pending_limit,
             clock: config.clock,
+        };
+        #[cfg(test)]
+        let fail_commits = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let committer = Committer {
+            db: db.clone(),
             on_commit: config.on_commit,
             stats: stats.clone(),
+            #[cfg(test)]
+            fail_commits: fail_commits.clone(),
         };
-        let handle = std::thread::Builder::new()
-            .name("agenthost-store-writer".into())
-            .spawn(move || writer.run(rx))
-            .map_err(|e| Error::Storage(format!("cannot start the writer thread: {e}")))?;
+        let spawn = |name: &str, run: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(run)
+                .map_err(|e| Error::Storage(format!("cannot start the {name} thread: {e}")))
+        };
+        let committed_to = tx.clone();
+        let threads = vec![
+            spawn(
+                "store-committer",
+                Box::new(move || committer.run(planned, committed_to)),
+            )?,
+            spawn("store-planner", Box::new(move || planner.run(rx, plans)))?,
+        ];
         Ok(RedbStore {
             db: std::sync::RwLock::new(Some(db)),
             tx: Mutex::new(Some(tx)),
-            writer: Mutex::new(Some(handle)),
+            writer: Mutex::new(threads),
             stats,
             prompt_limit: config.prompt_limit,
             path: config.path,
+            #[cfg(test)]
+            fail_commits,
         })
     }
 
@@ -229,11 +254,13 @@ impl RedbStore {
     /// and releases the database file (once no snapshot holds it any more). Later writes and
     /// snapshots fail with [`Error::Closed`].
     fn close_writer(&self) {
-        drop(lock(&self.tx).take());
-        if let Some(handle) = lock(&self.writer).take()
-            && handle.join().is_err()
-        {
-            tracing::error!("store writer thread panicked");
+        if let Some(tx) = lock(&self.tx).take() {
+            let _ = tx.send(Msg::Close);
+        }
+        for handle in std::mem::take(&mut *lock(&self.writer)) {
+            if handle.join().is_err() {
+                tracing::error!("a store writer thread panicked");
+            }
         }
         drop(self.db.write().unwrap_or_else(|e| e.into_inner()).take());
     }
@@ -241,7 +268,7 @@ impl RedbStore {
     fn submit(&self, op: Op) -> BoxFuture<'static, Result<Outcome>> {
         let (reply, rx) = oneshot::channel();
         let sent = match lock(&self.tx).as_ref() {
-            Some(tx) => tx.send(Request { op, reply }).is_ok(),
+            Some(tx) => tx.send(Msg::Request(Request { op, reply })).is_ok(),
             None => false,
         };
         Box::pin(async move {
@@ -300,8 +327,9 @@ fn init(db: &Database) -> Result<()> {
         // Start with an empty front: what a previous process left there is folded now, so the
         // writer's own count of front rows starts true.
         rows::fold(&txn)?;
-        rows::prune_working(&txn, &rows::Committed::default())?;
-        rows::Tables::open(&txn, 0, &rows::Committed::default())?;
+        rows::prune_working(&txn)?;
+        // Creates every table, so that readers never meet a missing one.
+        rows::Writes::default().apply(&txn)?;
     }
     txn.commit().map_err(storage)
 }

@@ -1,15 +1,14 @@
-//! Rows inside one write transaction, in two layers over the redb tables:
+//! Rows of one batch of operations, in two layers, and the writes they come to:
 //!
-//! - [`Tables`] is the transaction's view. It implements the model's `Projection` and keeps the
-//!   rows accepted operations changed in memory, writing each changed row to redb once, when the
-//!   batch is done ([`Tables::finish`]). A session that several operations of a batch touch (a
-//!   step's start, its text and its end usually commit together) has its row and its assistant
-//!   message encoded and inserted once, not once per operation.
+//! - [`Tables`] is the batch's view. It reads through a read transaction (what is committed),
+//!   under the rows of the batch still being committed ([`Changes`]) and the writer's caches,
+//!   implements the model's `Projection`, and keeps the rows accepted operations changed in
+//!   memory. [`Tables::finish`] encodes each changed row once into [`Writes`], which the commit
+//!   thread inserts. A session that several operations of a batch touch (a step's start, its text
+//!   and its end usually commit together) has its row and its assistant message encoded and
+//!   written once, not once per operation.
 //! - [`Overlay`] is one operation's view on top of it. It buffers that operation's writes, so an
-//!   operation refused half-way leaves the shared group-commit transaction untouched.
-//!
-//! Events are the exception: each is inserted into the log when its operation is accepted, as
-//! the log is append-only and nothing ever rewrites an event.
+//!   operation refused half-way leaves the batch untouched.
 //!
 //! Events are written to the front of the log when new (see `tiers`); [`fold`] moves the front
 //! into the base. Messages, which every step reads back as history, stay in one table. Pending
@@ -22,10 +21,11 @@ use agenthost_model::{
     InboxRow, IndexEntry, InstructionState, Message, MessageId, Projection, Seq, SessionId,
     SessionRow, Stored,
 };
-use redb::{ReadableTable, Table, WriteTransaction};
+use redb::{ReadOnlyTable, ReadTransaction, ReadableTable, WriteTransaction};
 
 /// The writer's in-memory maps: seeded, so client-chosen ids cannot be crafted to collide.
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
 use crate::codec::{self, decode, encode};
 use crate::error::{Error, Result, storage};
@@ -33,15 +33,15 @@ use crate::record::{self, SessionRecord};
 use crate::tables::*;
 use crate::tiers::{self, BaseKey, Bytes, FrontKey, Tiered};
 
-/// One session-keyed table opened for writing, in its two tiers.
-struct Pair<'t> {
+/// One session-keyed table opened for reading, in its two tiers.
+struct Pair {
     what: &'static str,
-    base: Table<'t, BaseKey, Bytes>,
-    front: Table<'t, FrontKey, Bytes>,
+    base: ReadOnlyTable<BaseKey, Bytes>,
+    front: ReadOnlyTable<FrontKey, Bytes>,
 }
 
-impl<'t> Pair<'t> {
-    fn open(txn: &'t WriteTransaction, tiers: Tiered) -> Result<Self> {
+impl Pair {
+    fn open(txn: &ReadTransaction, tiers: Tiered) -> Result<Self> {
         Ok(Pair {
             what: tiers.what,
             base: txn.open_table(tiers.base).map_err(storage)?,
@@ -65,14 +65,6 @@ impl<'t> Pair<'t> {
         .map(|bytes| decode(self.what, &bytes))
         .transpose()
     }
-
-    /// Adds a run starting at `first` to front generation `generation`.
-    fn add(&mut self, generation: u64, session: &SessionId, first: Seq, run: &[u8]) -> Result<()> {
-        self.front
-            .insert((generation, session.as_str(), first.0), run)
-            .map_err(storage)?;
-        Ok(())
-    }
 }
 
 /// Most events a fold joins into one run, and most bytes past which it starts another: runs
@@ -82,8 +74,8 @@ const RUN_BYTES: usize = 16 * 1024;
 
 /// Moves the whole front of the event log into its base table, in base key order so that each
 /// base page is copied once, joining each session's runs into longer ones, and drops the
-/// emptied front table whole (it is created again, empty, when next opened). Returns how many
-/// events moved. Runs before [`Tables::open`] in the transaction.
+/// emptied front table whole (and creates it again, empty, for readers). Returns how many
+/// events moved. Runs before a batch's [`Writes`] in the transaction.
 pub(crate) fn fold(txn: &WriteTransaction) -> Result<usize> {
     let tiers = EVENT_TIERS;
     let mut runs = Vec::new();
@@ -136,15 +128,17 @@ pub(crate) fn fold(txn: &WriteTransaction) -> Result<usize> {
     if let Some(done) = joined.take() {
         put(done)?;
     }
+    txn.open_table(tiers.front).map_err(storage)?;
     Ok(moved)
 }
 
-/// What the writer keeps across transactions, as last committed: session records, so a
+/// What the writer keeps across batches, as of the last batch it planned: session records, so a
 /// session's record is read from its B-tree and decoded once, not once per batch; and the
 /// pending inputs it admitted or read, so a promotion a few commits after the admission does not
 /// read the prompt back from the log. Only the writer changes records, and an input's row never
-/// changes, so the cache is exact; the writer updates it after each commit and leaves it alone
-/// when a commit fails (nothing of that transaction took effect).
+/// changes, so the cache is exact. It runs ahead of what is durable by at most the batch being
+/// committed; when a commit fails the writer drops the whole cache (nothing of that batch, or of
+/// the one planned on top of it, took effect).
 pub(crate) struct Committed {
     records: Recent<SessionId, SessionRecord>,
     /// Rows of inputs that were pending when cached. Whether one still is comes from its
@@ -226,28 +220,31 @@ fn load(
     if let Some(record) = committed.get(id) {
         return Ok(Some(record.clone()));
     }
+    read_record(sessions, id.as_str())
+}
+
+fn read_record(
+    sessions: &impl ReadableTable<&'static str, Bytes>,
+    id: &str,
+) -> Result<Option<SessionRecord>> {
     sessions
-        .get(id.as_str())
+        .get(id)
         .map_err(storage)?
         .map(|v| decode("session record", v.value()))
         .transpose()
 }
 
 /// Takes out of the working set (`tables::WORKING`) every session that no longer holds a claim
-/// or pending input. Runs in the transactions that fold the front, and when the store opens.
-/// Returns how many were taken out.
-pub(crate) fn prune_working(txn: &WriteTransaction, committed: &Committed) -> Result<usize> {
+/// or pending input, as the transaction has its record. Runs in the transactions that fold the
+/// front, after the batch's writes, and when the store opens. Returns how many were taken out.
+pub(crate) fn prune_working(txn: &WriteTransaction) -> Result<usize> {
     let sessions = txn.open_table(SESSIONS).map_err(storage)?;
     let mut working = txn.open_table(WORKING).map_err(storage)?;
     let mut idle = Vec::new();
     for entry in working.iter().map_err(storage)? {
         let (key, _) = entry.map_err(storage)?;
-        let id = SessionId::parse(key.value()).map_err(|e| Error::Corrupt {
-            what: format!("working session {:?}", key.value()),
-            reason: e.to_string(),
-        })?;
-        if !load(committed, &sessions, &id)?.is_some_and(|r| r.working()) {
-            idle.push(id);
+        if !read_record(&sessions, key.value())?.is_some_and(|r| r.working()) {
+            idle.push(key.value().to_owned());
         }
     }
     for id in &idle {
@@ -264,48 +261,156 @@ struct SessionEntry {
     changed: bool,
 }
 
-/// Every table opened for writing in one transaction, and the rows changed so far.
+/// The rows a batch writes, encoded, for the commit thread to insert.
+#[derive(Default)]
+pub(crate) struct Writes {
+    /// Runs of events for the front: `(generation, session, first seq, run)`.
+    front: Vec<(u64, SessionId, Seq, Vec<u8>)>,
+    sessions: Vec<(SessionId, Vec<u8>)>,
+    by_created: Vec<(u64, SessionId)>,
+    working: Vec<SessionId>,
+    messages: Vec<(SessionId, Seq, Vec<u8>)>,
+    index: Vec<(MessageId, Vec<u8>)>,
+    instructions: Vec<(SessionId, Vec<u8>)>,
+}
+
+impl Writes {
+    /// Puts each table's rows in key order, so that the commit thread inserts them page after
+    /// page, as redb's B-trees lay them out.
+    fn sort(&mut self) {
+        self.front
+            .sort_unstable_by(|a, b| (a.0, a.1.as_str(), a.2).cmp(&(b.0, b.1.as_str(), b.2)));
+        self.sessions
+            .sort_unstable_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+        self.messages
+            .sort_unstable_by(|a, b| (a.0.as_str(), a.1).cmp(&(b.0.as_str(), b.1)));
+        self.index
+            .sort_unstable_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+    }
+
+    /// Inserts every row into its table. Every table is opened, so that all of them exist for
+    /// readers whatever the batch wrote.
+    pub(crate) fn apply(&self, txn: &WriteTransaction) -> Result<()> {
+        let mut front = txn.open_table(EVENTS_FRONT).map_err(storage)?;
+        for (generation, session, first, run) in &self.front {
+            front
+                .insert((*generation, session.as_str(), first.0), run.as_slice())
+                .map_err(storage)?;
+        }
+        let mut sessions = txn.open_table(SESSIONS).map_err(storage)?;
+        for (id, record) in &self.sessions {
+            sessions
+                .insert(id.as_str(), record.as_slice())
+                .map_err(storage)?;
+        }
+        let mut by_created = txn.open_table(SESSIONS_BY_CREATED).map_err(storage)?;
+        for (created, id) in &self.by_created {
+            by_created
+                .insert((*created, id.as_str()), ())
+                .map_err(storage)?;
+        }
+        let mut working = txn.open_table(WORKING).map_err(storage)?;
+        for id in &self.working {
+            working.insert(id.as_str(), ()).map_err(storage)?;
+        }
+        let mut messages = txn.open_table(MESSAGES).map_err(storage)?;
+        for (session, seq, message) in &self.messages {
+            messages
+                .insert((session.as_str(), seq.0), message.as_slice())
+                .map_err(storage)?;
+        }
+        let mut index = txn.open_table(INDEX).map_err(storage)?;
+        for (id, entry) in &self.index {
+            index
+                .insert(id.as_str(), entry.as_slice())
+                .map_err(storage)?;
+        }
+        let mut instructions = txn.open_table(INSTRUCTIONS).map_err(storage)?;
+        for (session, state) in &self.instructions {
+            instructions
+                .insert(session.as_str(), state.as_slice())
+                .map_err(storage)?;
+        }
+        txn.open_table(EVENTS).map_err(storage)?;
+        Ok(())
+    }
+}
+
+/// The rows a batch changed, decoded: what the next batch, planned while this one is being
+/// committed, reads in place of the tables. Session records and pending inputs are in the
+/// writer's cache instead.
+#[derive(Default)]
+pub(crate) struct Changes {
+    messages: HashMap<(SessionId, Seq), Message>,
+    index: HashMap<MessageId, IndexEntry>,
+    instructions: HashMap<SessionId, InstructionState>,
+    /// Sessions the batch put in the working set.
+    working: HashSet<SessionId>,
+    /// Whether the batch's commit prunes the working set, so that which sessions are in it is
+    /// not known until it is durable.
+    pub(crate) prunes: bool,
+}
+
+/// What [`Tables::finish`] hands over.
+pub(crate) struct Finished {
+    /// Rows added to the front.
+    pub(crate) front_rows: usize,
+    pub(crate) writes: Writes,
+    pub(crate) changes: Changes,
+    /// Every session record the batch read or wrote, as it will be once committed.
+    pub(crate) records: Vec<SessionRecord>,
+    /// The pending inputs the batch wrote or read.
+    pub(crate) inputs: Inputs,
+}
+
+/// The tables of one batch: read through a read transaction under the batch being committed,
+/// and the rows changed so far.
 pub(crate) struct Tables<'t> {
-    events: Pair<'t>,
-    sessions: Table<'t, &'static str, Bytes>,
-    by_created: Table<'t, (u64, &'static str), ()>,
-    messages: Table<'t, BaseKey, Bytes>,
-    index: Table<'t, &'static str, Bytes>,
-    instructions: Table<'t, &'static str, Bytes>,
-    working: Table<'t, &'static str, ()>,
+    events: Pair,
+    sessions: ReadOnlyTable<&'static str, Bytes>,
+    messages: ReadOnlyTable<BaseKey, Bytes>,
+    index: ReadOnlyTable<&'static str, Bytes>,
+    instructions: ReadOnlyTable<&'static str, Bytes>,
+    working: ReadOnlyTable<&'static str, ()>,
     /// The front's generations, oldest first; the last is the one new rows go to.
     generations: Vec<u64>,
-    /// Rows this transaction added to the front.
+    writes: Writes,
+    /// Rows this batch added to the front.
     front_rows: usize,
     committed: &'t Committed,
-    /// Session records read or written in this transaction (read ones are not rewritten).
+    /// The batches being committed, which the read transaction does not see yet, newest first.
+    in_flight: Vec<&'t Changes>,
+    /// Session records read or written in this batch (read ones are not rewritten).
     session_rows: HashMap<SessionId, SessionEntry>,
     changed_messages: HashMap<(SessionId, Seq), Message>,
-    /// Pending inputs whose event this transaction wrote or read.
+    /// Pending inputs whose event this batch wrote or read.
     inputs: HashMap<(SessionId, Seq), InboxRow>,
     changed_index: HashMap<MessageId, IndexEntry>,
     /// Index entries read from the table (`None`: absent), as an admission checks its id and the
     /// projector checks it again.
     read_index: HashMap<MessageId, Option<IndexEntry>>,
-    /// The greatest id in the index table when the transaction began. Minted ids sort by time,
-    /// so a new one is usually greater and known absent without a lookup.
+    /// The greatest id in the index table when the read transaction began. Minted ids sort by
+    /// time, so a new one is usually greater and known absent without a lookup.
     index_last: Option<String>,
     changed_instructions: HashMap<SessionId, InstructionState>,
 }
 
 impl<'t> Tables<'t> {
-    /// Opens every table; new rows go to front generation `generation`.
+    /// Opens every table for reading; new rows go to front generation `generation`. `in_flight`
+    /// are the batches being committed, newest first: `txn` must have begun after every earlier
+    /// batch was durable.
     pub(crate) fn open(
-        txn: &'t WriteTransaction,
+        txn: &ReadTransaction,
         generation: u64,
         committed: &'t Committed,
+        in_flight: Vec<&'t Changes>,
     ) -> Result<Self> {
         let events = Pair::open(txn, EVENT_TIERS)?;
         let mut generations = tiers::generations(&events.front)?;
         if generations.last() != Some(&generation) {
             generations.push(generation);
         }
-        let index: Table<'t, &'static str, Bytes> = txn.open_table(INDEX).map_err(storage)?;
+        let index: ReadOnlyTable<&'static str, Bytes> = txn.open_table(INDEX).map_err(storage)?;
         let index_last = index
             .last()
             .map_err(storage)?
@@ -313,14 +418,15 @@ impl<'t> Tables<'t> {
         Ok(Tables {
             events,
             sessions: txn.open_table(SESSIONS).map_err(storage)?,
-            by_created: txn.open_table(SESSIONS_BY_CREATED).map_err(storage)?,
             messages: txn.open_table(MESSAGES).map_err(storage)?,
             index,
             instructions: txn.open_table(INSTRUCTIONS).map_err(storage)?,
             working: txn.open_table(WORKING).map_err(storage)?,
             generations,
+            writes: Writes::default(),
             front_rows: 0,
             committed,
+            in_flight,
             session_rows: HashMap::default(),
             changed_messages: HashMap::default(),
             inputs: HashMap::default(),
@@ -396,71 +502,105 @@ impl<'t> Tables<'t> {
         let encoded: Vec<Vec<u8>> = events.iter().map(|stored| encode(*stored)).collect();
         let records: Vec<&[u8]> = encoded.iter().map(Vec::as_slice).collect();
         let newest = self.newest();
-        self.events
-            .add(newest, session, first.seq, &codec::run(&records))?;
+        self.writes
+            .front
+            .push((newest, session.clone(), first.seq, codec::run(&records)));
         self.front_rows += events.len();
         Ok(())
     }
 
-    /// Writes every row changed in this transaction to its table. Called once, after the last
-    /// operation of the batch. Returns how many rows the transaction added to the front, every
-    /// session record it read or wrote, as it will be once committed, and the pending inputs it
-    /// wrote or read.
-    pub(crate) fn finish(mut self) -> Result<(usize, Vec<SessionRecord>, Inputs)> {
+    /// Encodes every row changed in this batch. Called once, after the last operation.
+    pub(crate) fn finish(mut self) -> Result<Finished> {
         let mut records = Vec::with_capacity(self.session_rows.len());
+        let mut changes = Changes::default();
         for (id, entry) in std::mem::take(&mut self.session_rows) {
             if let Some(record) = &entry.now
                 && entry.changed
+                && self.write_session(&id, record, entry.found)?
             {
-                self.write_session(&id, record, entry.found)?;
+                changes.working.insert(id);
             }
             records.extend(entry.now);
         }
         for ((session, seq), message) in std::mem::take(&mut self.changed_messages) {
-            self.messages
-                .insert((session.as_str(), seq.0), encode(&message).as_slice())
-                .map_err(storage)?;
+            self.writes
+                .messages
+                .push((session.clone(), seq, encode(&message)));
+            changes.messages.insert((session, seq), message);
         }
         for (id, entry) in std::mem::take(&mut self.changed_index) {
-            self.index
-                .insert(id.as_str(), encode(&entry).as_slice())
-                .map_err(storage)?;
+            self.writes.index.push((id.clone(), encode(&entry)));
+            changes.index.insert(id, entry);
         }
         for (session, state) in std::mem::take(&mut self.changed_instructions) {
-            self.instructions
-                .insert(session.as_str(), encode(&state).as_slice())
-                .map_err(storage)?;
+            self.writes
+                .instructions
+                .push((session.clone(), encode(&state)));
+            changes.instructions.insert(session, state);
         }
-        let inputs = std::mem::take(&mut self.inputs).into_iter().collect();
-        Ok((self.front_rows, records, inputs))
+        let mut writes = std::mem::take(&mut self.writes);
+        writes.sort();
+        Ok(Finished {
+            front_rows: self.front_rows,
+            writes,
+            changes,
+            records,
+            inputs: std::mem::take(&mut self.inputs).into_iter().collect(),
+        })
     }
 
-    /// Writes a session record given whether the session was working when the transaction found
-    /// it (`None`: new), and puts it in the working set when its work starts.
+    /// Writes a session record given whether the session was working when the batch found it
+    /// (`None`: new), and puts it in the working set when its work starts. Returns whether it
+    /// did the latter.
     fn write_session(
         &mut self,
         id: &SessionId,
         record: &SessionRecord,
         found: Option<bool>,
-    ) -> Result<()> {
-        self.sessions
-            .insert(id.as_str(), encode(record).as_slice())
-            .map_err(storage)?;
+    ) -> Result<bool> {
+        self.writes.sessions.push((id.clone(), encode(record)));
         if found.is_none() {
-            self.by_created
-                .insert((record.row.created.0, id.as_str()), ())
-                .map_err(storage)?;
+            self.writes
+                .by_created
+                .push((record.row.created.0, id.clone()));
         }
-        // A session working when the transaction began is in the set already. One whose work
-        // starts now may still be there from an earlier turn: the set is pruned only when the
-        // front is folded, so a busy session costs a lookup here, not a write per turn.
-        if record.working()
-            && !found.unwrap_or(false)
-            && self.working.get(id.as_str()).map_err(storage)?.is_none()
-        {
-            self.working.insert(id.as_str(), ()).map_err(storage)?;
+        // A session working when the batch began is in the set already. One whose work starts
+        // now may still be there from an earlier turn: the set is pruned only when the front is
+        // folded, so a busy session costs a lookup here, not a write per turn.
+        let joins = record.working() && !found.unwrap_or(false) && !self.in_working_set(id)?;
+        if joins {
+            self.writes.working.push(id.clone());
         }
-        Ok(())
+        Ok(joins)
+    }
+
+    /// Whether the session is in the working set once the batches being committed are durable;
+    /// false when one of them prunes the set, so that the session is put in again.
+    fn in_working_set(&self, id: &SessionId) -> Result<bool> {
+        for changes in &self.in_flight {
+            if changes.working.contains(id) {
+                return Ok(true);
+            }
+            if changes.prunes {
+                return Ok(false);
+            }
+        }
+        Ok(self.working.get(id.as_str()).map_err(storage)?.is_some())
+    }
+
+    /// A row the batches being committed changed, newest first.
+    fn in_flight<'a, K, V>(
+        &'a self,
+        rows: impl Fn(&'a Changes) -> &'a HashMap<K, V>,
+        key: &K,
+    ) -> Option<&'a V>
+    where
+        K: std::hash::Hash + Eq + 'a,
+        V: 'a,
+    {
+        self.in_flight
+            .iter()
+            .find_map(|changes| rows(changes).get(key))
     }
 }
 
@@ -491,7 +631,12 @@ impl Projection for Tables<'_> {
     }
 
     fn message(&mut self, session: &SessionId, seq: Seq) -> Result<Option<Message>> {
-        if let Some(message) = self.changed_messages.get(&(session.clone(), seq)) {
+        let key = (session.clone(), seq);
+        if let Some(message) = self
+            .changed_messages
+            .get(&key)
+            .or_else(|| self.in_flight(|c| &c.messages, &key))
+        {
             return Ok(Some(message.clone()));
         }
         let value = self
@@ -556,7 +701,11 @@ impl Projection for Tables<'_> {
     }
 
     fn index(&mut self, id: &MessageId) -> Result<Option<IndexEntry>> {
-        if let Some(entry) = self.changed_index.get(id) {
+        if let Some(entry) = self
+            .changed_index
+            .get(id)
+            .or_else(|| self.in_flight(|c| &c.index, id))
+        {
             return Ok(Some(entry.clone()));
         }
         if let Some(found) = self.read_index.get(id) {
@@ -583,7 +732,11 @@ impl Projection for Tables<'_> {
     }
 
     fn instructions(&mut self, session: &SessionId) -> Result<Option<InstructionState>> {
-        if let Some(state) = self.changed_instructions.get(session) {
+        if let Some(state) = self
+            .changed_instructions
+            .get(session)
+            .or_else(|| self.in_flight(|c| &c.instructions, session))
+        {
             return Ok(Some(state.clone()));
         }
         let value = self.instructions.get(session.as_str()).map_err(storage)?;

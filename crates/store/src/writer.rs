@@ -1,28 +1,40 @@
-//! The group-commit writer (SPEC §4.4): one thread owns redb's single write transaction.
+//! The group-commit writer (SPEC §4.4): two threads, one write transaction at a time.
 //!
-//! Requests from every session queue on one channel. The thread takes the first waiting request,
-//! then everything else already queued (up to `max_batch`, optionally lingering `max_wait` for
-//! more), runs them all in one write transaction and commits once with `Durability::Immediate`.
-//! Only after that fsync does any caller hear back, so batching trades no durability: it only
-//! shares the fsync among the requests that arrived while the previous one was in flight.
+//! - The *planner* takes requests from one channel in arrival order and runs each operation
+//!   against the batch's view of the tables (`rows::Tables`): validation, the projector, and
+//!   the encoding of every row it changes. It reads through a read transaction, under the rows
+//!   of the batches still being committed, which it holds in memory.
+//! - The *committer* owns redb's write transaction: it inserts a batch's encoded rows, folds the
+//!   front of the log when due, and commits once with `Durability::Immediate`. Only after that
+//!   fsync does any caller of the batch hear back, so batching trades no durability.
 //!
-//! A std thread and a std channel, not a tokio task: the commit blocks on fsync and must never
+//! While the committer inserts batch N, the planner runs the operations of batch N+1 as they
+//! arrive. When the committer has inserted N and begins its commit (the fsync), the planner
+//! hands N+1 over, to be inserted the moment N is durable, and starts N+2: batches form from
+//! what arrives meanwhile, as with one thread, but the work of a batch is split between two
+//! cores and the committer does not wait for the planner. A batch is planned on the rows of
+//! the (at most two) batches handed over and not yet durable. If a commit fails, the batch
+//! handed over on top of it is dropped, the one being planned fails, and the planner drops its
+//! caches and starts again from what is durable.
+//!
+//! Std threads and std channels, not tokio tasks: the commit blocks on fsync and must never
 //! occupy a runtime worker.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use agenthost_model::{SessionId, Stored, Timestamp};
-use redb::{Database, Durability};
+use redb::{Database, Durability, ReadableDatabase as _};
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result, storage};
 use crate::ops::{Op, Outcome, execute};
-use crate::rows::{Committed, Overlay, Tables};
+use crate::rows::{Changes, Committed, Finished, Overlay, Tables, Writes};
 
-/// Called on the writer thread with every batch of events, in commit order, right after the
+/// Called on the commit thread with every batch of events, in commit order, right after the
 /// commit is durable and before any caller is answered.
 pub type CommitHook = Arc<dyn Fn(&[(SessionId, Stored)]) + Send + Sync>;
 
@@ -32,6 +44,28 @@ pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
 pub(crate) struct Request {
     pub(crate) op: Op,
     pub(crate) reply: oneshot::Sender<Result<Outcome>>,
+}
+
+/// What the planner receives, in one channel so that it waits on one thing.
+pub(crate) enum Msg {
+    Request(Request),
+    /// The committer wrote batch `n` into its transaction and is committing it: the next batch
+    /// may be handed over, to start once that commit returns.
+    Committing(u64),
+    /// The committer is done with batch `n`. Its rows come back to be freed where they were
+    /// made.
+    Committed(u64, Done, Writes),
+    /// The store is closing: plan and commit what is queued, then stop.
+    Close,
+}
+
+/// How the committer finished a batch.
+pub(crate) enum Done {
+    Durable,
+    /// The commit failed, for this reason.
+    Failed(String),
+    /// Not tried: it was planned on top of a batch that failed.
+    Dropped,
 }
 
 /// Batch-size buckets: 1, 2–3, 4–7, …, ≥ 2^(BUCKETS-1).
@@ -50,6 +84,9 @@ pub struct Stats {
     pub folds: AtomicU64,
     pub folded_rows: AtomicU64,
     pub fold_micros: AtomicU64,
+    /// Time the commit thread spent in redb's commit (page writes and the fsync), in
+    /// microseconds.
+    pub commit_micros: AtomicU64,
 }
 
 impl Stats {
@@ -103,109 +140,337 @@ impl Front {
     }
 }
 
-pub(crate) struct Writer {
+/// A planned batch, handed to the committer.
+pub(crate) struct Plan {
+    /// Batches are numbered from 1 in the order planned.
+    n: u64,
+    /// How many failed commits the planner had seen: a batch planned before a failure is
+    /// dropped, as it may build on the failed one.
+    epoch: u64,
+    /// Fold the front of the log in this transaction, and prune the working set.
+    fold: bool,
+    writes: Writes,
+    /// Every operation's reply, in order: an operation refused by validation is answered with
+    /// its error after the commit, like the others.
+    replies: Replies,
+    events: Vec<(SessionId, Stored)>,
+}
+
+type Replies = Vec<(oneshot::Sender<Result<Outcome>>, Result<Outcome>)>;
+
+/// Where the planner is between messages.
+#[derive(Default)]
+struct Flow {
+    /// The last batch handed over, the last the committer began to commit, and the last it is
+    /// done with.
+    handed: u64,
+    committing: u64,
+    done: u64,
+    /// No more requests will come.
+    closing: bool,
+    /// Requests received and not yet run.
+    backlog: VecDeque<Request>,
+    /// A commit failed, for this reason.
+    failed: Option<String>,
+}
+
+impl Flow {
+    /// Takes in one message; `Err` means every sender is gone.
+    fn take(&mut self, msg: std::result::Result<Msg, mpsc::RecvError>) {
+        match msg {
+            Ok(Msg::Request(request)) => self.backlog.push_back(request),
+            Ok(Msg::Committing(n)) => self.committing = self.committing.max(n),
+            Ok(Msg::Committed(n, done, writes)) => {
+                self.committing = self.committing.max(n);
+                self.done = self.done.max(n);
+                if let Done::Failed(reason) = done {
+                    self.failed = Some(reason);
+                }
+                drop(writes);
+            }
+            Ok(Msg::Close) => self.closing = true,
+            Err(mpsc::RecvError) => {
+                // The committer holds a sender while it runs: it is gone too.
+                self.closing = true;
+                if self.done < self.handed {
+                    self.stopped();
+                }
+            }
+        }
+    }
+
+    /// The committer stopped: nothing handed over will commit.
+    fn stopped(&mut self) {
+        self.committing = u64::MAX;
+        self.done = u64::MAX;
+        self.failed = Some("the store's commit thread stopped".into());
+    }
+
+    /// Takes in every message already waiting.
+    fn take_waiting(&mut self, rx: &mpsc::Receiver<Msg>) {
+        loop {
+            match rx.try_recv() {
+                Ok(msg) => self.take(Ok(msg)),
+                Err(mpsc::TryRecvError::Empty) => return,
+                Err(mpsc::TryRecvError::Disconnected) => return self.take(Err(mpsc::RecvError)),
+            }
+        }
+    }
+
+    /// The committer will take a batch handed over now as soon as it can: it is committing
+    /// every batch it was given, or has none.
+    fn ready(&self) -> bool {
+        self.committing >= self.handed
+    }
+}
+
+pub(crate) struct Planner {
     pub(crate) db: Arc<Database>,
     pub(crate) front: Front,
     pub(crate) committed: Committed,
+    /// The rows of the batches handed over and not yet durable, oldest first, by number.
+    pub(crate) in_flight: VecDeque<(u64, Changes)>,
+    /// Failed commits seen.
+    pub(crate) epoch: u64,
     pub(crate) max_batch: usize,
     pub(crate) max_wait: Duration,
     pub(crate) pending_limit: u32,
     pub(crate) clock: Clock,
-    pub(crate) on_commit: Option<CommitHook>,
-    pub(crate) stats: Arc<Stats>,
 }
 
-impl Writer {
-    /// Runs until every sender is gone, then returns: the last batch is committed first.
-    pub(crate) fn run(mut self, rx: mpsc::Receiver<Request>) {
-        while let Ok(first) = rx.recv() {
-            let mut batch = vec![first];
-            self.gather(&rx, &mut batch);
-            self.commit(batch);
+impl Planner {
+    /// Runs until the store closes (or every sender is gone): what is queued is committed first.
+    pub(crate) fn run(mut self, rx: mpsc::Receiver<Msg>, committer: mpsc::Sender<Plan>) {
+        let mut flow = Flow::default();
+        loop {
+            while flow.backlog.is_empty() && !flow.closing {
+                flow.take(rx.recv());
+                self.after_failure(&mut flow);
+            }
+            if flow.backlog.is_empty() {
+                break;
+            }
+            if !self.plan(&rx, &mut flow, &committer) {
+                return;
+            }
+        }
+        while flow.done < flow.handed {
+            flow.take(rx.recv());
         }
     }
 
-    fn gather(&self, rx: &mpsc::Receiver<Request>, batch: &mut Vec<Request>) {
-        let deadline = Instant::now() + self.max_wait;
-        while batch.len() < self.max_batch {
-            match rx.try_recv() {
-                Ok(request) => batch.push(request),
-                Err(_) if self.max_wait.is_zero() => return,
-                Err(_) => match rx.recv_timeout(deadline.saturating_duration_since(Instant::now()))
-                {
-                    Ok(request) => batch.push(request),
-                    Err(_) => return,
-                },
-            }
+    /// After a failed commit, nothing the planner holds is known to be true any more.
+    fn after_failure(&mut self, flow: &mut Flow) {
+        if flow.failed.take().is_some() {
+            self.committed = Committed::default();
+            self.in_flight.clear();
+            self.epoch += 1;
         }
     }
 
-    fn commit(&mut self, batch: Vec<Request>) {
-        let (ops, replies): (Vec<Op>, Vec<_>) = batch.into_iter().map(|r| (r.op, r.reply)).unzip();
-        let count = ops.len();
-        match self.transact(ops) {
-            Ok((results, events)) => {
-                self.stats.record(count);
-                if let (Some(hook), false) = (&self.on_commit, events.is_empty()) {
-                    hook(&events);
-                }
-                for (reply, result) in replies.into_iter().zip(results) {
-                    // A caller that stopped waiting does not undo a committed operation.
-                    let _ = reply.send(result);
-                }
-            }
-            Err(e) => {
-                self.stats.failed_commits.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(error = %e, ops = count, "store commit failed; batch rejected");
-                let message = e.to_string();
-                for reply in replies {
-                    let _ = reply.send(Err(Error::Storage(message.clone())));
-                }
-            }
-        }
-    }
-
-    /// One write transaction for the whole batch. An operation refused by validation is dropped
-    /// with its overlay and answered with its error; a storage error fails the whole batch,
-    /// because redb poisons a transaction that failed part-way.
-    #[allow(clippy::type_complexity)]
-    fn transact(
+    /// Plans the next batch and hands it over once the committer is ready for it. Returns
+    /// false when the committer is gone.
+    fn plan(
         &mut self,
-        ops: Vec<Op>,
-    ) -> Result<(Vec<Result<Outcome>>, Vec<(SessionId, Stored)>)> {
+        rx: &mpsc::Receiver<Msg>,
+        flow: &mut Flow,
+        committer: &mpsc::Sender<Plan>,
+    ) -> bool {
+        // Batches that are durable now are seen by the read transaction the plan begins with.
+        while self.in_flight.front().is_some_and(|(n, _)| *n <= flow.done) {
+            self.in_flight.pop_front();
+        }
+        let fold = self.front.rows >= self.front.fold_rows;
+        let mut replies = Replies::new();
+        let mut events = Vec::new();
+        let finished = match self.gather(rx, flow, &mut replies, &mut events) {
+            Ok(finished) => finished,
+            Err(reason) => {
+                if replies.is_empty() {
+                    // The batch could not even start: its first request takes the error, so
+                    // that the planner does not try the same thing forever.
+                    if let Some(request) = flow.backlog.pop_front() {
+                        replies.push((request.reply, Ok(Outcome::Events(Vec::new()))));
+                    }
+                }
+                fail(replies, &reason);
+                self.after_failure(flow);
+                return true;
+            }
+        };
+        let n = flow.handed + 1;
+        let plan = Plan {
+            n,
+            epoch: self.epoch,
+            fold,
+            writes: finished.writes,
+            replies,
+            events,
+        };
+        if let Err(mpsc::SendError(plan)) = committer.send(plan) {
+            fail(plan.replies, "the store's commit thread stopped");
+            return false;
+        }
+        flow.handed = n;
+        self.front.committed(fold, finished.front_rows);
+        self.committed.update(finished.records, finished.inputs);
+        let mut changes = finished.changes;
+        changes.prunes = fold;
+        self.in_flight.push_back((n, changes));
+        true
+    }
+
+    /// Runs requests as they come, up to `max_batch` operations, until the committer is ready
+    /// for another batch; then returns the batch's rows. `Err` fails the batch.
+    fn gather(
+        &self,
+        rx: &mpsc::Receiver<Msg>,
+        flow: &mut Flow,
+        replies: &mut Replies,
+        events: &mut Vec<(SessionId, Stored)>,
+    ) -> std::result::Result<Finished, String> {
+        let read = self.db.begin_read().map_err(|e| storage(e).to_string())?;
+        let in_flight: Vec<&Changes> = self.in_flight.iter().rev().map(|(_, c)| c).collect();
+        let mut tables = Tables::open(&read, self.front.generation, &self.committed, in_flight)
+            .map_err(|e| e.to_string())?;
         let now = (self.clock)();
+        let mut deadline: Option<Instant> = None;
+        loop {
+            flow.take_waiting(rx);
+            if let Some(reason) = &flow.failed {
+                // Planned on top of a batch that did not commit.
+                return Err(reason.clone());
+            }
+            let room = replies.len() < self.max_batch;
+            // The committer is ready: hand the batch over now, unless told to linger for more.
+            let ready = flow.ready() && !replies.is_empty();
+            let linger = ready && room && !flow.closing && !self.max_wait.is_zero();
+            if ready && !linger {
+                return tables.finish().map_err(|e| e.to_string());
+            }
+            if room && let Some(request) = flow.backlog.pop_front() {
+                let mut overlay = Overlay::new(&mut tables);
+                let result = execute(&mut overlay, request.op, now, self.pending_limit).and_then(
+                    |outcome| {
+                        events.extend(overlay.flush()?);
+                        Ok(outcome)
+                    },
+                );
+                if let Err(Error::Storage(reason)) = &result {
+                    // redb failed a read: the batch cannot be trusted as a whole.
+                    let reason = reason.clone();
+                    replies.push((request.reply, result));
+                    return Err(reason);
+                }
+                replies.push((request.reply, result));
+                continue;
+            }
+            if linger {
+                let until = *deadline.get_or_insert_with(|| Instant::now() + self.max_wait);
+                match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                    Ok(msg) => flow.take(Ok(msg)),
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        return tables.finish().map_err(|e| e.to_string());
+                    }
+                    Err(mpsc::RecvTimeoutError::Disconnected) => flow.take(Err(mpsc::RecvError)),
+                }
+                continue;
+            }
+            // Nothing to run until a request comes or the committer moves on.
+            flow.take(rx.recv());
+        }
+    }
+}
+
+/// Answers every operation of a batch that will not commit.
+fn fail(replies: Replies, reason: &str) {
+    tracing::error!(error = %reason, ops = replies.len(), "store batch rejected");
+    for (reply, _) in replies {
+        let _ = reply.send(Err(Error::Storage(reason.to_owned())));
+    }
+}
+
+pub(crate) struct Committer {
+    pub(crate) db: Arc<Database>,
+    pub(crate) on_commit: Option<CommitHook>,
+    pub(crate) stats: Arc<Stats>,
+    /// Tests: how many of the next commits to fail, at the last moment (after the next batch
+    /// may have been handed over).
+    #[cfg(test)]
+    pub(crate) fail_commits: Arc<AtomicU64>,
+}
+
+impl Committer {
+    /// Commits each batch in the order planned, until the planner is gone.
+    pub(crate) fn run(self, plans: mpsc::Receiver<Plan>, planner: mpsc::Sender<Msg>) {
+        let planner = Stopping(planner);
+        let planner = &planner.0;
+        // Batches planned before the planner saw the last failure are dropped.
+        let mut live_epoch = 0;
+        let mut last_failure = String::new();
+        while let Ok(plan) = plans.recv() {
+            let Plan {
+                n,
+                epoch,
+                fold,
+                writes,
+                replies,
+                events,
+            } = plan;
+            if epoch < live_epoch {
+                let _ = planner.send(Msg::Committed(n, Done::Dropped, writes));
+                fail(replies, &last_failure);
+                continue;
+            }
+            let count = replies.len();
+            match self.commit(n, fold, &writes, planner) {
+                Ok(()) => {
+                    let _ = planner.send(Msg::Committed(n, Done::Durable, writes));
+                    self.stats.record(count);
+                    if let (Some(hook), false) = (&self.on_commit, events.is_empty()) {
+                        hook(&events);
+                    }
+                    for (reply, result) in replies {
+                        // A caller that stopped waiting does not undo a committed operation.
+                        let _ = reply.send(result);
+                    }
+                }
+                Err(e) => {
+                    self.stats.failed_commits.fetch_add(1, Ordering::Relaxed);
+                    live_epoch = epoch + 1;
+                    last_failure = e.to_string();
+                    let _ = planner.send(Msg::Committed(
+                        n,
+                        Done::Failed(last_failure.clone()),
+                        writes,
+                    ));
+                    fail(replies, &last_failure);
+                }
+            }
+        }
+    }
+
+    /// One write transaction for the whole batch. A storage error fails the whole batch,
+    /// because redb poisons a transaction that failed part-way.
+    fn commit(
+        &self,
+        n: u64,
+        fold: bool,
+        writes: &Writes,
+        planner: &mpsc::Sender<Msg>,
+    ) -> Result<()> {
         let mut txn = self.db.begin_write().map_err(storage)?;
         txn.set_durability(Durability::Immediate).map_err(storage)?;
-        let mut results = Vec::with_capacity(ops.len());
-        let mut events = Vec::new();
-        let fold = self.front.rows >= self.front.fold_rows;
         let mut folded = None;
         if fold {
             let start = Instant::now();
             let rows = crate::rows::fold(&txn)?;
-            crate::rows::prune_working(&txn, &self.committed)?;
             folded = Some((rows, start.elapsed()));
         }
-        let (added, rows, inputs);
-        {
-            let mut tables = Tables::open(&txn, self.front.generation, &self.committed)?;
-            for op in ops {
-                let mut overlay = Overlay::new(&mut tables);
-                match execute(&mut overlay, op, now, self.pending_limit) {
-                    Ok(outcome) => {
-                        events.extend(overlay.flush()?);
-                        results.push(Ok(outcome));
-                    }
-                    Err(e @ Error::Storage(_)) => return Err(e),
-                    Err(e) => results.push(Err(e)),
-                }
-            }
-            (added, rows, inputs) = tables.finish()?;
-        }
-        txn.commit().map_err(storage)?;
-        self.front.committed(fold, added);
-        self.committed.update(rows, inputs);
+        writes.apply(&txn)?;
         if let Some((rows, took)) = folded {
+            // After the batch's rows: a session whose work the batch started stays in the set.
+            crate::rows::prune_working(&txn)?;
             self.stats.folds.fetch_add(1, Ordering::Relaxed);
             self.stats
                 .folded_rows
@@ -214,6 +479,37 @@ impl Writer {
                 .fold_micros
                 .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
         }
-        Ok((results, events))
+        // The planner may hand over the next batch while this one syncs.
+        let _ = planner.send(Msg::Committing(n));
+        #[cfg(test)]
+        if self
+            .fail_commits
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(Error::Storage("injected commit failure".into()));
+        }
+        let start = Instant::now();
+        txn.commit().map_err(storage)?;
+        self.stats
+            .commit_micros
+            .fetch_add(start.elapsed().as_micros() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Tells the planner that the committer stopped if it panics, so that the batch it held is
+/// answered and the planner stops handing over more.
+struct Stopping(mpsc::Sender<Msg>);
+
+impl Drop for Stopping {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = self.0.send(Msg::Committed(
+                u64::MAX,
+                Done::Failed("the store's commit thread panicked".into()),
+                Writes::default(),
+            ));
+        }
     }
 }

@@ -4,6 +4,7 @@
 mod admission;
 mod crash;
 mod golden;
+mod pipeline;
 mod projection;
 
 use std::sync::Arc;

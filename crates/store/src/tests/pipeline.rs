@@ -1,0 +1,96 @@
+//! The writer's two threads: a batch is planned on the rows of the one being committed, so a
+//! failed commit must take down the batch planned on it, and the planner must start over from
+//! what is durable.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use agenthost_model::{IndexEntry, MessageId, SessionId};
+
+use super::*;
+use crate::{Error, Receipt, Result};
+
+type Answer = (SessionId, MessageId, Result<Receipt>);
+
+/// Admits `each` prompts to every session at once, and returns every answer.
+async fn admit_all(
+    store: &Arc<RedbStore>,
+    sessions: &[SessionId],
+    each: usize,
+    tag: &str,
+) -> Vec<Answer> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, s) in sessions.iter().enumerate() {
+        for j in 0..each {
+            let (store, s) = (store.clone(), s.clone());
+            let id = mid(&format!("{tag}{i}x{j}"));
+            tasks.spawn(async move {
+                let result = store.admit(admission(&s, &id, "hello")).await;
+                (s, id, result)
+            });
+        }
+    }
+    tasks.join_all().await
+}
+
+/// Every answer is true: an admitted input is indexed at the seq its receipt names, and a
+/// refused one left no trace.
+fn assert_answers_hold(store: &RedbStore, answers: &[Answer]) {
+    let snap = store.snapshot().expect("snapshot");
+    for (s, id, result) in answers {
+        let entry = snap.index(id).expect("index read");
+        match result {
+            Ok(receipt) => assert_eq!(
+                entry,
+                Some(IndexEntry::Prompt {
+                    session: s.clone(),
+                    admitted_seq: receipt.admitted_seq,
+                    promoted_seq: None,
+                }),
+                "{id} was admitted"
+            ),
+            Err(e) => {
+                assert!(matches!(e, Error::Storage(_)), "{id}: {e}");
+                assert_eq!(entry, None, "{id} failed and wrote nothing");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_commit_fails_its_batch_and_the_planner_starts_over() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Arc::new(open(dir.path()));
+    let sessions: Vec<SessionId> = (0..8).map(|i| sid(&format!("p{i}"))).collect();
+    for s in &sessions {
+        store.create_session(new_session(s)).await.expect("created");
+    }
+    let before = admit_all(&store, &sessions, 20, "a").await;
+    assert!(before.iter().all(|(_, _, r)| r.is_ok()));
+
+    store.fail_commits.store(1, Ordering::SeqCst);
+    let during = admit_all(&store, &sessions, 20, "b").await;
+    assert_eq!(store.stats().failed_commits.load(Ordering::Relaxed), 1);
+    assert!(
+        during.iter().any(|(_, _, r)| r.is_err()),
+        "the failed commit's batch is refused"
+    );
+    assert_answers_hold(&store, &before);
+    assert_answers_hold(&store, &during);
+    // Seqs stay gap-free: nothing was planned on seqs the failed batch had taken.
+    assert_replay_equal(&*store);
+
+    let after = admit_all(&store, &sessions, 5, "c").await;
+    assert!(after.iter().all(|(_, _, r)| r.is_ok()));
+    assert_answers_hold(&store, &after);
+    assert_replay_equal(&*store);
+
+    let kept = contents(&*store);
+    store.close();
+    let reopened = open(dir.path());
+    assert_eq!(
+        contents(&reopened),
+        kept,
+        "what was answered is what is durable"
+    );
+}
