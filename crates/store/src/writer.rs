@@ -158,6 +158,10 @@ pub(crate) struct Plan {
 
 type Replies = Vec<(oneshot::Sender<Result<Outcome>>, Result<Outcome>)>;
 
+/// Batches of at least this many operations are handed over while the batch before them syncs
+/// (see [`Flow::ready`]).
+const EARLY_HANDOVER: usize = 64;
+
 /// Where the planner is between messages.
 #[derive(Default)]
 struct Flow {
@@ -217,10 +221,16 @@ impl Flow {
         }
     }
 
-    /// The committer will take a batch handed over now as soon as it can: it is committing
-    /// every batch it was given, or has none.
-    fn ready(&self) -> bool {
-        self.committing >= self.handed
+    /// Whether to hand over a batch of `ops` operations now. A large batch goes as soon as the
+    /// committer is syncing every batch it was given, so that it does not wait while the planner
+    /// encodes this one; a small one waits until the committer is done, gathering what arrives
+    /// during the fsync, as a small batch costs little to finish but a commit costs an fsync.
+    fn ready(&self, ops: usize) -> bool {
+        match ops {
+            0 => false,
+            ops if ops >= EARLY_HANDOVER => self.committing >= self.handed,
+            _ => self.done >= self.handed,
+        }
     }
 }
 
@@ -343,7 +353,7 @@ impl Planner {
             }
             let room = replies.len() < self.max_batch;
             // The committer is ready: hand the batch over now, unless told to linger for more.
-            let ready = flow.ready() && !replies.is_empty();
+            let ready = flow.ready(replies.len());
             let linger = ready && room && !flow.closing && !self.max_wait.is_zero();
             if ready && !linger {
                 return tables.finish().map_err(|e| e.to_string());
