@@ -145,7 +145,7 @@ impl Runtime {
         let commits = bus.clone();
         store_config.on_commit = Some(Arc::new(move |events| {
             for (session, stored) in events {
-                // The commit hook runs on the store's writer thread: copy an event only for
+                // The commit hook runs on the store's committer thread: copy an event only for
                 // a listener.
                 if commits.listening(session) {
                     commits.publish(session, Live::Event(stored.clone()));

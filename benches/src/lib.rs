@@ -63,7 +63,7 @@ pub fn process_cpu() -> std::time::Duration {
     stat_cpu(&std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat"))
 }
 
-/// CPU time per thread name (threads of one name summed), to tell the store's writer thread
+/// CPU time per thread name (threads of one name summed), to tell the store's writer threads
 /// from the async workers.
 pub fn thread_cpu() -> std::collections::BTreeMap<String, std::time::Duration> {
     let mut out = std::collections::BTreeMap::new();

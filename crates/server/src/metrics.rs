@@ -141,7 +141,7 @@ pub(crate) async fn render(State(shared): State<Arc<Shared>>) -> Response {
     );
     out.counter(
         "agenthost_store_folds_total",
-        "Folds of the front of the event log and inbox into the per-session tables.",
+        "Folds of the front of the event log into the per-session tables.",
         stats.folds.load(Ordering::Relaxed),
     );
     out.counter(
@@ -153,6 +153,11 @@ pub(crate) async fn render(State(shared): State<Arc<Shared>>) -> Response {
         "agenthost_store_fold_seconds_total",
         "Time folds took inside their transactions.",
         stats.fold_micros.load(Ordering::Relaxed) as f64 / 1e6,
+    );
+    out.counter_f64(
+        "agenthost_store_commit_seconds_total",
+        "Time spent in redb's commit: page writes and the fsync.",
+        stats.commit_micros.load(Ordering::Relaxed) as f64 / 1e6,
     );
     // Bucket i holds batches of 2^i ..= 2^(i+1)-1 operations; the last is open-ended.
     let counts: Vec<u64> = stats

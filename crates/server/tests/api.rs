@@ -165,6 +165,7 @@ async fn health_metrics_and_unknown_routes() {
         "agenthost_store_commits_total ",
         "agenthost_store_commit_batch_size_bucket{le=\"1\"}",
         "agenthost_store_folds_total ",
+        "agenthost_store_commit_seconds_total ",
         "agenthost_store_fold_seconds_total ",
         "agenthost_drains_total ",
         "agenthost_steps_total ",

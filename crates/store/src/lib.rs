@@ -7,7 +7,7 @@
 //! are applied through `agenthost_model::apply`, the same projector replay uses.
 //!
 //! It must not decide execution (that is the actors' job) and must not hold a write transaction
-//! outside the writer thread.
+//! outside the writer's committer thread.
 //!
 //! Main types: [`Store`], [`RedbStore`], [`Config`], [`Snapshot`], [`Action`], [`Admission`], [`Receipt`],
 //! [`NewSession`], [`Error`].

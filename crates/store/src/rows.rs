@@ -1,7 +1,7 @@
 //! Rows of one batch of operations, in two layers, and the writes they come to:
 //!
 //! - [`Tables`] is the batch's view. It reads through a read transaction (what is committed),
-//!   under the rows of the batch still being committed ([`Changes`]) and the writer's caches,
+//!   under the rows of the batches still being committed ([`Changes`]) and the writer's caches,
 //!   implements the model's `Projection`, and keeps the rows accepted operations changed in
 //!   memory. [`Tables::finish`] encodes each changed row once into [`Writes`], which the commit
 //!   thread inserts. A session that several operations of a batch touch (a step's start, its text

@@ -500,7 +500,7 @@ async fn retries_give_up_after_four() {
 }
 
 // Real time: interrupt waits for durable cleanup, and a paused clock would jump its timeout
-// while the store's writer thread works.
+// while the store's writer threads work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupt_during_backoff_stops_further_attempts() {
     let limited = || Script::new().error(agenthost_llm::Error::rate_limit(None));
