@@ -86,6 +86,54 @@ pub(crate) fn run(records: &[&[u8]]) -> Vec<u8> {
     out
 }
 
+/// Builds the value [`run`] makes, one record at a time, in a buffer that is reused from run to
+/// run.
+#[derive(Default)]
+pub(crate) struct RunBuilder {
+    buf: Vec<u8>,
+    count: u32,
+}
+
+/// Bytes before the first record's length in a framed run: the marker and the count.
+const RUN_HEADER: usize = 6;
+
+impl RunBuilder {
+    pub(crate) fn push(&mut self, record: &[u8]) {
+        if self.count == 0 {
+            self.buf.clear();
+            self.buf.extend_from_slice(&RUN.to_le_bytes());
+            self.buf.extend_from_slice(&0u32.to_le_bytes());
+        }
+        self.buf
+            .extend_from_slice(&(record.len() as u32).to_le_bytes());
+        self.buf.extend_from_slice(record);
+        self.count += 1;
+    }
+
+    /// Records pushed since the last [`RunBuilder::finish`].
+    pub(crate) fn count(&self) -> usize {
+        self.count as usize
+    }
+
+    /// Bytes of the records pushed since the last [`RunBuilder::finish`].
+    pub(crate) fn bytes(&self) -> usize {
+        self.buf.len().saturating_sub(RUN_HEADER) - 4 * self.count as usize
+    }
+
+    /// The value, equal to [`run`] of the records pushed; the next push starts a new run.
+    pub(crate) fn finish(&mut self) -> &[u8] {
+        let count = std::mem::take(&mut self.count);
+        match count {
+            0 => &[],
+            1 => &self.buf[RUN_HEADER + 4..],
+            _ => {
+                self.buf[2..RUN_HEADER].copy_from_slice(&count.to_le_bytes());
+                &self.buf
+            }
+        }
+    }
+}
+
 /// The records of a value written by [`run`], in order.
 pub(crate) fn records<'a>(what: &str, bytes: &'a [u8]) -> Result<Vec<&'a [u8]>> {
     let corrupt = |reason: &str| Error::Corrupt {
@@ -175,6 +223,18 @@ mod tests {
                 matches!(records("run", &framed[..cut]), Err(Error::Corrupt { .. })),
                 "cut at {cut}"
             );
+        }
+        let mut builder = RunBuilder::default();
+        for records in [&[&a[..], &b[..]][..], &[&a[..]], &[&b[..], &a[..], &b[..]]] {
+            for record in records {
+                builder.push(record);
+            }
+            assert_eq!(builder.count(), records.len());
+            assert_eq!(
+                builder.bytes(),
+                records.iter().map(|r| r.len()).sum::<usize>()
+            );
+            assert_eq!(builder.finish(), run(records), "built as run() frames it");
         }
         let mut long = framed;
         long.push(7);
