@@ -226,6 +226,16 @@ impl Committed {
     fn get(&self, id: &SessionId) -> Option<&SessionRecord> {
         self.records.get(id)
     }
+
+    /// Takes in what a batch read and wrote, once it is handed over.
+    pub(crate) fn take(&mut self, cached: Cached) {
+        let records = cached
+            .sessions
+            .into_values()
+            .filter_map(|e| e.now)
+            .collect();
+        self.update(records, cached.inputs.into_iter().collect());
+    }
 }
 
 /// Two generations make an approximate LRU at the cost of a second lookup: entries go to
@@ -303,44 +313,37 @@ pub(crate) fn prune_working(txn: &WriteTransaction) -> Result<usize> {
 
 /// A session's record as it is now in the transaction, and whether the session was working
 /// when the transaction found it (`None`: it did not exist).
-struct SessionEntry {
+pub(crate) struct SessionEntry {
     found: Option<bool>,
     now: Option<SessionRecord>,
-    changed: bool,
+    /// Changed by an operation whose rows are not encoded yet.
+    dirty: bool,
+    /// Listed in `sessions_by_created`, or put in the working set, by this batch already.
+    listed: bool,
+    joined: bool,
 }
 
-/// The rows a batch writes, encoded, for the commit thread to insert.
+/// The rows a batch writes, encoded, for the commit thread to insert. Ordered maps, so that the
+/// committer inserts each table's rows in key order, page after page as redb lays them out, and
+/// a row an operation changes again replaces its earlier encoding.
 #[derive(Default)]
 pub(crate) struct Writes {
-    /// Runs of events for the front: `(generation, session, first seq, run)`.
-    front: Vec<(u64, SessionId, Seq, Vec<u8>)>,
-    sessions: Vec<(SessionId, Vec<u8>)>,
+    /// Runs of events for the front: `(generation, session, first seq)` → run.
+    front: BTreeMap<(u64, SessionId, Seq), Vec<u8>>,
+    sessions: BTreeMap<SessionId, Vec<u8>>,
     by_created: Vec<(u64, SessionId)>,
     working: Vec<SessionId>,
-    messages: Vec<(SessionId, Seq, Vec<u8>)>,
-    index: Vec<(MessageId, Vec<u8>)>,
-    instructions: Vec<(SessionId, Vec<u8>)>,
+    messages: BTreeMap<(SessionId, Seq), Vec<u8>>,
+    index: BTreeMap<MessageId, Vec<u8>>,
+    instructions: BTreeMap<SessionId, Vec<u8>>,
 }
 
 impl Writes {
-    /// Puts each table's rows in key order, so that the commit thread inserts them page after
-    /// page, as redb's B-trees lay them out.
-    fn sort(&mut self) {
-        self.front
-            .sort_unstable_by(|a, b| (a.0, a.1.as_str(), a.2).cmp(&(b.0, b.1.as_str(), b.2)));
-        self.sessions
-            .sort_unstable_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
-        self.messages
-            .sort_unstable_by(|a, b| (a.0.as_str(), a.1).cmp(&(b.0.as_str(), b.1)));
-        self.index
-            .sort_unstable_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
-    }
-
     /// Inserts every row into its table. Every table is opened, so that all of them exist for
     /// readers whatever the batch wrote.
     pub(crate) fn apply(&self, txn: &WriteTransaction) -> Result<()> {
         let mut front = txn.open_table(EVENTS_FRONT).map_err(storage)?;
-        for (generation, session, first, run) in &self.front {
+        for ((generation, session, first), run) in &self.front {
             front
                 .insert((*generation, session.as_str(), first.0), run.as_slice())
                 .map_err(storage)?;
@@ -362,7 +365,7 @@ impl Writes {
             working.insert(id.as_str(), ()).map_err(storage)?;
         }
         let mut messages = txn.open_table(MESSAGES).map_err(storage)?;
-        for (session, seq, message) in &self.messages {
+        for ((session, seq), message) in &self.messages {
             messages
                 .insert((session.as_str(), seq.0), message.as_slice())
                 .map_err(storage)?;
@@ -405,10 +408,15 @@ pub(crate) struct Finished {
     pub(crate) front_rows: usize,
     pub(crate) writes: Writes,
     pub(crate) changes: Changes,
-    /// Every session record the batch read or wrote, as it will be once committed.
-    pub(crate) records: Vec<SessionRecord>,
-    /// The pending inputs the batch wrote or read.
-    pub(crate) inputs: Inputs,
+    /// The batch's work for the writer's caches, once the batch is handed over.
+    pub(crate) cached: Cached,
+}
+
+/// Every session record the batch read or wrote, as it will be once committed, and the pending
+/// inputs it wrote or read.
+pub(crate) struct Cached {
+    sessions: HashMap<SessionId, SessionEntry>,
+    inputs: HashMap<(SessionId, Seq), InboxRow>,
 }
 
 /// The tables of one batch: read through a read transaction under the batch being committed,
@@ -430,6 +438,13 @@ pub(crate) struct Tables<'t> {
     in_flight: Vec<&'t Changes>,
     /// Session records read or written in this batch (read ones are not rewritten).
     session_rows: HashMap<SessionId, SessionEntry>,
+    /// Rows changed by the current operation, encoded into `writes` when it is flushed.
+    dirty_sessions: Vec<SessionId>,
+    dirty_messages: Vec<(SessionId, Seq)>,
+    dirty_index: Vec<MessageId>,
+    dirty_instructions: Vec<SessionId>,
+    /// Sessions this batch put in the working set.
+    joined: HashSet<SessionId>,
     changed_messages: HashMap<(SessionId, Seq), Message>,
     /// Pending inputs whose event this batch wrote or read.
     inputs: HashMap<(SessionId, Seq), InboxRow>,
@@ -476,6 +491,11 @@ impl<'t> Tables<'t> {
             committed,
             in_flight,
             session_rows: HashMap::default(),
+            dirty_sessions: Vec::new(),
+            dirty_messages: Vec::new(),
+            dirty_index: Vec::new(),
+            dirty_instructions: Vec::new(),
+            joined: HashSet::default(),
             changed_messages: HashMap::default(),
             inputs: HashMap::default(),
             changed_index: HashMap::default(),
@@ -492,7 +512,9 @@ impl<'t> Tables<'t> {
             let entry = SessionEntry {
                 found: found.as_ref().map(SessionRecord::working),
                 now: found,
-                changed: false,
+                dirty: false,
+                listed: false,
+                joined: false,
             };
             self.session_rows.insert(id.clone(), entry);
         }
@@ -552,62 +574,84 @@ impl<'t> Tables<'t> {
         let newest = self.newest();
         self.writes
             .front
-            .push((newest, session.clone(), first.seq, codec::run(&records)));
+            .insert((newest, session.clone(), first.seq), codec::run(&records));
         self.front_rows += events.len();
         Ok(())
     }
 
-    /// Encodes every row changed in this batch. Called once, after the last operation.
-    pub(crate) fn finish(mut self) -> Result<Finished> {
-        let mut records = Vec::with_capacity(self.session_rows.len());
-        let mut changes = Changes::default();
-        for (id, entry) in std::mem::take(&mut self.session_rows) {
-            if let Some(record) = &entry.now
-                && entry.changed
-                && self.write_session(&id, record, entry.found)?
-            {
-                changes.working.insert(id);
-            }
-            records.extend(entry.now);
+    /// Marks a session's record changed by the current operation.
+    fn touch(&mut self, id: &SessionId) -> Result<&mut SessionEntry> {
+        let entry = self.entry(id)?;
+        let first = !entry.dirty;
+        entry.dirty = true;
+        if first {
+            self.dirty_sessions.push(id.clone());
         }
-        for ((session, seq), message) in std::mem::take(&mut self.changed_messages) {
-            self.writes
-                .messages
-                .push((session.clone(), seq, encode(&message)));
-            changes.messages.insert((session, seq), message);
-        }
-        for (id, entry) in std::mem::take(&mut self.changed_index) {
-            self.writes.index.push((id.clone(), encode(&entry)));
-            changes.index.insert(id, entry);
-        }
-        for (session, state) in std::mem::take(&mut self.changed_instructions) {
-            self.writes
-                .instructions
-                .push((session.clone(), encode(&state)));
-            changes.instructions.insert(session, state);
-        }
-        let mut writes = std::mem::take(&mut self.writes);
-        writes.sort();
-        Ok(Finished {
-            front_rows: self.front_rows,
-            writes,
-            changes,
-            records,
-            inputs: std::mem::take(&mut self.inputs).into_iter().collect(),
-        })
+        Ok(self
+            .session_rows
+            .get_mut(id)
+            .expect("invariant: the entry was just read"))
     }
 
-    /// Writes a session record given whether the session was working when the batch found it
-    /// (`None`: new), and puts it in the working set when its work starts. Returns whether it
-    /// did the latter.
-    fn write_session(
-        &mut self,
-        id: &SessionId,
-        record: &SessionRecord,
-        found: Option<bool>,
-    ) -> Result<bool> {
-        self.writes.sessions.push((id.clone(), encode(record)));
-        if found.is_none() {
+    /// Encodes the rows the operation just flushed changed, so that handing the batch over
+    /// costs no encoding.
+    fn encode_changed(&mut self) -> Result<()> {
+        for id in std::mem::take(&mut self.dirty_sessions) {
+            self.write_session(id)?;
+        }
+        for key in std::mem::take(&mut self.dirty_messages) {
+            if let Some(message) = self.changed_messages.get(&key) {
+                self.writes.messages.insert(key, encode(message));
+            }
+        }
+        for id in std::mem::take(&mut self.dirty_index) {
+            if let Some(entry) = self.changed_index.get(&id) {
+                self.writes.index.insert(id, encode(entry));
+            }
+        }
+        for session in std::mem::take(&mut self.dirty_instructions) {
+            if let Some(state) = self.changed_instructions.get(&session) {
+                self.writes.instructions.insert(session, encode(state));
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands the batch over: its encoded rows, its changed rows for the next batch to read, and
+    /// what the caches take. Called once, after the last operation.
+    pub(crate) fn finish(mut self) -> Finished {
+        Finished {
+            front_rows: self.front_rows,
+            writes: std::mem::take(&mut self.writes),
+            changes: Changes {
+                messages: std::mem::take(&mut self.changed_messages),
+                index: std::mem::take(&mut self.changed_index),
+                instructions: std::mem::take(&mut self.changed_instructions),
+                working: std::mem::take(&mut self.joined),
+                prunes: false,
+            },
+            cached: Cached {
+                sessions: std::mem::take(&mut self.session_rows),
+                inputs: std::mem::take(&mut self.inputs),
+            },
+        }
+    }
+
+    /// Encodes a session's record, lists a new session by creation time, and puts the session
+    /// in the working set when its work starts: when it was not working as the batch found it
+    /// and the set does not hold it already. (A later operation of the batch may leave it idle
+    /// again; the next fold prunes it then.)
+    fn write_session(&mut self, id: SessionId) -> Result<()> {
+        let Some(entry) = self.session_rows.get_mut(&id) else {
+            return Ok(());
+        };
+        entry.dirty = false;
+        let Some(record) = &entry.now else {
+            return Ok(());
+        };
+        self.writes.sessions.insert(id.clone(), encode(record));
+        if entry.found.is_none() && !entry.listed {
+            entry.listed = true;
             self.writes
                 .by_created
                 .push((record.row.created.0, id.clone()));
@@ -615,11 +659,15 @@ impl<'t> Tables<'t> {
         // A session working when the batch began is in the set already. One whose work starts
         // now may still be there from an earlier turn: the set is pruned only when the front is
         // folded, so a busy session costs a lookup here, not a write per turn.
-        let joins = record.working() && !found.unwrap_or(false) && !self.in_working_set(id)?;
-        if joins {
-            self.writes.working.push(id.clone());
+        let starts = record.working() && !entry.found.unwrap_or(false) && !entry.joined;
+        if starts {
+            entry.joined = true;
+            if !self.in_working_set(&id)? {
+                self.writes.working.push(id.clone());
+                self.joined.insert(id);
+            }
         }
-        Ok(joins)
+        Ok(())
     }
 
     /// Whether the session is in the working set once the batches being committed are durable;
@@ -664,7 +712,7 @@ impl Projection for Tables<'_> {
     }
 
     fn put_session(&mut self, row: SessionRow) -> Result<()> {
-        let entry = self.entry(&row.id)?;
+        let entry = self.touch(&row.id)?;
         match &mut entry.now {
             Some(record) => record.row = row,
             None => {
@@ -674,7 +722,6 @@ impl Projection for Tables<'_> {
                 })
             }
         }
-        entry.changed = true;
         Ok(())
     }
 
@@ -695,8 +742,12 @@ impl Projection for Tables<'_> {
     }
 
     fn put_message(&mut self, session: &SessionId, message: Message) -> Result<()> {
-        self.changed_messages
-            .insert((session.clone(), message.seq()), message);
+        let key = (session.clone(), message.seq());
+        // An operation changes a handful of rows: a scan is the cheap check.
+        if !self.dirty_messages.contains(&key) {
+            self.dirty_messages.push(key.clone());
+        }
+        self.changed_messages.insert(key, message);
         Ok(())
     }
 
@@ -729,21 +780,21 @@ impl Projection for Tables<'_> {
     }
 
     fn put_inbox(&mut self, session: &SessionId, row: InboxRow) -> Result<()> {
-        let entry = self.inbox_of(session)?;
+        self.inbox_of(session)?;
+        let entry = self.touch(session)?;
         if let Some(record) = &mut entry.now {
             record.inbox.add(row.admitted_seq);
         }
-        entry.changed = true;
         self.inputs.insert((session.clone(), row.admitted_seq), row);
         Ok(())
     }
 
     fn remove_inbox(&mut self, session: &SessionId, seq: Seq) -> Result<()> {
-        let entry = self.inbox_of(session)?;
+        self.inbox_of(session)?;
+        let entry = self.touch(session)?;
         if let Some(record) = &mut entry.now {
             record.inbox.remove(seq);
         }
-        entry.changed = true;
         self.inputs.remove(&(session.clone(), seq));
         Ok(())
     }
@@ -776,6 +827,7 @@ impl Projection for Tables<'_> {
 
     fn put_index(&mut self, id: &MessageId, entry: IndexEntry) -> Result<()> {
         self.changed_index.insert(id.clone(), entry);
+        self.dirty_index.push(id.clone());
         Ok(())
     }
 
@@ -795,6 +847,7 @@ impl Projection for Tables<'_> {
 
     fn put_instructions(&mut self, session: &SessionId, state: InstructionState) -> Result<()> {
         self.changed_instructions.insert(session.clone(), state);
+        self.dirty_instructions.push(session.clone());
         Ok(())
     }
 }
@@ -892,6 +945,7 @@ impl<'a, 't> Overlay<'a, 't> {
         for (session, state) in self.instructions {
             tables.put_instructions(&session, state)?;
         }
+        tables.encode_changed()?;
         Ok(self.events)
     }
 }

@@ -323,7 +323,7 @@ impl Planner {
         }
         flow.handed = n;
         self.front.committed(fold, finished.front_rows);
-        self.committed.update(finished.records, finished.inputs);
+        self.committed.take(finished.cached);
         let mut changes = finished.changes;
         changes.prunes = fold;
         self.in_flight.push_back((n, changes));
@@ -356,7 +356,7 @@ impl Planner {
             let ready = flow.ready(replies.len());
             let linger = ready && room && !flow.closing && !self.max_wait.is_zero();
             if ready && !linger {
-                return tables.finish().map_err(|e| e.to_string());
+                return Ok(tables.finish());
             }
             if room && let Some(request) = flow.backlog.pop_front() {
                 let mut overlay = Overlay::new(&mut tables);
@@ -380,7 +380,7 @@ impl Planner {
                 match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
                     Ok(msg) => flow.take(Ok(msg)),
                     Err(mpsc::RecvTimeoutError::Timeout) => {
-                        return tables.finish().map_err(|e| e.to_string());
+                        return Ok(tables.finish());
                     }
                     Err(mpsc::RecvTimeoutError::Disconnected) => flow.take(Err(mpsc::RecvError)),
                 }
