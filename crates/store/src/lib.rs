@@ -45,7 +45,7 @@ pub use writer::{BUCKETS, Clock, CommitHook, Stats};
 use crate::codec::FORMAT_VERSION;
 use crate::error::storage;
 use crate::ops::{Op, Outcome};
-use crate::writer::{Committer, Msg, Planner, Request};
+use crate::writer::{Committer, Inbox, Msg, Planner, Request};
 
 /// Every durable operation of agenthost, each one whole transaction (SPEC §20). redb is the
 /// embedded backend; a second backend implements this trait without touching callers.
@@ -202,7 +202,8 @@ impl RedbStore {
         init(&db)?;
         let db = Arc::new(db);
         let stats = Arc::new(Stats::default());
-        let (tx, rx) = mpsc::channel();
+        let (tx, requests) = mpsc::channel();
+        let (signal, signals) = mpsc::channel();
         let (plans, planned) = mpsc::channel();
         let planner = Planner {
             db: db.clone(),
@@ -230,13 +231,13 @@ impl RedbStore {
                 .spawn(run)
                 .map_err(|e| Error::Storage(format!("cannot start the {name} thread: {e}")))
         };
-        let committed_to = tx.clone();
+        let inbox = Inbox { requests, signals };
         let threads = vec![
             spawn(
                 "store-committer",
-                Box::new(move || committer.run(planned, committed_to)),
+                Box::new(move || committer.run(planned, signal)),
             )?,
-            spawn("store-planner", Box::new(move || planner.run(rx, plans)))?,
+            spawn("store-planner", Box::new(move || planner.run(inbox, plans)))?,
         ];
         Ok(RedbStore {
             db: std::sync::RwLock::new(Some(db)),

@@ -293,8 +293,8 @@ fn read_record(
 }
 
 /// Takes out of the working set (`tables::WORKING`) every session that no longer holds a claim
-/// or pending input, as the transaction has its record. Runs in the transactions that fold the
-/// front, after the batch's writes, and when the store opens. Returns how many were taken out.
+/// or pending input, as the transaction has its record. Runs when the store opens; a batch that
+/// folds the front lists its own (see [`Tables::finish`]). Returns how many were taken out.
 pub(crate) fn prune_working(txn: &WriteTransaction) -> Result<usize> {
     let sessions = txn.open_table(SESSIONS).map_err(storage)?;
     let mut working = txn.open_table(WORKING).map_err(storage)?;
@@ -333,6 +333,8 @@ pub(crate) struct Writes {
     sessions: BTreeMap<SessionId, Vec<u8>>,
     by_created: Vec<(u64, SessionId)>,
     working: Vec<SessionId>,
+    /// Sessions to take out of the working set, after the rows above (see [`Tables::finish`]).
+    idle: Vec<SessionId>,
     messages: BTreeMap<(SessionId, Seq), Vec<u8>>,
     index: BTreeMap<MessageId, Vec<u8>>,
     instructions: BTreeMap<SessionId, Vec<u8>>,
@@ -381,6 +383,9 @@ impl Writes {
             instructions
                 .insert(session.as_str(), state.as_slice())
                 .map_err(storage)?;
+        }
+        for id in &self.idle {
+            working.remove(id.as_str()).map_err(storage)?;
         }
         txn.open_table(EVENTS).map_err(storage)?;
         Ok(())
@@ -618,9 +623,14 @@ impl<'t> Tables<'t> {
     }
 
     /// Hands the batch over: its encoded rows, its changed rows for the next batch to read, and
-    /// what the caches take. Called once, after the last operation.
-    pub(crate) fn finish(mut self) -> Finished {
-        Finished {
+    /// what the caches take. Called once, after the last operation. With `prune`, the batch also
+    /// takes out of the working set every session that is idle once it commits, as the writer
+    /// knows them: the batch folds the front, and that is when the set sheds idle sessions.
+    pub(crate) fn finish(mut self, prune: bool) -> Result<Finished> {
+        if prune {
+            self.writes.idle = self.idle_sessions()?;
+        }
+        Ok(Finished {
             front_rows: self.front_rows,
             writes: std::mem::take(&mut self.writes),
             changes: Changes {
@@ -634,7 +644,36 @@ impl<'t> Tables<'t> {
                 sessions: std::mem::take(&mut self.session_rows),
                 inputs: std::mem::take(&mut self.inputs),
             },
+        })
+    }
+
+    /// Sessions in the working set, or put there by a batch not yet durable, that hold neither a
+    /// claim nor pending input once this batch commits.
+    fn idle_sessions(&mut self) -> Result<Vec<SessionId>> {
+        let mut listed: HashSet<SessionId> = self
+            .in_flight
+            .iter()
+            .flat_map(|changes| changes.working.iter().cloned())
+            .collect();
+        for entry in self.working.iter().map_err(storage)? {
+            let (key, _) = entry.map_err(storage)?;
+            let id = SessionId::parse(key.value()).map_err(|e| Error::Corrupt {
+                what: format!("working session {:?}", key.value()),
+                reason: e.to_string(),
+            })?;
+            listed.insert(id);
         }
+        let mut idle = Vec::new();
+        for id in listed {
+            let working = match self.session_rows.get(&id) {
+                Some(entry) => entry.now.as_ref().is_some_and(SessionRecord::working),
+                None => load(self.committed, &self.sessions, &id)?.is_some_and(|r| r.working()),
+            };
+            if !working {
+                idle.push(id);
+            }
+        }
+        Ok(idle)
     }
 
     /// Encodes a session's record, lists a new session by creation time, and puts the session

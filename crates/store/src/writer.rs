@@ -46,18 +46,27 @@ pub(crate) struct Request {
     pub(crate) reply: oneshot::Sender<Result<Outcome>>,
 }
 
-/// What the planner receives, in one channel so that it waits on one thing.
+/// What the planner receives from the store.
 pub(crate) enum Msg {
     Request(Request),
+    /// The store is closing: plan and commit what is queued, then stop.
+    Close,
+}
+
+/// What the planner hears from the committer, on a channel of its own: while the committer is
+/// busy the planner waits on this one and picks requests up every [`TICK`], so that callers do
+/// not pay a thread wake-up for every request.
+pub(crate) enum Signal {
     /// The committer wrote batch `n` into its transaction and is committing it: the next batch
     /// may be handed over, to start once that commit returns.
     Committing(u64),
     /// The committer is done with batch `n`. Its rows come back to be freed where they were
     /// made.
     Committed(u64, Done, Writes),
-    /// The store is closing: plan and commit what is queued, then stop.
-    Close,
 }
+
+/// How often the planner picks up requests while the committer is busy.
+const TICK: Duration = Duration::from_micros(200);
 
 /// How the committer finished a batch.
 pub(crate) enum Done {
@@ -179,12 +188,18 @@ struct Flow {
 }
 
 impl Flow {
-    /// Takes in one message; `Err` means every sender is gone.
-    fn take(&mut self, msg: std::result::Result<Msg, mpsc::RecvError>) {
+    fn request(&mut self, msg: std::result::Result<Msg, mpsc::RecvError>) {
         match msg {
             Ok(Msg::Request(request)) => self.backlog.push_back(request),
-            Ok(Msg::Committing(n)) => self.committing = self.committing.max(n),
-            Ok(Msg::Committed(n, done, writes)) => {
+            Ok(Msg::Close) | Err(mpsc::RecvError) => self.closing = true,
+        }
+    }
+
+    /// Takes in one signal; `Err` means the committer is gone.
+    fn signal(&mut self, signal: std::result::Result<Signal, mpsc::RecvError>) {
+        match signal {
+            Ok(Signal::Committing(n)) => self.committing = self.committing.max(n),
+            Ok(Signal::Committed(n, done, writes)) => {
                 self.committing = self.committing.max(n);
                 self.done = self.done.max(n);
                 if let Done::Failed(reason) = done {
@@ -192,39 +207,59 @@ impl Flow {
                 }
                 drop(writes);
             }
-            Ok(Msg::Close) => self.closing = true,
             Err(mpsc::RecvError) => {
-                // The committer holds a sender while it runs: it is gone too.
-                self.closing = true;
                 if self.done < self.handed {
-                    self.stopped();
+                    self.committing = u64::MAX;
+                    self.done = u64::MAX;
+                    self.failed = Some("the store's commit thread stopped".into());
                 }
             }
         }
     }
 
-    /// The committer stopped: nothing handed over will commit.
-    fn stopped(&mut self) {
-        self.committing = u64::MAX;
-        self.done = u64::MAX;
-        self.failed = Some("the store's commit thread stopped".into());
-    }
-
-    /// Takes in every message already waiting.
-    fn take_waiting(&mut self, rx: &mpsc::Receiver<Msg>) {
+    /// Takes in every signal and request already waiting.
+    fn take_waiting(&mut self, inbox: &Inbox) {
         loop {
-            match rx.try_recv() {
-                Ok(msg) => self.take(Ok(msg)),
+            match inbox.signals.try_recv() {
+                Ok(signal) => self.signal(Ok(signal)),
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    self.signal(Err(mpsc::RecvError));
+                    break;
+                }
+            }
+        }
+        loop {
+            match inbox.requests.try_recv() {
+                Ok(msg) => self.request(Ok(msg)),
                 Err(mpsc::TryRecvError::Empty) => return,
-                Err(mpsc::TryRecvError::Disconnected) => return self.take(Err(mpsc::RecvError)),
+                Err(mpsc::TryRecvError::Disconnected) => return self.request(Err(mpsc::RecvError)),
             }
         }
     }
 
+    /// Waits for something to do: for a request while the committer is idle; for the committer
+    /// while it is busy, taking in the requests that came every [`TICK`].
+    fn wait(&mut self, inbox: &Inbox) {
+        if self.done >= self.handed {
+            if self.closing {
+                return;
+            }
+            self.request(inbox.requests.recv());
+        } else {
+            match inbox.signals.recv_timeout(TICK) {
+                Ok(signal) => self.signal(Ok(signal)),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => self.signal(Err(mpsc::RecvError)),
+            }
+        }
+        self.take_waiting(inbox);
+    }
+
     /// Whether to hand over a batch of `ops` operations now. A large batch goes as soon as the
     /// committer is syncing every batch it was given, so that it does not wait while the planner
-    /// encodes this one; a small one waits until the committer is done, gathering what arrives
-    /// during the fsync, as a small batch costs little to finish but a commit costs an fsync.
+    /// finishes this one; a small one waits until the committer is done, gathering what arrives
+    /// during the fsync, as a commit costs an fsync.
     fn ready(&self, ops: usize) -> bool {
         match ops {
             0 => false,
@@ -232,6 +267,12 @@ impl Flow {
             _ => self.done >= self.handed,
         }
     }
+}
+
+/// The planner's two channels.
+pub(crate) struct Inbox {
+    pub(crate) requests: mpsc::Receiver<Msg>,
+    pub(crate) signals: mpsc::Receiver<Signal>,
 }
 
 pub(crate) struct Planner {
@@ -250,22 +291,22 @@ pub(crate) struct Planner {
 
 impl Planner {
     /// Runs until the store closes (or every sender is gone): what is queued is committed first.
-    pub(crate) fn run(mut self, rx: mpsc::Receiver<Msg>, committer: mpsc::Sender<Plan>) {
+    pub(crate) fn run(mut self, inbox: Inbox, committer: mpsc::Sender<Plan>) {
         let mut flow = Flow::default();
         loop {
             while flow.backlog.is_empty() && !flow.closing {
-                flow.take(rx.recv());
+                flow.wait(&inbox);
                 self.after_failure(&mut flow);
             }
             if flow.backlog.is_empty() {
                 break;
             }
-            if !self.plan(&rx, &mut flow, &committer) {
+            if !self.plan(&inbox, &mut flow, &committer) {
                 return;
             }
         }
         while flow.done < flow.handed {
-            flow.take(rx.recv());
+            flow.signal(inbox.signals.recv());
         }
     }
 
@@ -280,12 +321,7 @@ impl Planner {
 
     /// Plans the next batch and hands it over once the committer is ready for it. Returns
     /// false when the committer is gone.
-    fn plan(
-        &mut self,
-        rx: &mpsc::Receiver<Msg>,
-        flow: &mut Flow,
-        committer: &mpsc::Sender<Plan>,
-    ) -> bool {
+    fn plan(&mut self, inbox: &Inbox, flow: &mut Flow, committer: &mpsc::Sender<Plan>) -> bool {
         // Batches that are durable now are seen by the read transaction the plan begins with.
         while self.in_flight.front().is_some_and(|(n, _)| *n <= flow.done) {
             self.in_flight.pop_front();
@@ -293,7 +329,7 @@ impl Planner {
         let fold = self.front.rows >= self.front.fold_rows;
         let mut replies = Replies::new();
         let mut events = Vec::new();
-        let finished = match self.gather(rx, flow, &mut replies, &mut events) {
+        let finished = match self.gather(inbox, flow, fold, &mut replies, &mut events) {
             Ok(finished) => finished,
             Err(reason) => {
                 if replies.is_empty() {
@@ -334,8 +370,9 @@ impl Planner {
     /// for another batch; then returns the batch's rows. `Err` fails the batch.
     fn gather(
         &self,
-        rx: &mpsc::Receiver<Msg>,
+        inbox: &Inbox,
         flow: &mut Flow,
+        fold: bool,
         replies: &mut Replies,
         events: &mut Vec<(SessionId, Stored)>,
     ) -> std::result::Result<Finished, String> {
@@ -346,7 +383,7 @@ impl Planner {
         let now = (self.clock)();
         let mut deadline: Option<Instant> = None;
         loop {
-            flow.take_waiting(rx);
+            flow.take_waiting(inbox);
             if let Some(reason) = &flow.failed {
                 // Planned on top of a batch that did not commit.
                 return Err(reason.clone());
@@ -356,7 +393,7 @@ impl Planner {
             let ready = flow.ready(replies.len());
             let linger = ready && room && !flow.closing && !self.max_wait.is_zero();
             if ready && !linger {
-                return Ok(tables.finish());
+                return tables.finish(fold).map_err(|e| e.to_string());
             }
             if room && let Some(request) = flow.backlog.pop_front() {
                 let mut overlay = Overlay::new(&mut tables);
@@ -377,17 +414,20 @@ impl Planner {
             }
             if linger {
                 let until = *deadline.get_or_insert_with(|| Instant::now() + self.max_wait);
-                match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
-                    Ok(msg) => flow.take(Ok(msg)),
+                match inbox
+                    .requests
+                    .recv_timeout(until.saturating_duration_since(Instant::now()))
+                {
+                    Ok(msg) => flow.request(Ok(msg)),
                     Err(mpsc::RecvTimeoutError::Timeout) => {
-                        return Ok(tables.finish());
+                        return tables.finish(fold).map_err(|e| e.to_string());
                     }
-                    Err(mpsc::RecvTimeoutError::Disconnected) => flow.take(Err(mpsc::RecvError)),
+                    Err(mpsc::RecvTimeoutError::Disconnected) => flow.request(Err(mpsc::RecvError)),
                 }
                 continue;
             }
             // Nothing to run until a request comes or the committer moves on.
-            flow.take(rx.recv());
+            flow.wait(inbox);
         }
     }
 }
@@ -412,7 +452,7 @@ pub(crate) struct Committer {
 
 impl Committer {
     /// Commits each batch in the order planned, until the planner is gone.
-    pub(crate) fn run(self, plans: mpsc::Receiver<Plan>, planner: mpsc::Sender<Msg>) {
+    pub(crate) fn run(self, plans: mpsc::Receiver<Plan>, planner: mpsc::Sender<Signal>) {
         let planner = Stopping(planner);
         let planner = &planner.0;
         // Batches planned before the planner saw the last failure are dropped.
@@ -428,14 +468,14 @@ impl Committer {
                 events,
             } = plan;
             if epoch < live_epoch {
-                let _ = planner.send(Msg::Committed(n, Done::Dropped, writes));
+                let _ = planner.send(Signal::Committed(n, Done::Dropped, writes));
                 fail(replies, &last_failure);
                 continue;
             }
             let count = replies.len();
             match self.commit(n, fold, &writes, planner) {
                 Ok(()) => {
-                    let _ = planner.send(Msg::Committed(n, Done::Durable, writes));
+                    let _ = planner.send(Signal::Committed(n, Done::Durable, writes));
                     self.stats.record(count);
                     if let (Some(hook), false) = (&self.on_commit, events.is_empty()) {
                         hook(&events);
@@ -449,7 +489,7 @@ impl Committer {
                     self.stats.failed_commits.fetch_add(1, Ordering::Relaxed);
                     live_epoch = epoch + 1;
                     last_failure = e.to_string();
-                    let _ = planner.send(Msg::Committed(
+                    let _ = planner.send(Signal::Committed(
                         n,
                         Done::Failed(last_failure.clone()),
                         writes,
@@ -467,7 +507,7 @@ impl Committer {
         n: u64,
         fold: bool,
         writes: &Writes,
-        planner: &mpsc::Sender<Msg>,
+        planner: &mpsc::Sender<Signal>,
     ) -> Result<()> {
         let mut txn = self.db.begin_write().map_err(storage)?;
         txn.set_durability(Durability::Immediate).map_err(storage)?;
@@ -479,8 +519,6 @@ impl Committer {
         }
         writes.apply(&txn)?;
         if let Some((rows, took)) = folded {
-            // After the batch's rows: a session whose work the batch started stays in the set.
-            crate::rows::prune_working(&txn)?;
             self.stats.folds.fetch_add(1, Ordering::Relaxed);
             self.stats
                 .folded_rows
@@ -490,7 +528,7 @@ impl Committer {
                 .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
         }
         // The planner may hand over the next batch while this one syncs.
-        let _ = planner.send(Msg::Committing(n));
+        let _ = planner.send(Signal::Committing(n));
         #[cfg(test)]
         if self
             .fail_commits
@@ -510,12 +548,12 @@ impl Committer {
 
 /// Tells the planner that the committer stopped if it panics, so that the batch it held is
 /// answered and the planner stops handing over more.
-struct Stopping(mpsc::Sender<Msg>);
+struct Stopping(mpsc::Sender<Signal>);
 
 impl Drop for Stopping {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            let _ = self.0.send(Msg::Committed(
+            let _ = self.0.send(Signal::Committed(
                 u64::MAX,
                 Done::Failed("the store's commit thread panicked".into()),
                 Writes::default(),
