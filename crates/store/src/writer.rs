@@ -62,7 +62,7 @@ pub(crate) enum Signal {
     Committing(u64),
     /// The committer is done with batch `n`. Its rows come back to be freed where they were
     /// made.
-    Committed(u64, Done, Writes),
+    Committed(u64, Done, Box<Writes>),
 }
 
 /// How often the planner picks up requests while the committer is busy.
@@ -468,14 +468,14 @@ impl Committer {
                 events,
             } = plan;
             if epoch < live_epoch {
-                let _ = planner.send(Signal::Committed(n, Done::Dropped, writes));
+                let _ = planner.send(Signal::Committed(n, Done::Dropped, Box::new(writes)));
                 fail(replies, &last_failure);
                 continue;
             }
             let count = replies.len();
             match self.commit(n, fold, &writes, planner) {
                 Ok(()) => {
-                    let _ = planner.send(Signal::Committed(n, Done::Durable, writes));
+                    let _ = planner.send(Signal::Committed(n, Done::Durable, Box::new(writes)));
                     self.stats.record(count);
                     if let (Some(hook), false) = (&self.on_commit, events.is_empty()) {
                         hook(&events);
@@ -492,7 +492,7 @@ impl Committer {
                     let _ = planner.send(Signal::Committed(
                         n,
                         Done::Failed(last_failure.clone()),
-                        writes,
+                        Box::new(writes),
                     ));
                     fail(replies, &last_failure);
                 }
@@ -556,7 +556,7 @@ impl Drop for Stopping {
             let _ = self.0.send(Signal::Committed(
                 u64::MAX,
                 Done::Failed("the store's commit thread panicked".into()),
-                Writes::default(),
+                Box::default(),
             ));
         }
     }
