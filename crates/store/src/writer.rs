@@ -9,10 +9,12 @@
 //!   fsync does any caller of the batch hear back, so batching trades no durability.
 //!
 //! While the committer inserts batch N, the planner runs the operations of batch N+1 as they
-//! arrive. When the committer has inserted N and begins its commit (the fsync), the planner
-//! hands N+1 over, to be inserted the moment N is durable, and starts N+2: batches form from
-//! what arrives meanwhile, as with one thread, but the work of a batch is split between two
-//! cores and the committer does not wait for the planner. A batch is planned on the rows of
+//! arrive (it encodes each operation's rows as it goes, so a batch is ready the moment it is
+//! handed over). When the committer has inserted N and begins its commit (the fsync), the
+//! planner hands N+1 over, to be inserted the moment N is durable, and starts N+2 (a small
+//! batch waits for N's commit instead, to gather more): batches form from what arrives
+//! meanwhile, as with one thread, but the work of a batch is split between two cores and the
+//! committer does not wait for the planner. A batch is planned on the rows of
 //! the (at most two) batches handed over and not yet durable. If a commit fails, the batch
 //! handed over on top of it is dropped, the one being planned fails, and the planner drops its
 //! caches and starts again from what is durable.
@@ -156,7 +158,8 @@ pub(crate) struct Plan {
     /// How many failed commits the planner had seen: a batch planned before a failure is
     /// dropped, as it may build on the failed one.
     epoch: u64,
-    /// Fold the front of the log in this transaction, and prune the working set.
+    /// Fold the front of the log in this transaction (the writes then list the sessions to
+    /// take out of the working set).
     fold: bool,
     writes: Writes,
     /// Every operation's reply, in order: an operation refused by validation is answered with
@@ -188,6 +191,7 @@ struct Flow {
 }
 
 impl Flow {
+    /// Takes in one message from the store; `Err` means the store is gone.
     fn request(&mut self, msg: std::result::Result<Msg, mpsc::RecvError>) {
         match msg {
             Ok(Msg::Request(request)) => self.backlog.push_back(request),
@@ -257,9 +261,10 @@ impl Flow {
     }
 
     /// Whether to hand over a batch of `ops` operations now. A large batch goes as soon as the
-    /// committer is syncing every batch it was given, so that it does not wait while the planner
-    /// finishes this one; a small one waits until the committer is done, gathering what arrives
-    /// during the fsync, as a commit costs an fsync.
+    /// committer is syncing every batch it was given, so that the committer starts it the moment
+    /// that sync returns instead of waiting for the planner to hear of it; a small one waits
+    /// until the committer is done, gathering what arrives during the fsync, as every commit
+    /// costs an fsync.
     fn ready(&self, ops: usize) -> bool {
         match ops {
             0 => false,
