@@ -56,8 +56,9 @@ pub(crate) enum Msg {
 }
 
 /// What the planner hears from the committer, on a channel of its own: while the committer is
-/// busy the planner waits on this one and picks requests up every [`TICK`], so that callers do
-/// not pay a thread wake-up for every request.
+/// busy with the batch before the one being planned, the planner waits on this one and takes
+/// requests in when it wakes (see [`Flow::wait`]), so that callers do not pay a thread wake-up
+/// for every request.
 pub(crate) enum Signal {
     /// The committer wrote batch `n` into its transaction and is committing it: the next batch
     /// may be handed over, to start once that commit returns.
@@ -67,7 +68,7 @@ pub(crate) enum Signal {
     Committed(u64, Done, Box<Writes>),
 }
 
-/// How often the planner picks up requests while the committer is busy.
+/// How often the planner takes requests in while a batch waits for the committer.
 const TICK: Duration = Duration::from_micros(200);
 
 /// How the committer finished a batch.
@@ -242,10 +243,12 @@ impl Flow {
         }
     }
 
-    /// Waits for something to do: for a request while the committer is idle; for the committer
-    /// while it is busy, taking in the requests that came every [`TICK`].
-    fn wait(&mut self, inbox: &Inbox) {
-        if self.done >= self.handed {
+    /// Waits for something to do, with `planned` operations in the batch being planned: for a
+    /// request when there is nothing else (the committer's signals wait until then); else for
+    /// the committer, taking in the requests that came every [`TICK`], so that the batch is
+    /// complete when the committer is ready for it.
+    fn wait(&mut self, inbox: &Inbox, planned: usize) {
+        if planned == 0 || self.done >= self.handed {
             if self.closing {
                 return;
             }
@@ -300,7 +303,7 @@ impl Planner {
         let mut flow = Flow::default();
         loop {
             while flow.backlog.is_empty() && !flow.closing {
-                flow.wait(&inbox);
+                flow.wait(&inbox, 0);
                 self.after_failure(&mut flow);
             }
             if flow.backlog.is_empty() {
@@ -432,7 +435,7 @@ impl Planner {
                 continue;
             }
             // Nothing to run until a request comes or the committer moves on.
-            flow.wait(inbox);
+            flow.wait(inbox, replies.len());
         }
     }
 }
