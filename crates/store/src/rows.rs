@@ -350,12 +350,11 @@ impl Writes {
                 .insert((*generation, session.as_str(), first.0), run.as_slice())
                 .map_err(storage)?;
         }
-        let mut sessions = txn.open_table(SESSIONS).map_err(storage)?;
-        for (id, record) in &self.sessions {
-            sessions
-                .insert(id.as_str(), record.as_slice())
-                .map_err(storage)?;
-        }
+        put_by_id(
+            txn,
+            SESSIONS,
+            self.sessions.iter().map(|(id, v)| (id.as_str(), v)),
+        )?;
         let mut by_created = txn.open_table(SESSIONS_BY_CREATED).map_err(storage)?;
         for (created, id) in &self.by_created {
             by_created
@@ -372,24 +371,35 @@ impl Writes {
                 .insert((session.as_str(), seq.0), message.as_slice())
                 .map_err(storage)?;
         }
-        let mut index = txn.open_table(INDEX).map_err(storage)?;
-        for (id, entry) in &self.index {
-            index
-                .insert(id.as_str(), entry.as_slice())
-                .map_err(storage)?;
-        }
-        let mut instructions = txn.open_table(INSTRUCTIONS).map_err(storage)?;
-        for (session, state) in &self.instructions {
-            instructions
-                .insert(session.as_str(), state.as_slice())
-                .map_err(storage)?;
-        }
+        put_by_id(
+            txn,
+            INDEX,
+            self.index.iter().map(|(id, v)| (id.as_str(), v)),
+        )?;
+        put_by_id(
+            txn,
+            INSTRUCTIONS,
+            self.instructions.iter().map(|(id, v)| (id.as_str(), v)),
+        )?;
         for id in &self.idle {
             working.remove(id.as_str()).map_err(storage)?;
         }
         txn.open_table(EVENTS).map_err(storage)?;
         Ok(())
     }
+}
+
+/// Inserts rows keyed by an id into one table.
+fn put_by_id<'a>(
+    txn: &WriteTransaction,
+    table: redb::TableDefinition<'static, &'static str, Bytes>,
+    rows: impl Iterator<Item = (&'a str, &'a Vec<u8>)>,
+) -> Result<()> {
+    let mut table = txn.open_table(table).map_err(storage)?;
+    for (id, value) in rows {
+        table.insert(id, value.as_slice()).map_err(storage)?;
+    }
+    Ok(())
 }
 
 /// The rows a batch changed, decoded: what the next batch, planned while this one is being
@@ -424,8 +434,8 @@ pub(crate) struct Cached {
     inputs: HashMap<(SessionId, Seq), InboxRow>,
 }
 
-/// The tables of one batch: read through a read transaction under the batch being committed,
-/// and the rows changed so far.
+/// The tables of one batch: read through a read transaction under the batches being
+/// committed, and the rows changed so far.
 pub(crate) struct Tables<'t> {
     events: Pair,
     sessions: ReadOnlyTable<&'static str, Bytes>,
