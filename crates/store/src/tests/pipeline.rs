@@ -94,3 +94,52 @@ async fn a_failed_commit_fails_its_batch_and_the_planner_starts_over() {
         "what was answered is what is durable"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_and_promotions_see_the_batches_still_being_committed() {
+    use agenthost_model::promotion::Boundary;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Arc::new(open(dir.path()));
+    let sessions: Vec<SessionId> = (0..6).map(|i| sid(&format!("q{i}"))).collect();
+    for s in &sessions {
+        store.create_session(new_session(s)).await.expect("created");
+    }
+    for round in 0..4 {
+        let mut admissions = tokio::task::JoinSet::new();
+        let mut promotions = tokio::task::JoinSet::new();
+        for (i, s) in sessions.iter().enumerate() {
+            for j in 0..10 {
+                let id = mid(&format!("r{round}s{i}m{j}"));
+                // Submitted back to back, so the retries often land in the batch after the
+                // admission's, planned while the admission's is being committed.
+                let first = store.admit(admission(s, &id, "hello"));
+                let retry = store.admit(admission(s, &id, "hello"));
+                let other = store.admit(admission(s, &id, "something else"));
+                admissions.spawn(async move { (id, first.await, retry.await, other.await) });
+            }
+            let promote = store.promote(s.clone(), Boundary::Idle);
+            promotions.spawn(promote);
+        }
+        for (id, first, retry, other) in admissions.join_all().await {
+            let first = first.expect("admitted");
+            let retry = retry.expect("an exact retry is answered");
+            assert_eq!(
+                (&retry.id, &retry.session, retry.admitted_seq),
+                (&first.id, &first.session, first.admitted_seq),
+                "{id}: the retry names the original admission"
+            );
+            assert!(
+                matches!(other, Err(Error::PromptConflict { .. })),
+                "{id}: a different prompt under the same id conflicts: {other:?}"
+            );
+        }
+        for promoted in promotions.join_all().await {
+            promoted.expect("promoted");
+        }
+        assert_replay_equal(&*store);
+    }
+    let kept = contents(&*store);
+    store.close();
+    assert_eq!(contents(&open(dir.path())), kept);
+}
