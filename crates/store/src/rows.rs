@@ -902,7 +902,7 @@ impl Projection for Tables<'_> {
 }
 
 /// Buffers the rows one operation writes. Reads see the operation's own writes first, then the
-/// transaction. [`Overlay::flush`] hands everything to the transaction; dropping the overlay
+/// batch's. [`Overlay::flush`] hands everything to the batch, encoded; dropping the overlay
 /// instead discards the operation without a trace.
 pub(crate) struct Overlay<'a, 't> {
     tables: &'a mut Tables<'t>,

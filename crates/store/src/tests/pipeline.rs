@@ -12,6 +12,16 @@ use crate::{Error, Receipt, Result};
 
 type Answer = (SessionId, MessageId, Result<Receipt>);
 
+/// A store in `dir` holding `n` new sessions.
+async fn with_sessions(dir: &std::path::Path, n: usize) -> (Arc<RedbStore>, Vec<SessionId>) {
+    let store = Arc::new(open(dir));
+    let sessions: Vec<SessionId> = (0..n).map(|i| sid(&format!("p{i}"))).collect();
+    for s in &sessions {
+        store.create_session(new_session(s)).await.expect("created");
+    }
+    (store, sessions)
+}
+
 /// Admits `each` prompts to every session at once, and returns every answer.
 async fn admit_all(
     store: &Arc<RedbStore>,
@@ -60,11 +70,7 @@ fn assert_answers_hold(store: &RedbStore, answers: &[Answer]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_commit_fails_its_batch_and_the_planner_starts_over() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = Arc::new(open(dir.path()));
-    let sessions: Vec<SessionId> = (0..8).map(|i| sid(&format!("p{i}"))).collect();
-    for s in &sessions {
-        store.create_session(new_session(s)).await.expect("created");
-    }
+    let (store, sessions) = with_sessions(dir.path(), 8).await;
     let before = admit_all(&store, &sessions, 20, "a").await;
     assert!(before.iter().all(|(_, _, r)| r.is_ok()));
 
@@ -100,11 +106,7 @@ async fn retries_and_promotions_see_the_batches_still_being_committed() {
     use agenthost_model::promotion::Boundary;
 
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = Arc::new(open(dir.path()));
-    let sessions: Vec<SessionId> = (0..6).map(|i| sid(&format!("q{i}"))).collect();
-    for s in &sessions {
-        store.create_session(new_session(s)).await.expect("created");
-    }
+    let (store, sessions) = with_sessions(dir.path(), 6).await;
     for round in 0..4 {
         let mut admissions = tokio::task::JoinSet::new();
         let mut promotions = tokio::task::JoinSet::new();
