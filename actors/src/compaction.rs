@@ -4,7 +4,12 @@
 //!
 //! Durable shape: `CompactionStarted` → exactly one summary request → `CompactionEnded`
 //! (summary, `kept_from`, usage) or `CompactionFailed`. With nothing older than the kept part
-//! there is nothing to compact: an error, and no provider call.
+//! there is nothing to compact: [`Error::NothingToCompact`], and no provider call.
+//!
+//! A manual compaction is an execution of its own: it takes the claim with `CompactionStarted`
+//! and releases it with the compaction's end, so a compaction a crash or a shutdown cut is found
+//! by recovery and settled (ARCHITECTURE.md, "Recovery: what a session owes"). An automatic one
+//! runs inside a step's drain, under that drain's claim.
 
 use agenthost_llm as llm;
 use agenthost_model::history::{History, Mode};
@@ -20,10 +25,6 @@ pub const SUMMARY_PROMPT: &str = "Summarize the conversation above for a continu
      session by someone who cannot see it. Use these sections: Goal; Decisions and facts \
      established; Work done (including tool results that matter); Open questions; Next steps. Be \
      specific (names, numbers, paths) and brief. Reply with the summary only.";
-
-/// Why nothing was compacted.
-pub(crate) const NOTHING: &str = "nothing to compact: the active history fits in the part kept \
-     verbatim";
 
 /// The request's size limit before compaction kicks in: the context window minus a reserve for
 /// the answer (the model's output limit, or 20 000 tokens when unknown), and never more than half
@@ -45,8 +46,15 @@ pub(crate) async fn compact(d: &Drain, auto: bool) -> Result<Seq> {
         snap.history(&d.session, Mode::All)?
             .ok_or_else(|| Error::SessionNotFound(d.session.clone()))?
     };
+    if !auto && row.claim.is_some() {
+        // Work a stopped process left comes first: the recovery drain settles it.
+        return Err(Error::Unavailable(format!(
+            "session {} has unfinished work from a previous run; compact it once that resumed",
+            d.session
+        )));
+    }
     let Some(split) = split(&history.messages, shared.compaction.keep_tokens) else {
-        return Err(Error::Invalid(NOTHING.into()));
+        return Err(Error::NothingToCompact);
     };
     let kept_from = history.messages[split].seq();
     let older = History {
@@ -56,11 +64,20 @@ pub(crate) async fn compact(d: &Drain, auto: bool) -> Result<Seq> {
     let inputs = Inputs::of(shared, &row, &older, 1, Purpose::Compaction);
     let prepared = prepare(inputs, Some(SUMMARY_PROMPT))?;
     let id = mint_message_id();
-    d.append(vec![Event::CompactionStarted {
+    let started = Event::CompactionStarted {
         id: id.clone(),
         auto,
-    }])
-    .await?;
+    };
+    // A manual compaction's end releases the claim its start took.
+    let (opening, closing) = match auto {
+        true => (None, None),
+        false => (
+            Some(Event::ExecutionStarted { forced: false }),
+            Some(Event::ExecutionSucceeded),
+        ),
+    };
+    d.append(opening.into_iter().chain([started]).collect())
+        .await?;
     let permit = shared.streams.clone().acquire_owned().await;
     let response = match permit {
         Ok(_permit) => prepared.provider.generate(prepared.request).await,
@@ -69,30 +86,33 @@ pub(crate) async fn compact(d: &Drain, auto: bool) -> Result<Seq> {
     match response {
         Ok(response) if !response.text.trim().is_empty() => {
             let usage = &response.usage;
-            d.append(vec![Event::CompactionEnded {
+            let ended = Event::CompactionEnded {
                 id,
                 summary: response.text.trim().to_owned(),
                 kept_from,
                 usage: crate::step::cost(usage, &prepared.model.price),
-            }])
-            .await?;
+            };
+            d.append([ended].into_iter().chain(closing).collect())
+                .await?;
             Ok(kept_from)
         }
         Ok(_) => {
             let error = "the summary came back empty".to_owned();
-            d.append(vec![Event::CompactionFailed {
+            let failed = Event::CompactionFailed {
                 id,
                 error: error.clone(),
-            }])
-            .await?;
+            };
+            d.append([failed].into_iter().chain(closing).collect())
+                .await?;
             Err(Error::Provider(llm::Error::invalid_output(error)))
         }
         Err(error) => {
-            d.append(vec![Event::CompactionFailed {
+            let failed = Event::CompactionFailed {
                 id,
                 error: error.to_string(),
-            }])
-            .await?;
+            };
+            d.append([failed].into_iter().chain(closing).collect())
+                .await?;
             Err(Error::Provider(error))
         }
     }

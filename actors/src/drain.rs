@@ -9,11 +9,9 @@
 use std::sync::{Arc, Mutex};
 
 use agenthost_model::history::Mode;
+use agenthost_model::owed::{self, Owed, Policy, Why};
 use agenthost_model::promotion::{self, Boundary};
-use agenthost_model::{
-    Event, FailureKind, InterruptReason, Message, MessageId, Part, SessionId, StepError, Stored,
-    ToolState,
-};
+use agenthost_model::{Event, InterruptReason, Message, MessageId, SessionId, Stored};
 use agenthost_store::Action;
 use tokio_util::sync::CancellationToken;
 
@@ -95,6 +93,26 @@ pub(crate) struct Submitted {
     /// Deltas held on the bus until a submitted `StepStarted` is published: released by the
     /// next flush, once that write has either committed (and been published) or failed.
     holds: Vec<Hold>,
+    /// Whether the events this drain wrote leave the claim held: set by `ExecutionStarted`,
+    /// cleared by an event that releases it. A drain that fails with the claim held writes
+    /// `ExecutionFailed` (see [`run`]).
+    holds_claim: bool,
+}
+
+impl Submitted {
+    fn note(&mut self, events: &[Event]) {
+        for event in events {
+            match event {
+                Event::ExecutionStarted { .. } => self.holds_claim = true,
+                Event::ExecutionSucceeded
+                | Event::ExecutionFailed { .. }
+                | Event::ExecutionInterrupted {
+                    reason: InterruptReason::User,
+                } => self.holds_claim = false,
+                _ => {}
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Drain {
@@ -123,11 +141,13 @@ impl Drain {
     /// it is durable, and returns the events the actions wrote. Events submitted and not sent
     /// yet ride in the same transaction, ahead of the actions.
     pub(crate) async fn write(&self, actions: Vec<Action>) -> Result<Vec<Stored>> {
-        let Submitted {
-            unsent,
-            writes,
-            holds,
-        } = std::mem::take(&mut *self.submitted());
+        let (unsent, writes, holds) = {
+            let mut submitted = self.submitted();
+            let unsent = std::mem::take(&mut submitted.unsent);
+            let writes = std::mem::take(&mut submitted.writes);
+            let holds = std::mem::take(&mut submitted.holds);
+            (unsent, writes, holds)
+        };
         let ahead = unsent.len();
         let all: Vec<Action> = unsent
             .into_iter()
@@ -143,6 +163,8 @@ impl Drain {
         let mut written = written?;
         // Each append wrote exactly its one event.
         written.drain(..ahead);
+        let events: Vec<Event> = written.iter().map(|e| e.event.clone()).collect();
+        self.submitted().note(&events);
         Ok(written)
     }
 
@@ -153,7 +175,14 @@ impl Drain {
     /// settlement) share one operation. Used for events nothing waits on before the step's next
     /// durable boundary (the step's start, parts that ended, the step's end).
     pub(crate) fn submit(&self, events: Vec<Event>) {
-        self.submitted().unsent.extend(events);
+        let mut submitted = self.submitted();
+        submitted.note(&events);
+        submitted.unsent.extend(events);
+    }
+
+    /// Whether this drain's writes leave the session claimed.
+    fn holds_claim(&self) -> bool {
+        self.submitted().holds_claim
     }
 
     /// Sends the events submitted so far to the store as one operation, without waiting.
@@ -185,7 +214,12 @@ impl Drain {
     /// Sends what is unsent and waits for every submitted write; the first failure is returned.
     pub(crate) async fn flush(&self) -> Result<()> {
         self.send();
-        let Submitted { writes, holds, .. } = std::mem::take(&mut *self.submitted());
+        let (writes, holds) = {
+            let mut submitted = self.submitted();
+            let writes = std::mem::take(&mut submitted.writes);
+            let holds = std::mem::take(&mut submitted.holds);
+            (writes, holds)
+        };
         let result = wait(writes).await;
         drop(holds);
         result
@@ -205,11 +239,36 @@ async fn wait(writes: Vec<InFlight>) -> Result<()> {
     result
 }
 
+/// Runs the drain. Every drain that took the claim ends with a durable terminal event: a drain
+/// that fails with the claim still held (a configuration problem, a storage error, a failed
+/// step) records `ExecutionFailed` with the reason, so the session never stays claimed while
+/// idle. Shutdown and a panic are the exceptions: they keep the claim on purpose, for recovery.
 pub(crate) async fn run(d: Drain) -> Result<Outcome> {
-    if d.compact {
-        let kept_from = crate::compaction::compact(&d, false).await?;
-        return Ok(Outcome::Compacted { kept_from });
+    let result = match d.compact {
+        true => crate::compaction::compact(&d, false)
+            .await
+            .map(|kept_from| Outcome::Compacted { kept_from }),
+        false => agent_loop(&d).await,
+    };
+    match result {
+        // A panic is the supervisor's to handle: the restarted actor recovers the claim.
+        Err(error)
+            if d.holds_claim() && !matches!(error, Error::ShuttingDown | Error::Panicked(_)) =>
+        {
+            let failed = Event::ExecutionFailed {
+                error: error.to_string(),
+                halted: false,
+            };
+            if let Err(e) = d.append(vec![failed]).await {
+                tracing::error!(session_id = %d.session, error = %e, "could not record the drain's failure");
+            }
+            Err(error)
+        }
+        other => other,
     }
+}
+
+async fn agent_loop(d: &Drain) -> Result<Outcome> {
     // The row and the pending inputs from one snapshot; the inputs serve the first boundary.
     let (row, mut first_inputs) = {
         let snap = d.shared.store.snapshot()?;
@@ -222,6 +281,8 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
         };
         (row, Some(inputs))
     };
+    // Drains of one session never overlap, so a claim seen here was left by an execution that
+    // is gone: a crash, a shutdown or a dead actor. Recovery comes before anything else.
     let recovering = row.claim.is_some();
     if row.halted.is_some() && !d.forced {
         return Ok(Outcome::Idle);
@@ -231,30 +292,41 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
     }
     // The claim is taken in the drain's first write, together with whatever that write does
     // (instructions, promotion, or the first step's start and, when the stream is quick, its
-    // whole settlement). Recovery takes it first, because settling what the crash left comes
-    // before anything else.
+    // whole settlement). Recovery takes it first, with the attempt it counts.
     let mut opening = Some(Event::ExecutionStarted { forced: d.forced });
     d.shared
         .metrics
         .drains
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut owed = d.forced;
+    let mut step = 1;
     if recovering {
-        d.append(opening.take().into_iter().collect()).await?;
-        owed |= settle_leftovers(&d).await?;
+        opening = None;
+        match recover(d, &row).await? {
+            Recovered::GaveUp(reason) => {
+                return Err(Error::Halted {
+                    session: d.session.clone(),
+                    reason,
+                });
+            }
+            Recovered::Owes { next_step } => {
+                owed = true;
+                step = next_step;
+            }
+            Recovered::Answered => {}
+        }
     }
 
     let mut continuation = false;
     // The admitted seqs of the last promotion that rode with a step (see below).
     let mut promised = Vec::new();
-    let mut step = 1;
     let mut steps_run = 0;
     loop {
         if d.cancel.is_cancelled() {
             return match opening {
                 // Nothing written yet: the input stays pending for the next wake.
                 Some(_) => Ok(Outcome::Interrupted),
-                None => interrupted(&d).await,
+                None => interrupted(d).await,
             };
         }
         let boundary = if continuation {
@@ -284,9 +356,10 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
         if owed || continuation || pending {
             // Instructions are sampled here, before promotion, so a change lands in history
             // ahead of the input it applies to.
-            match instructions_update(&d).await {
+            match instructions_update(d).await {
                 Ok(changed) => update = changed,
                 Err(error) => {
+                    // Recorded with the claim it takes: the input stays pending.
                     let failed = Event::ExecutionFailed {
                         error: error.to_string(),
                         halted: false,
@@ -350,21 +423,17 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
             continue;
         }
         owed = false;
-        match step::run(&d, step, ahead).await? {
+        match step::run(d, step, ahead).await? {
             StepEnd::Done { continuation: next } => {
                 continuation = next;
                 steps_run += 1;
                 step += 1;
             }
-            StepEnd::Interrupted => return interrupted(&d).await,
-            StepEnd::Failed(error) => {
-                let event = Event::ExecutionFailed {
-                    error: error.to_string(),
-                    halted: false,
-                };
-                d.append(vec![event]).await?;
-                return Err(error);
-            }
+            StepEnd::Interrupted => return interrupted(d).await,
+            // The step's `StepFailed` is submitted, not written: `run` writes it with the
+            // drain's `ExecutionFailed`, in one commit, so a failed step under a held claim
+            // always means a retry or a continuation was still to come.
+            StepEnd::Failed(error) => return Err(error),
         }
     }
 }
@@ -410,58 +479,106 @@ async fn interrupted(d: &Drain) -> Result<Outcome> {
 pub const STOPPED_TOOL: &str = "the process stopped while this tool ran; it may or may not have \
      taken effect. Check before repeating it.";
 
-/// Settles what a crashed or panicked execution left (SPEC §12.2): tools called but never
-/// settled are failed (or re-executed when idempotent), unsettled assistant messages are closed
-/// as interrupted by restart. Returns whether the history still owes the model a turn.
-pub(crate) async fn settle_leftovers(d: &Drain) -> Result<bool> {
-    let (_, history) = {
-        let snap = d.shared.store.snapshot()?;
-        snap.history(&d.session, Mode::All)?
-            .ok_or_else(|| Error::SessionNotFound(d.session.clone()))?
-    };
-    for message in &history.messages {
-        let Message::Assistant(a) = message else {
-            continue;
-        };
-        for tool in a.running_tools() {
-            step::settle_orphaned_tool(d, &a.id, tool).await?;
-        }
-        if !a.is_settled() {
-            let error = StepError {
-                kind: FailureKind::Restarted,
-                message: "interrupted by restart".into(),
-            };
-            d.append(vec![Event::StepFailed {
-                id: a.id.clone(),
-                error,
-            }])
-            .await?;
-        }
-    }
-    let snap = d.shared.store.snapshot()?;
-    let (_, history) = snap
-        .history(&d.session, Mode::All)?
-        .ok_or_else(|| Error::SessionNotFound(d.session.clone()))?;
-    Ok(owes_turn(&history.messages))
+/// What recovery found.
+enum Recovered {
+    /// Too many recoveries in a row without progress: the session is failed and halted.
+    GaveUp(String),
+    /// A model call is owed; the drain runs `next_step` next.
+    Owes { next_step: u32 },
+    /// Nothing is owed: the drain settles.
+    Answered,
 }
 
-/// Whether the conversation ends where the model has to speak: after a user message, after tool
-/// results, or after a step that a restart cut off.
-fn owes_turn(messages: &[Message]) -> bool {
-    let last = messages
+/// Recovers a session whose claim an execution that is gone left (ARCHITECTURE.md, "Recovery:
+/// what a session owes"). It runs inside the session's own drain, so nothing else of the
+/// session runs meanwhile. It counts the attempt durably with the claim it takes over, then
+/// asks [`agenthost_model::owed`] what the session owes: past the attempt limit, everything
+/// left open is failed without running anything and the session is halted, in one commit;
+/// otherwise the leftovers are settled (an idempotent tool runs again with the same key, any
+/// other is failed as stopped), and when a model call is owed, one note tells the model the
+/// server restarted.
+async fn recover(d: &Drain, row: &agenthost_model::SessionRow) -> Result<Recovered> {
+    let (_, history) = d
+        .shared
+        .store
+        .snapshot()?
+        .history(&d.session, Mode::All)?
+        .ok_or_else(|| Error::SessionNotFound(d.session.clone()))?;
+    let policy = policy(d, row);
+    let attempt = row.resume_attempts + 1;
+    let left = owed::leftovers(&history.messages);
+    let decision = owed::owed(row, &history.messages, &policy);
+    tracing::info!(session_id = %d.session, attempt, ?decision, "recovering");
+    d.shared
+        .metrics
+        .recovered
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if let Owed::Fail(reason) = decision {
+        let mut events = vec![Event::RecoveryAttempted { attempt }];
+        events.extend(owed::close(&left, STOPPED_TOOL));
+        events.push(Event::ExecutionFailed {
+            error: reason.clone(),
+            halted: true,
+        });
+        d.append(events).await?;
+        return Ok(Recovered::GaveUp(reason));
+    }
+    d.append(vec![
+        Event::ExecutionStarted { forced: d.forced },
+        Event::RecoveryAttempted { attempt },
+    ])
+    .await?;
+    for (message, tool) in &left.tools {
+        step::settle_orphaned_tool(d, message, tool).await?;
+    }
+    let mut closing: Vec<Event> = left
+        .steps
         .iter()
-        .rev()
-        .find(|m| !matches!(m, Message::System { .. } | Message::Compaction { .. }));
-    match last {
-        Some(Message::User { .. }) => true,
-        Some(Message::Assistant(a)) => match &a.error {
-            Some(e) => e.kind == FailureKind::Restarted,
-            None => a
-                .parts
-                .iter()
-                .any(|p| matches!(p, Part::Tool(t) if !matches!(t.state, ToolState::Running))),
-        },
-        _ => false,
+        .map(|id| Event::StepFailed {
+            id: id.clone(),
+            error: owed::restarted(),
+        })
+        .collect();
+    closing.extend(owed::close_compactions(&left));
+    let Owed::Call(why) = decision else {
+        if !closing.is_empty() {
+            d.append(closing).await?;
+        }
+        return Ok(Recovered::Answered);
+    };
+    closing.push(Event::InstructionsUpdated {
+        id: mint_message_id(),
+        changed: Vec::new(),
+        text: crate::recovery::RESTART_NOTE.into(),
+    });
+    d.append(closing).await?;
+    // The step a stop cut is run again under its number; tool results continue to the next.
+    let last = history.messages.iter().rev().find_map(|m| match m {
+        Message::Assistant(a) => Some(a.step),
+        _ => None,
+    });
+    let next_step = match (why, last) {
+        (Why::ToolResults, Some(step)) => step + 1,
+        (Why::CutStep | Why::PendingRetry | Why::Compaction, Some(step)) => step,
+        _ => 1,
+    };
+    Ok(Recovered::Owes { next_step })
+}
+
+/// The limits [`agenthost_model::owed`] applies to this session.
+pub(crate) fn policy(d: &Drain, row: &agenthost_model::SessionRow) -> Policy {
+    policy_of(&d.shared, row)
+}
+
+pub(crate) fn policy_of(shared: &Shared, row: &agenthost_model::SessionRow) -> Policy {
+    Policy {
+        // An agent no longer configured owes a call: the step then fails with the reason.
+        max_steps: shared
+            .catalog
+            .agents
+            .get(&row.agent)
+            .map_or(u32::MAX, |a| a.steps),
+        max_attempts: shared.recovery.max_attempts,
     }
 }
 

@@ -35,6 +35,12 @@ pub enum Error {
     Panicked(String),
     #[error("configuration: {0}")]
     Config(String),
+    /// Compaction found nothing older than the part it keeps verbatim; no provider call was made.
+    #[error("nothing to compact: the active history fits in the part kept verbatim")]
+    NothingToCompact,
+    /// Recovery gave up on the session, or a supervisor halted it: it waits for a resume.
+    #[error("session {session} halted: {reason}")]
+    Halted { session: SessionId, reason: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

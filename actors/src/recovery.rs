@@ -1,20 +1,24 @@
-//! The boot sweep (SPEC §12.3): at start, find every session a previous process left with a claim
-//! or with pending input and resume it, with bounded concurrency.
+//! The boot sweep: at start, find every session a previous process left with a claim or with
+//! pending input and wake it, with bounded concurrency (ARCHITECTURE.md, "Recovery: what a
+//! session owes").
 //!
-//! Before each resume of a claimed session, `resume_attempts` is incremented durably
-//! (`RecoveryAttempted`); past `max_attempts` the session is failed as interrupted repeatedly and
-//! its claim released. A resumed session gets one synthetic note that the server restarted.
+//! The sweep only wakes. Counting the attempt, giving up past `max_attempts`, settling leftovers
+//! and the one note that the server restarted all happen in the session's own drain, inside its
+//! actor, so a sweep can never interleave with a drain of the same session.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::Ordering;
+use std::time::Duration;
 
-use agenthost_model::{Event, SessionId};
+use agenthost_model::SessionId;
 use futures::StreamExt;
 
 use crate::config::{Recovery, RecoveryMode};
-use crate::drain::{Cancel, Drain, mint_message_id, settle_leftovers};
 use crate::error::Result;
 use crate::runtime::Runtime;
+
+/// How long the sweep waits for one recovered session before it frees its slot for the next: a
+/// session that stays busy longer keeps running, it only stops holding up the sweep.
+const RECOVERY_WAIT: Duration = Duration::from_secs(60);
 
 /// The note a resumed session's model sees.
 pub const RESTART_NOTE: &str = "The server restarted while you were working on this session. \
@@ -43,7 +47,7 @@ pub(crate) async fn sweep(runtime: &Runtime, config: &Recovery) {
     tracing::info!(sessions = found.len(), "recovering sessions");
     futures::stream::iter(found)
         .for_each_concurrent(config.concurrency.max(1), |session| async move {
-            if let Err(e) = recover(runtime, config, &session).await {
+            if let Err(e) = recover(runtime, &session).await {
                 tracing::error!(session_id = %session, error = %e, "recovery failed");
             }
         })
@@ -57,54 +61,13 @@ fn candidates(runtime: &Runtime) -> Result<BTreeSet<SessionId>> {
     Ok(found)
 }
 
-async fn recover(runtime: &Runtime, config: &Recovery, session: &SessionId) -> Result<()> {
-    let Some(row) = runtime.snapshot()?.session(session)? else {
-        return Ok(());
-    };
-    if row.halted.is_some() {
-        return Ok(());
+/// Wakes the session and waits until it is idle again, which bounds how many recoveries run at
+/// once. Everything else happens in the session's own drain: it sees the claim, counts the
+/// attempt, settles what was left and runs what is owed (see `drain::recover`).
+async fn recover(runtime: &Runtime, session: &SessionId) -> Result<()> {
+    runtime.wake(session).await?;
+    match runtime.idle(session, RECOVERY_WAIT).await {
+        Err(crate::Error::Timeout { .. }) => Ok(()),
+        other => other,
     }
-    if row.claim.is_some() {
-        let attempt = row.resume_attempts + 1;
-        let store = runtime.store();
-        if attempt > config.max_attempts {
-            // Close what the last process left before giving up, so nothing stays half-done.
-            let drain = Drain {
-                session: session.clone(),
-                shared: runtime.shared().clone(),
-                forced: false,
-                compact: false,
-                cancel: Cancel::default(),
-                in_flight: Default::default(),
-                history: None,
-            };
-            settle_leftovers(&drain).await?;
-            let event = Event::ExecutionFailed {
-                error: format!(
-                    "interrupted repeatedly: {} recoveries did not complete; resume to retry",
-                    row.resume_attempts
-                ),
-                halted: true,
-            };
-            store.append(session.clone(), vec![event]).await?;
-            return Ok(());
-        }
-        let note = Event::InstructionsUpdated {
-            id: mint_message_id(),
-            changed: Vec::new(),
-            text: RESTART_NOTE.into(),
-        };
-        store
-            .append(
-                session.clone(),
-                vec![Event::RecoveryAttempted { attempt }, note],
-            )
-            .await?;
-    }
-    runtime
-        .shared()
-        .metrics
-        .recovered
-        .fetch_add(1, Ordering::Relaxed);
-    runtime.wake(session).await
 }

@@ -7,19 +7,22 @@
 //!
 //! Supervision: session actors are spawned linked to the registry. ractor restarts nothing by
 //! itself, so when one fails the registry applies the restart policy: up to `max_restarts`
-//! restarts within `window`, each after an exponential backoff; one more and the session is
-//! durably marked failed (`ExecutionFailed { halted: true }`) and left alone until an explicit
-//! resume.
+//! restarts within `window`, each after an exponential backoff (a message for the session
+//! during the backoff restarts it at once); one more and everything the dead actor left open is
+//! failed and the session durably halted (`ExecutionFailed { halted: true }`), left alone until
+//! an explicit resume.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
-use agenthost_model::{Event, SessionId};
+use agenthost_model::history::Mode;
+use agenthost_model::{Event, SessionId, owed};
 use ractor::{
     Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
 };
 use tokio::time::Instant;
 
+use crate::drain::STOPPED_TOOL;
 use crate::error::{Error, Result};
 use crate::runtime::Shared;
 use crate::session::{self, SessionActor, Start};
@@ -48,6 +51,9 @@ pub(crate) struct State {
     by_actor: HashMap<ActorId, SessionId>,
     /// Recent restart times per session, for the intensity limit.
     restarts: HashMap<SessionId, VecDeque<Instant>>,
+    /// Sessions whose failed actor waits out its restart backoff. A message for one of them
+    /// starts the restarted actor at once, which then settles what the dead one left.
+    restarting: HashSet<SessionId>,
 }
 
 impl Registry {
@@ -95,20 +101,14 @@ impl Registry {
         if recent.len() >= policy.max_restarts {
             state.restarts.remove(&session);
             tracing::error!(session_id = %session, %reason, "restart limit reached; session halted");
-            let event = Event::ExecutionFailed {
-                error: format!("the session actor failed too often ({reason}); resume to retry"),
-                halted: true,
-            };
-            if let Err(e) = state
-                .shared
-                .store
-                .append(session.clone(), vec![event])
-                .await
-            {
+            // Awaited in the handler on purpose: a message for this session waits until the
+            // halt is durable, so no new actor can start on what the halt is closing.
+            if let Err(e) = halt(&state.shared, &session, &reason).await {
                 tracing::error!(session_id = %session, error = %e, "could not record the halt");
             }
             return;
         }
+        state.restarting.insert(session.clone());
         let backoff = policy.backoff * 2u32.saturating_pow(recent.len() as u32);
         recent.push_back(now);
         state
@@ -136,6 +136,7 @@ impl Actor for Registry {
             shared,
             by_actor: HashMap::new(),
             restarts: HashMap::new(),
+            restarting: HashSet::new(),
         })
     }
 
@@ -148,14 +149,20 @@ impl Actor for Registry {
         match msg {
             Msg::Get(session, known, reply) => {
                 let live = state.shared.actors.get(&session).map(|a| a.clone());
+                let start = match state.restarting.remove(&session) {
+                    true => Start::Restarted,
+                    false => Start::Fresh,
+                };
                 let result = match live {
                     Some(actor) => Ok(Some(actor)),
                     None if state.shared.is_shutting_down() => Err(Error::ShuttingDown),
-                    None if known => Registry::spawn(&myself, state, session, Start::Fresh)
-                        .await
-                        .map(Some),
+                    None if known || start == Start::Restarted => {
+                        Registry::spawn(&myself, state, session, start)
+                            .await
+                            .map(Some)
+                    }
                     None => match session_exists(&state.shared, &session).await {
-                        Ok(true) => Registry::spawn(&myself, state, session, Start::Fresh)
+                        Ok(true) => Registry::spawn(&myself, state, session, start)
                             .await
                             .map(Some),
                         Ok(false) => Ok(None),
@@ -165,7 +172,8 @@ impl Actor for Registry {
                 let _ = reply.send(result);
             }
             Msg::Restart(session) => {
-                if state.shared.actors.contains_key(&session) || state.shared.is_shutting_down() {
+                // Already restarted early, for a message that came during the backoff.
+                if !state.restarting.remove(&session) || state.shared.is_shutting_down() {
                     return Ok(());
                 }
                 if let Err(e) =
@@ -202,6 +210,29 @@ impl Actor for Registry {
         }
         Ok(())
     }
+}
+
+/// Halts a session whose actor failed too often: everything its dead actor left open (tools,
+/// the step, a compaction) is failed without running anything, and the claim is released with
+/// `ExecutionFailed { halted: true }`, in one commit. Nothing resumes it until an explicit
+/// resume.
+async fn halt(shared: &Arc<Shared>, session: &SessionId, reason: &str) -> Result<()> {
+    let (s, id) = (shared.clone(), session.clone());
+    let history = tokio::task::spawn_blocking(move || -> Result<_> {
+        Ok(s.store.snapshot()?.history(&id, Mode::All)?)
+    })
+    .await
+    .map_err(|e| Error::Unavailable(format!("session read failed: {e}")))??;
+    let mut events = match history {
+        Some((_, history)) => owed::close(&owed::leftovers(&history.messages), STOPPED_TOOL),
+        None => return Ok(()),
+    };
+    events.push(Event::ExecutionFailed {
+        error: format!("the session actor failed too often ({reason}); resume to retry"),
+        halted: true,
+    });
+    shared.store.append(session.clone(), events).await?;
+    Ok(())
 }
 
 /// A store read, so it runs on the blocking pool rather than in the registry's handler thread.

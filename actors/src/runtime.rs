@@ -61,6 +61,7 @@ pub(crate) struct Shared {
     pub passivate_after: Duration,
     pub instructions: Vec<crate::instructions::Instruction>,
     pub compaction: crate::config::Compaction,
+    pub recovery: crate::config::Recovery,
     /// What session actors' history caches may hold together.
     pub history_budget: Arc<crate::history_cache::Budget>,
     pub metrics: Metrics,
@@ -171,6 +172,7 @@ impl Runtime {
             passivate_after: config.passivate_after,
             instructions: config.instructions,
             compaction: config.compaction,
+            recovery: config.recovery.clone(),
             history_budget,
             metrics: Metrics::default(),
             shutting_down: AtomicBool::new(false),
@@ -199,10 +201,6 @@ impl Runtime {
     pub async fn recovered(&self) {
         let mut rx = (*self.recovery).clone();
         let _ = rx.wait_for(|done| *done).await;
-    }
-
-    pub(crate) fn shared(&self) -> &Arc<Shared> {
-        &self.shared
     }
 
     fn check_open(&self) -> Result<()> {
@@ -287,7 +285,7 @@ impl Runtime {
     }
 
     /// Compacts the session's active history now (SPEC §11): a summary of the older part, the
-    /// recent part kept verbatim. Fails with `Invalid` when there is nothing to compact (no
+    /// recent part kept verbatim. Fails with `NothingToCompact` when there is nothing to compact (no
     /// provider call) and with `Unavailable` while a drain runs. Returns the new `kept_from`.
     pub async fn compact(&self, session: &SessionId) -> Result<agenthost_model::Seq> {
         self.check_open()?;
@@ -336,7 +334,12 @@ impl Runtime {
                 what: "wait_idle",
             });
         }
-        let timeout = timeout.saturating_sub(start.elapsed());
+        self.idle(session, timeout.saturating_sub(start.elapsed()))
+            .await
+    }
+
+    /// Returns when the session has no drain and no follow-up pending.
+    pub(crate) async fn idle(&self, session: &SessionId, timeout: Duration) -> Result<()> {
         match self
             .ask(session, "wait_idle", Some(timeout), session::Msg::WaitIdle)
             .await?

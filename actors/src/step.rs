@@ -36,7 +36,7 @@ pub(crate) enum StepEnd {
     Failed(Error),
 }
 
-/// Retries after the first attempt (SPEC §13.3).
+/// Retries after the first attempt (ARCHITECTURE.md, "Providers").
 const MAX_RETRIES: u32 = 4;
 const RETRY_BASE: Duration = Duration::from_secs(2);
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(15 * 60);
@@ -45,7 +45,8 @@ const RETRY_AFTER_CAP: Duration = Duration::from_secs(15 * 60);
 pub const TRUNCATED: &str = "\n[output truncated]";
 
 /// The note that continues a response a broken stream cut off.
-pub const CONTINUE_NOTE: &str = "Your previous response was cut off by a network error. Continue      exactly where it stopped, without repeating anything you already said.";
+pub const CONTINUE_NOTE: &str = "Your previous response was cut off by a network error. Continue \
+     exactly where it stopped, without repeating anything you already said.";
 
 /// The step's request from a fresh snapshot.
 async fn build(d: &Drain, step: u32) -> Result<Prepared> {
@@ -189,7 +190,7 @@ pub(crate) async fn run(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<St
                 prepared = build(d, step).await?;
             }
             // Nothing older to summarize: send as is and let the provider decide.
-            Err(Error::Invalid(_)) => {}
+            Err(Error::NothingToCompact) => {}
             Err(e) => return Ok(StepEnd::Failed(e)),
         }
     }
@@ -289,15 +290,14 @@ pub(crate) async fn run(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<St
                     _ = tokio::time::sleep(delay) => {}
                 }
             }
-            // Cut off after output (SPEC §9.8): keep the partial message, settle it, and continue
-            // in a new message with a fixed note, under the same retry budget and step number.
-            Some(error) if error.retryable() && attempt < MAX_RETRIES => {
+            // Cut off after output: keep the partial message, settle it, and continue in a new
+            // message with a fixed note, under the same retry budget and step number. Not when
+            // a complete tool call was recorded: the tool settles, the step fails once and no
+            // continuation follows (the `fail` arm below).
+            Some(error) if error.retryable() && attempt < MAX_RETRIES && a.calls.is_empty() => {
                 attempt += 1;
                 let delay = retry_delay(attempt, error.retry_after());
                 a.flush_partials(d, &message).await?;
-                if run_tools(d, &message, &a.calls, prepared.last_step).await? {
-                    return abort(d, &message, &mut a).await;
-                }
                 let mut events = spent(&a, &prepared);
                 events.push(Event::RetryScheduled {
                     id: message.clone(),
@@ -369,12 +369,19 @@ async fn fail(
         id: message.clone(),
         error: failure.clone(),
     });
-    d.append(events).await?;
-    report_step(d, message, step, Some(failure.message));
     let error = match error.kind() {
         llm::ErrorKind::ContextOverflow => Error::ContextOverflow(error.to_string()),
         _ => Error::Provider(error),
     };
+    // The step's failure ends the drain in the same commit: a failed step under a held claim
+    // then always means its retry or continuation was still to come (ARCHITECTURE.md,
+    // "Recovery: what a session owes").
+    events.push(Event::ExecutionFailed {
+        error: error.to_string(),
+        halted: false,
+    });
+    d.append(events).await?;
+    report_step(d, message, step, Some(failure.message));
     Ok(StepEnd::Failed(error))
 }
 

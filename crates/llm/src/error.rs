@@ -48,12 +48,16 @@ pub enum ErrorKind {
 impl ErrorKind {
     /// Whether an error of this kind is worth retrying, absent an `x-should-retry` override.
     ///
-    /// SPEC §13.3: rate limit, provider internal, transport before anything was received, and an
-    /// incomplete stream.
+    /// Rate limit, provider internal, a transport error (a reset mid-stream is an incomplete
+    /// stream: the runtime continues from what arrived) and an incomplete stream.
     pub fn retryable_by_default(self) -> bool {
         match self {
-            Self::RateLimit | Self::ProviderInternal { .. } | Self::IncompleteStream => true,
-            Self::Transport { received_any } => !received_any,
+            // A connection cut mid-stream is an incomplete stream: the runtime keeps what
+            // arrived and continues from it, as it does for any other cut.
+            Self::RateLimit
+            | Self::ProviderInternal { .. }
+            | Self::IncompleteStream
+            | Self::Transport { .. } => true,
             Self::QuotaExceeded
             | Self::Authentication
             | Self::InvalidRequest

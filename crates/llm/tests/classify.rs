@@ -521,8 +521,9 @@ fn in_stream_error_table() {
 
 #[test]
 fn default_retryability_follows_the_spec() {
-    // SPEC §13.3: rate limit, provider internal, transport before anything was received, and
-    // incomplete stream are retryable; nothing else is.
+    // Rate limit, provider internal, transport errors (before anything was received, or a reset
+    // mid-stream, which is an incomplete stream) and incomplete streams are retryable; nothing
+    // else is. After output, "retry" means continue from the partial message.
     let retryable = [
         RateLimit,
         ProviderInternal { overloaded: false },
@@ -530,11 +531,11 @@ fn default_retryability_follows_the_spec() {
         Transport {
             received_any: false,
         },
+        Transport { received_any: true },
         IncompleteStream,
     ];
     let final_ = [
         QuotaExceeded,
-        Transport { received_any: true },
         Authentication,
         InvalidRequest,
         ContextOverflow,

@@ -231,7 +231,8 @@ async fn idle_timeout_fires_on_a_stalled_stream() {
         ErrorKind::Transport { received_any: true },
         "{error}"
     );
-    assert!(!error.retryable());
+    // A stall is an incomplete stream: the runtime continues from what arrived.
+    assert!(error.retryable());
     assert!(error.message().contains("idle timeout"), "{error}");
     // The first chunk arrived before the stall.
     assert!(matches!(items[0], Ok(Event::StepStart { .. })));

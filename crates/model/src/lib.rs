@@ -1,5 +1,5 @@
 //! The agenthost domain, pure: ids, prompts, messages, durable events, the projector, the
-//! promotion rules of delivery and history selection after compaction.
+//! promotion rules of delivery, history selection after compaction, and what a session owes.
 //!
 //! This crate owns the *meaning* of a session's event log. It does no I/O, spawns nothing, reads
 //! no clock and draws no randomness: time and entropy are parameters (see [`ids`]), so replay and
@@ -7,7 +7,7 @@
 //!
 //! Main types: [`SessionId`], [`MessageId`], [`Seq`], [`Event`], [`Stored`], [`Message`],
 //! [`SessionRow`], [`InboxRow`], the [`Projection`] trait with its in-memory implementation
-//! [`Projections`], and the pure rules [`promotion::select`] and [`history::select`].
+//! [`Projections`], and the pure rules [`promotion::select`], [`history::select`] and [`owed()`].
 
 pub mod error;
 pub mod event;
@@ -15,6 +15,7 @@ pub mod history;
 pub mod ids;
 pub mod memory;
 pub mod message;
+pub mod owed;
 pub mod projection;
 pub mod promotion;
 pub mod prompt;
@@ -32,5 +33,6 @@ pub use message::{
     AssistantMessage, CompactionState, Finish, InboxRow, IndexEntry, InstructionState, Message,
     Part, SessionRow, ToolPart, ToolState, Usage,
 };
+pub use owed::{Owed, Policy, Why, owed};
 pub use projection::{ApplyError, Projection, apply};
 pub use prompt::{Delivery, FileAttachment, Prompt};

@@ -65,7 +65,8 @@ pub struct SessionRow {
     pub last_seq: Seq,
     pub usage: Usage,
     pub claim: Option<Claim>,
-    /// Recoveries attempted since the last settled execution (SPEC §12.3).
+    /// Recoveries attempted in a row without progress: reset by a completed step and by every
+    /// execution that releases the claim.
     pub resume_attempts: u32,
     /// Set when the runtime gave up on the session (restart intensity exceeded, recovery
     /// exhausted): nothing resumes it until an explicit resume.

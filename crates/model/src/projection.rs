@@ -315,6 +315,8 @@ pub fn apply<P: Projection>(
             a.usage = *usage;
             a.completed = Some(time);
             row.usage.add(usage);
+            // Progress: recovery counts attempts in a row without a completed step.
+            row.resume_attempts = 0;
             p.put_message(session, Message::Assistant(a)).map_err(be)?;
         }
         Event::StepFailed { id, error } => {

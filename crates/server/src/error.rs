@@ -114,7 +114,7 @@ impl From<Error> for ApiError {
         let kind = match &error {
             Error::SessionNotFound(_) => ErrorType::SessionNotFound,
             Error::PromptConflict { .. } => ErrorType::PromptConflict,
-            Error::Invalid(_) => ErrorType::InvalidRequest,
+            Error::Invalid(_) | Error::NothingToCompact => ErrorType::InvalidRequest,
             Error::PromptTooLarge { .. } => ErrorType::PayloadTooLarge,
             Error::Provider(e) if e.kind() == agenthost_llm::ErrorKind::ContextOverflow => {
                 ErrorType::ContextOverflow
@@ -124,7 +124,8 @@ impl From<Error> for ApiError {
             Error::Unavailable(_)
             | Error::ShuttingDown
             | Error::Timeout { .. }
-            | Error::ActorDied(_) => ErrorType::Unavailable,
+            | Error::ActorDied(_)
+            | Error::Halted { .. } => ErrorType::Unavailable,
             // A configuration the session cannot run under (its agent or model is gone) is the
             // server's problem, not the request's.
             Error::Storage(_) | Error::Panicked(_) | Error::Config(_) => ErrorType::Internal,

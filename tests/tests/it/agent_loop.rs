@@ -623,10 +623,7 @@ async fn manual_compaction_and_nothing_to_compact() {
     .await;
     let s = h.session().await;
     let result = h.runtime.compact(&s).await;
-    assert!(
-        matches!(result, Err(Error::Invalid(ref m)) if m.contains("nothing to compact")),
-        "{result:?}"
-    );
+    assert!(matches!(result, Err(Error::NothingToCompact)), "{result:?}");
     assert_eq!(h.provider.calls(), 0);
     h.prompt(&s, &"lots of words ".repeat(50)).await;
     h.idle(&s).await;

@@ -1,0 +1,872 @@
+//! What a session owes: one pure decision over its durable projection (ARCHITECTURE.md,
+//! "Recovery: what a session owes").
+//!
+//! Every place that decides whether a session must run again asks [`owed`]: a drain as it
+//! starts, recovery after a crash or a shutdown, and the supervisor when it gives up on a
+//! session. The answer depends only on what is durable (the session row and its active history),
+//! never on what a process remembers, so a restart at any commit boundary reaches the same
+//! answer as the process that stopped there.
+//!
+//! The claim is what tells a user interrupt from a shutdown or a crash: an interrupt releases it
+//! (`ExecutionInterrupted { User }`), a shutdown keeps it and a crash never gets to release it.
+//! A step ends its drain explicitly (`StepFailed` in the same commit as `ExecutionFailed`), so a
+//! failed step under a held claim is one whose retry or continuation was still to come.
+//!
+//! [`leftovers`] lists what a stopped execution left open (running tools, unsettled steps,
+//! running compactions), and [`close`] turns them into the events that fail them, for the paths
+//! that must not run anything again (giving up, a halt).
+
+use crate::event::{Event, FailureKind, StepError};
+use crate::ids::MessageId;
+use crate::message::{CompactionState, Finish, Message, Part, SessionRow, ToolPart};
+
+/// Limits the decision applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// The session agent's step limit: a step at or past it owes no continuation.
+    pub max_steps: u32,
+    /// Recoveries in a row without a completed step before the session is failed for good.
+    pub max_attempts: u32,
+}
+
+/// What a session owes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owed {
+    /// Every admitted input is answered or explicitly failed: no model call is owed.
+    Nothing,
+    /// The session is halted: nothing runs until an explicit resume.
+    Halted,
+    /// Recovery gave up: the session must be failed explicitly, with this reason, and halted.
+    Fail(String),
+    /// A model call is owed, for this reason.
+    Call(Why),
+}
+
+/// Why a model call is owed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    /// Input is pending, or a user message has no answer yet.
+    NewInput,
+    /// A step called tools and their results wait for the model.
+    ToolResults,
+    /// A step was cut by a crash or a shutdown before it settled.
+    CutStep,
+    /// A step failed and its retry or continuation was still to come.
+    PendingRetry,
+    /// A compaction was cut before it settled; the step it preceded is owed.
+    Compaction,
+}
+
+impl Owed {
+    pub fn is_call(&self) -> bool {
+        matches!(self, Owed::Call(_))
+    }
+}
+
+/// Says what the session owes, from its row and its active history (in seq order).
+///
+/// The claim is read as left by an execution that is gone: call this where no execution of the
+/// session is live (a drain's start, recovery, a halt).
+pub fn owed(row: &SessionRow, messages: &[Message], policy: &Policy) -> Owed {
+    if row.halted.is_some() {
+        return Owed::Halted;
+    }
+    let claimed = row.claim.is_some();
+    if claimed && row.resume_attempts >= policy.max_attempts {
+        return Owed::Fail(format!(
+            "interrupted repeatedly: {} recoveries in a row did not complete a step; resume to \
+             retry",
+            row.resume_attempts
+        ));
+    }
+    match turn(messages, claimed, policy.max_steps) {
+        Some(why) => Owed::Call(why),
+        None if row.pending > 0 => Owed::Call(Why::NewInput),
+        None => Owed::Nothing,
+    }
+}
+
+/// Whether the history owes the model a call, ignoring pending input and attempts. `claimed`
+/// says whether the session's claim is still held (a shutdown or a crash, not a user interrupt
+/// or an explicit failure).
+pub fn turn(messages: &[Message], claimed: bool, max_steps: u32) -> Option<Why> {
+    let cut_compaction = claimed
+        && messages.iter().any(|m| {
+            matches!(
+                m,
+                Message::Compaction {
+                    auto: true,
+                    state: CompactionState::Running,
+                    ..
+                }
+            )
+        });
+    let last = messages
+        .iter()
+        .rev()
+        .find(|m| !matches!(m, Message::System { .. } | Message::Compaction { .. }));
+    let why = match last {
+        None => None,
+        Some(Message::User { .. }) => Some(Why::NewInput),
+        Some(Message::Assistant(a)) => match (&a.finish, &a.error) {
+            // Unsettled: the process stopped while the model streamed or tools ran.
+            (None, None) => Some(Why::CutStep),
+            (_, Some(error)) if claimed => Some(match error.kind {
+                FailureKind::Aborted | FailureKind::Restarted => Why::CutStep,
+                _ => Why::PendingRetry,
+            }),
+            // Explicitly failed or interrupted by the user.
+            (_, Some(_)) => None,
+            (Some(finish), None) => {
+                let called = a.parts.iter().any(|p| matches!(p, Part::Tool(_)));
+                // A filtered answer ends the turn; so does the last step, whose calls failed.
+                let continues =
+                    called && a.step < max_steps && !matches!(finish, Finish::ContentFilter);
+                continues.then_some(Why::ToolResults)
+            }
+        },
+        Some(Message::System { .. } | Message::Compaction { .. }) => {
+            unreachable!("filtered above")
+        }
+    };
+    match why {
+        Some(_) if cut_compaction => Some(Why::Compaction),
+        other => other,
+    }
+}
+
+/// What a stopped execution left open, in history order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Leftovers {
+    /// Tool calls recorded as called and never settled, with their assistant message.
+    pub tools: Vec<(MessageId, ToolPart)>,
+    /// Assistant messages never settled.
+    pub steps: Vec<MessageId>,
+    /// Compactions started and never settled.
+    pub compactions: Vec<MessageId>,
+}
+
+impl Leftovers {
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty() && self.steps.is_empty() && self.compactions.is_empty()
+    }
+}
+
+/// Lists what is open in `messages`.
+pub fn leftovers(messages: &[Message]) -> Leftovers {
+    let mut left = Leftovers::default();
+    for message in messages {
+        match message {
+            Message::Assistant(a) => {
+                left.tools
+                    .extend(a.running_tools().map(|t| (a.id.clone(), t.clone())));
+                if !a.is_settled() {
+                    left.steps.push(a.id.clone());
+                }
+            }
+            Message::Compaction {
+                id,
+                state: CompactionState::Running,
+                ..
+            } => left.compactions.push(id.clone()),
+            _ => {}
+        }
+    }
+    left
+}
+
+/// The step error of a step a stopped process left open.
+pub fn restarted() -> StepError {
+    StepError {
+        kind: FailureKind::Restarted,
+        message: "interrupted by restart".into(),
+    }
+}
+
+/// The events that close every leftover without running anything: tools failed with `tool_error`,
+/// steps failed as restarted, compactions failed.
+pub fn close(left: &Leftovers, tool_error: &str) -> Vec<Event> {
+    let tools = left.tools.iter().map(|(id, tool)| Event::ToolFailed {
+        id: id.clone(),
+        call_id: tool.call_id.clone(),
+        error: tool_error.to_owned(),
+    });
+    let steps = left.steps.iter().map(|id| Event::StepFailed {
+        id: id.clone(),
+        error: restarted(),
+    });
+    tools.chain(steps).chain(close_compactions(left)).collect()
+}
+
+/// The events that fail the compactions a stopped process left running.
+pub fn close_compactions(left: &Leftovers) -> impl Iterator<Item = Event> + '_ {
+    left.compactions.iter().map(|id| Event::CompactionFailed {
+        id: id.clone(),
+        error: "interrupted by restart".into(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    //! Table tests for every reason, and a property test over logs shaped as drains write them:
+    //! at every prefix (every place a process can stop), the decision is total and never
+    //! `Nothing` while an admitted input is neither answered nor explicitly failed.
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::event::{InterruptReason, Stored};
+    use crate::ids::{Seq, SessionId, Timestamp};
+    use crate::memory::Projections;
+    use crate::message::Usage;
+    use crate::prompt::{Delivery, Prompt};
+
+    const POLICY: Policy = Policy {
+        max_steps: 4,
+        max_attempts: 3,
+    };
+
+    /// Builds logs event by event, shaped as drains write them.
+    #[derive(Default)]
+    struct Log {
+        events: Vec<Event>,
+        minted: u64,
+        pending: Vec<MessageId>,
+    }
+
+    impl Log {
+        fn id(&mut self) -> MessageId {
+            self.minted += 1;
+            MessageId::mint(Timestamp(self.minted), u128::from(self.minted))
+        }
+
+        fn push(&mut self, events: impl IntoIterator<Item = Event>) {
+            self.events.extend(events);
+        }
+
+        fn admit(&mut self) {
+            let id = self.id();
+            self.pending.push(id.clone());
+            self.push([Event::PromptAdmitted {
+                id,
+                delivery: Delivery::Steer,
+                prompt: Prompt::text("task"),
+            }]);
+        }
+
+        fn start(&mut self, step: u32) -> MessageId {
+            let id = self.id();
+            self.push([Event::StepStarted {
+                id: id.clone(),
+                step,
+                agent: "a".into(),
+                model: "m".into(),
+            }]);
+            id
+        }
+
+        fn text(&mut self, id: &MessageId, incomplete: bool) {
+            self.push([Event::TextEnded {
+                id: id.clone(),
+                text: "t".into(),
+                incomplete,
+            }]);
+        }
+
+        fn end(&mut self, id: &MessageId, finish: Finish) {
+            self.push([Event::StepEnded {
+                id: id.clone(),
+                finish,
+                usage: Usage::default(),
+            }]);
+        }
+
+        fn tools(&mut self, id: &MessageId, n: usize) {
+            for call in 0..n {
+                self.push([Event::ToolCalled {
+                    id: id.clone(),
+                    call_id: format!("c{call}"),
+                    name: "t".into(),
+                    input: "{}".into(),
+                }]);
+            }
+            for call in 0..n {
+                self.push([Event::ToolSucceeded {
+                    id: id.clone(),
+                    call_id: format!("c{call}"),
+                    output: "ok".into(),
+                    truncated: false,
+                }]);
+            }
+        }
+
+        fn provider_error() -> StepError {
+            StepError {
+                kind: FailureKind::Provider,
+                message: "503".into(),
+            }
+        }
+
+        /// One whole drain of the given shape.
+        fn drain(&mut self, shape: Shape) {
+            self.push([Event::ExecutionStarted { forced: false }]);
+            let promoted: Vec<_> = std::mem::take(&mut self.pending);
+            self.push(promoted.into_iter().map(|id| Event::PromptPromoted { id }));
+            match shape {
+                Shape::Text => {
+                    let a = self.start(1);
+                    self.text(&a, false);
+                    self.end(&a, Finish::Stop);
+                }
+                Shape::Tools => {
+                    let a = self.start(1);
+                    self.tools(&a, 2);
+                    self.end(&a, Finish::ToolCalls);
+                    let b = self.start(2);
+                    self.text(&b, false);
+                    self.end(&b, Finish::Stop);
+                }
+                Shape::RetryBeforeOutput => {
+                    let a = self.start(1);
+                    self.push([Event::RetryScheduled {
+                        id: a.clone(),
+                        attempt: 1,
+                        delay_ms: 2000,
+                        error: Log::provider_error(),
+                    }]);
+                    self.text(&a, false);
+                    self.end(&a, Finish::Stop);
+                }
+                Shape::CutAfterOutput => {
+                    let a = self.start(1);
+                    self.text(&a, true);
+                    self.push([
+                        Event::RetryScheduled {
+                            id: a.clone(),
+                            attempt: 1,
+                            delay_ms: 2000,
+                            error: Log::provider_error(),
+                        },
+                        Event::StepFailed {
+                            id: a,
+                            error: Log::provider_error(),
+                        },
+                    ]);
+                    let b = self.start(1);
+                    self.text(&b, false);
+                    self.end(&b, Finish::Stop);
+                }
+                Shape::Compaction => {
+                    let c = self.id();
+                    self.push([
+                        Event::CompactionStarted {
+                            id: c.clone(),
+                            auto: true,
+                        },
+                        Event::CompactionEnded {
+                            id: c,
+                            summary: "s".into(),
+                            kept_from: Seq(1),
+                            usage: Usage::default(),
+                        },
+                    ]);
+                    let a = self.start(1);
+                    self.text(&a, false);
+                    self.end(&a, Finish::Stop);
+                }
+                Shape::Failed => {
+                    let a = self.start(1);
+                    self.push([
+                        Event::StepFailed {
+                            id: a,
+                            error: Log::provider_error(),
+                        },
+                        Event::ExecutionFailed {
+                            error: "503".into(),
+                            halted: false,
+                        },
+                    ]);
+                    return;
+                }
+                Shape::ToolThenError => {
+                    let a = self.start(1);
+                    self.tools(&a, 1);
+                    self.push([
+                        Event::StepFailed {
+                            id: a,
+                            error: Log::provider_error(),
+                        },
+                        Event::ExecutionFailed {
+                            error: "503".into(),
+                            halted: false,
+                        },
+                    ]);
+                    return;
+                }
+                Shape::StepLimit => {
+                    let a = self.start(POLICY.max_steps);
+                    self.push([
+                        Event::ToolCalled {
+                            id: a.clone(),
+                            call_id: "c".into(),
+                            name: "t".into(),
+                            input: "{}".into(),
+                        },
+                        Event::ToolFailed {
+                            id: a.clone(),
+                            call_id: "c".into(),
+                            error: "tool calls are disabled on the last step".into(),
+                        },
+                    ]);
+                    self.end(&a, Finish::ToolCalls);
+                }
+                Shape::Filtered => {
+                    let a = self.start(1);
+                    self.tools(&a, 1);
+                    self.end(&a, Finish::ContentFilter);
+                }
+            }
+            self.push([Event::ExecutionSucceeded]);
+        }
+
+        /// A drain cut after `at` of its events by a user interrupt or a shutdown: what the
+        /// drain writes when cancelled.
+        fn cut(&mut self, shape: Shape, at: usize, reason: InterruptReason) {
+            let mut whole = Log {
+                minted: self.minted,
+                pending: self.pending.clone(),
+                ..Log::default()
+            };
+            whole.drain(shape);
+            let at = at % whole.events.len();
+            let mut state = self.replay();
+            let session = session();
+            for event in &whole.events[..at] {
+                self.push([event.clone()]);
+                let seq = state.sessions[&session].last_seq.next();
+                state
+                    .apply(&session, &stored(seq, event.clone()))
+                    .expect("valid");
+            }
+            self.minted = whole.minted;
+            self.pending.clear();
+            self.pending
+                .extend(state.pending(&session).into_iter().map(|i| i.id));
+            let row = &state.sessions[&session];
+            if row.claim.is_none() {
+                // Cut before the drain took the claim (or after it let it go): nothing to write.
+                return;
+            }
+            let left = leftovers(&state.session_messages(&session));
+            let mut events: Vec<Event> = left
+                .tools
+                .iter()
+                .map(|(id, t)| Event::ToolFailed {
+                    id: id.clone(),
+                    call_id: t.call_id.clone(),
+                    error: "interrupted".into(),
+                })
+                .collect();
+            events.extend(left.steps.iter().map(|id| Event::StepFailed {
+                id: id.clone(),
+                error: StepError {
+                    kind: FailureKind::Aborted,
+                    message: "aborted".into(),
+                },
+            }));
+            events.extend(close_compactions(&left));
+            events.push(Event::ExecutionInterrupted { reason });
+            self.push(events);
+        }
+
+        /// A crash after `at` events of a drain, then the recovery drain the next process runs.
+        fn crash(&mut self, shape: Shape, at: usize) {
+            let mut whole = Log {
+                minted: self.minted,
+                pending: self.pending.clone(),
+                ..Log::default()
+            };
+            whole.drain(shape);
+            let at = at % whole.events.len();
+            self.push(whole.events[..at].iter().cloned());
+            self.minted = whole.minted;
+            let state = self.replay();
+            let session = session();
+            self.pending = state.pending(&session).into_iter().map(|i| i.id).collect();
+            self.recover(&state);
+        }
+
+        /// What a recovering drain writes, as the runtime does: attempt, settle, then either
+        /// give up or carry on until answered.
+        fn recover(&mut self, state: &Projections) {
+            let session = session();
+            let row = state.sessions[&session].clone();
+            if row.claim.is_none() {
+                return;
+            }
+            let messages = state.session_messages(&session);
+            match owed(&row, &messages, &POLICY) {
+                Owed::Halted => {}
+                Owed::Fail(reason) => {
+                    let mut events = vec![Event::RecoveryAttempted {
+                        attempt: row.resume_attempts + 1,
+                    }];
+                    events.extend(close(&leftovers(&messages), "stopped"));
+                    events.push(Event::ExecutionFailed {
+                        error: reason,
+                        halted: true,
+                    });
+                    self.push(events);
+                }
+                Owed::Nothing => self.push([
+                    Event::ExecutionStarted { forced: false },
+                    Event::RecoveryAttempted {
+                        attempt: row.resume_attempts + 1,
+                    },
+                    Event::ExecutionSucceeded,
+                ]),
+                Owed::Call(_) => {
+                    self.push([
+                        Event::ExecutionStarted { forced: false },
+                        Event::RecoveryAttempted {
+                            attempt: row.resume_attempts + 1,
+                        },
+                    ]);
+                    self.push(close(&leftovers(&messages), "stopped"));
+                    let promoted: Vec<_> = std::mem::take(&mut self.pending);
+                    self.push(promoted.into_iter().map(|id| Event::PromptPromoted { id }));
+                    let a = self.start(1);
+                    self.text(&a, false);
+                    self.end(&a, Finish::Stop);
+                    self.push([Event::ExecutionSucceeded]);
+                }
+            }
+        }
+
+        fn replay(&self) -> Projections {
+            replay(&self.events)
+        }
+    }
+
+    fn session() -> SessionId {
+        SessionId::mint(Timestamp(1), 1)
+    }
+
+    fn stored(seq: Seq, event: Event) -> Stored {
+        Stored {
+            seq,
+            time: Timestamp(seq.0),
+            event,
+        }
+    }
+
+    /// Projections of `events` after the session's creation.
+    fn replay(events: &[Event]) -> Projections {
+        let session = session();
+        let mut p = Projections::default();
+        let created = Event::SessionCreated {
+            agent: "a".into(),
+            model: None,
+            title: None,
+        };
+        p.apply(&session, &stored(Seq::ZERO, created))
+            .expect("created");
+        for (n, event) in events.iter().enumerate() {
+            let seq = Seq(n as u64 + 1);
+            if let Err(e) = p.apply(&session, &stored(seq, event.clone())) {
+                panic!("event {n} {event:?} refused: {e}\n{events:#?}");
+            }
+        }
+        p
+    }
+
+    fn decide(events: &[Event]) -> Owed {
+        let p = replay(events);
+        let session = session();
+        owed(
+            &p.sessions[&session],
+            &p.session_messages(&session),
+            &POLICY,
+        )
+    }
+
+    /// The reference: which admitted inputs are still owed an answer, read straight off the log.
+    /// An input is answered by a step that ends without tool calls to continue from, and
+    /// explicitly failed by a failed execution or a user interrupt.
+    fn unanswered(events: &[Event]) -> bool {
+        let mut pending = 0usize;
+        let mut open = false;
+        let mut halted = false;
+        let mut called: std::collections::HashMap<MessageId, (u32, bool)> = Default::default();
+        for event in events {
+            match event {
+                Event::PromptAdmitted { .. } => pending += 1,
+                Event::PromptPromoted { .. } => {
+                    pending -= 1;
+                    open = true;
+                }
+                Event::StepStarted { id, step, .. } => {
+                    called.insert(id.clone(), (*step, false));
+                }
+                Event::ToolCalled { id, .. } => {
+                    called.get_mut(id).expect("started").1 = true;
+                }
+                Event::StepEnded { id, finish, .. } => {
+                    let (step, tools) = called[id];
+                    let continues = tools
+                        && step < POLICY.max_steps
+                        && !matches!(finish, Finish::ContentFilter);
+                    if !continues {
+                        open = false;
+                    }
+                }
+                Event::ExecutionFailed { halted: h, .. } => {
+                    open = false;
+                    halted |= *h;
+                }
+                Event::ExecutionInterrupted {
+                    reason: InterruptReason::User,
+                } => open = false,
+                Event::ExecutionStarted { .. } => halted = false,
+                _ => {}
+            }
+        }
+        !halted && (open || pending > 0)
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    enum Shape {
+        Text,
+        Tools,
+        RetryBeforeOutput,
+        CutAfterOutput,
+        Compaction,
+        Failed,
+        ToolThenError,
+        StepLimit,
+        Filtered,
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    enum Op {
+        Admit,
+        Drain(Shape),
+        Cut(Shape, usize, InterruptReason),
+        Crash(Shape, usize),
+    }
+
+    fn shape() -> impl Strategy<Value = Shape> {
+        prop_oneof![
+            Just(Shape::Text),
+            Just(Shape::Tools),
+            Just(Shape::RetryBeforeOutput),
+            Just(Shape::CutAfterOutput),
+            Just(Shape::Compaction),
+            Just(Shape::Failed),
+            Just(Shape::ToolThenError),
+            Just(Shape::StepLimit),
+            Just(Shape::Filtered),
+        ]
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let reason = prop_oneof![Just(InterruptReason::User), Just(InterruptReason::Shutdown)];
+        prop_oneof![
+            2 => Just(Op::Admit),
+            2 => shape().prop_map(Op::Drain),
+            1 => (shape(), 0..40usize, reason).prop_map(|(s, at, r)| Op::Cut(s, at, r)),
+            2 => (shape(), 0..40usize).prop_map(|(s, at)| Op::Crash(s, at)),
+        ]
+    }
+
+    fn build(ops: &[Op]) -> Log {
+        let mut log = Log::default();
+        for op in ops {
+            let claimed = log.replay().sessions[&session()].claim.is_some();
+            match *op {
+                Op::Admit => log.admit(),
+                // A new process recovers a claimed session before anything else runs it.
+                _ if claimed => {
+                    let state = log.replay();
+                    log.recover(&state);
+                }
+                // A drain with nothing pending writes nothing.
+                _ if log.pending.is_empty() => {}
+                Op::Drain(shape) => log.drain(shape),
+                Op::Cut(shape, at, reason) => log.cut(shape, at, reason),
+                Op::Crash(shape, at) => log.crash(shape, at),
+            }
+        }
+        log
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        #[test]
+        fn never_nothing_while_an_input_is_unanswered(ops in proptest::collection::vec(op(), 1..12)) {
+            let log = build(&ops);
+            for end in 0..=log.events.len() {
+                let prefix = &log.events[..end];
+                let decision = decide(prefix);
+                if unanswered(prefix) {
+                    prop_assert!(
+                        decision != Owed::Nothing,
+                        "prefix of {end} events owes an answer, decided {decision:?}\n{prefix:#?}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The decision at the end of `events`, checked against `expected`.
+    fn check(events: &[Event], expected: Owed) {
+        assert_eq!(decide(events), expected, "{events:#?}");
+    }
+
+    fn drained(shape: Shape) -> Log {
+        let mut log = Log::default();
+        log.admit();
+        log.drain(shape);
+        log
+    }
+
+    #[test]
+    fn answered_and_failed_sessions_owe_nothing() {
+        for shape in [
+            Shape::Text,
+            Shape::Tools,
+            Shape::RetryBeforeOutput,
+            Shape::CutAfterOutput,
+            Shape::Compaction,
+            Shape::Failed,
+            Shape::ToolThenError,
+            Shape::StepLimit,
+            Shape::Filtered,
+        ] {
+            check(&drained(shape).events, Owed::Nothing);
+        }
+    }
+
+    #[test]
+    fn pending_input_is_owed() {
+        let mut log = Log::default();
+        log.admit();
+        check(&log.events, Owed::Call(Why::NewInput));
+        // A promoted input with no answer yet (the drain stopped right after promoting).
+        log.push([Event::ExecutionStarted { forced: false }]);
+        let id = log.pending.pop().expect("admitted");
+        log.push([Event::PromptPromoted { id }]);
+        check(&log.events, Owed::Call(Why::NewInput));
+    }
+
+    /// The log of a drain that stopped after `take` of its events.
+    fn stopped(shape: Shape, take: usize) -> Vec<Event> {
+        let mut log = drained(shape);
+        log.events.truncate(take);
+        log.events
+    }
+
+    #[test]
+    fn tool_results_are_owed_a_call() {
+        // Admitted, started, promoted, step, two calls, two results, step ended.
+        check(&stopped(Shape::Tools, 9), Owed::Call(Why::ToolResults));
+    }
+
+    #[test]
+    fn a_step_cut_by_a_crash_or_a_shutdown_is_owed() {
+        // The step started and streamed text, then the process died.
+        check(&stopped(Shape::Text, 5), Owed::Call(Why::CutStep));
+        // Shutdown: the step aborted, the claim kept.
+        let mut log = Log::default();
+        log.admit();
+        log.cut(Shape::Text, 4, InterruptReason::Shutdown);
+        check(&log.events, Owed::Call(Why::CutStep));
+        // A user interrupt releases the claim and owes nothing.
+        let mut log = Log::default();
+        log.admit();
+        log.cut(Shape::Text, 4, InterruptReason::User);
+        check(&log.events, Owed::Nothing);
+    }
+
+    #[test]
+    fn a_pending_retry_or_continuation_is_owed() {
+        // The cut-off message failed and its continuation was scheduled, then a crash.
+        check(
+            &stopped(Shape::CutAfterOutput, 7),
+            Owed::Call(Why::PendingRetry),
+        );
+        // A retry before output: the message is still open.
+        check(
+            &stopped(Shape::RetryBeforeOutput, 5),
+            Owed::Call(Why::CutStep),
+        );
+    }
+
+    #[test]
+    fn an_unsettled_compaction_is_owed_with_its_step() {
+        check(&stopped(Shape::Compaction, 4), Owed::Call(Why::Compaction));
+        let left = leftovers(&replay(&stopped(Shape::Compaction, 4)).session_messages(&session()));
+        assert_eq!(left.compactions.len(), 1);
+    }
+
+    #[test]
+    fn the_step_limit_and_a_filtered_answer_end_the_turn() {
+        check(&stopped(Shape::StepLimit, 7), Owed::Nothing);
+        check(&stopped(Shape::Filtered, 7), Owed::Nothing);
+    }
+
+    #[test]
+    fn recovery_gives_up_after_attempts_in_a_row_without_progress() {
+        let mut events = stopped(Shape::Tools, 5);
+        for attempt in 1..=POLICY.max_attempts {
+            events.push(Event::RecoveryAttempted { attempt });
+        }
+        assert!(matches!(decide(&events), Owed::Fail(_)));
+        // A completed step resets the count.
+        let mut log = drained(Shape::Tools);
+        log.events.truncate(4);
+        log.push([Event::RecoveryAttempted { attempt: 3 }]);
+        log.push([Event::ToolCalled {
+            id: match &log.events[3] {
+                Event::StepStarted { id, .. } => id.clone(),
+                other => panic!("{other:?}"),
+            },
+            call_id: "x".into(),
+            name: "t".into(),
+            input: "{}".into(),
+        }]);
+        assert!(matches!(decide(&log.events), Owed::Fail(_)));
+        let mut log = drained(Shape::Tools);
+        log.events.truncate(9);
+        log.events
+            .insert(4, Event::RecoveryAttempted { attempt: 3 });
+        check(&log.events, Owed::Call(Why::ToolResults));
+    }
+
+    #[test]
+    fn a_halted_session_waits_for_a_resume() {
+        let mut log = Log::default();
+        log.admit();
+        log.push([
+            Event::ExecutionStarted { forced: false },
+            Event::ExecutionFailed {
+                error: "gave up".into(),
+                halted: true,
+            },
+        ]);
+        log.admit();
+        check(&log.events, Owed::Halted);
+    }
+
+    #[test]
+    fn close_fails_every_leftover() {
+        let events = stopped(Shape::Tools, 6);
+        let p = replay(&events);
+        let left = leftovers(&p.session_messages(&session()));
+        assert_eq!((left.tools.len(), left.steps.len()), (2, 1));
+        let mut all = events.clone();
+        all.extend(close(&left, "stopped"));
+        let p = replay(&all);
+        assert!(leftovers(&p.session_messages(&session())).is_empty());
+    }
+}
