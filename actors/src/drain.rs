@@ -498,16 +498,18 @@ enum Recovered {
 /// other is failed as stopped), and when a model call is owed, one note tells the model the
 /// server restarted.
 async fn recover(d: &Drain, row: &agenthost_model::SessionRow) -> Result<Recovered> {
-    let (_, history) = d
+    // Every message from where the active history loads, compactions included (the history the
+    // model sees leaves them out).
+    let from = agenthost_model::history::load_from(row);
+    let messages = d
         .shared
         .store
         .snapshot()?
-        .history(&d.session, Mode::All)?
-        .ok_or_else(|| Error::SessionNotFound(d.session.clone()))?;
+        .messages(&d.session, from, usize::MAX)?;
     let policy = policy(d, row);
     let attempt = row.resume_attempts + 1;
-    let left = owed::leftovers(&history.messages);
-    let decision = owed::owed(row, &history.messages, &policy);
+    let left = owed::leftovers(&messages);
+    let decision = owed::owed(row, &messages, &policy);
     tracing::info!(session_id = %d.session, attempt, ?decision, "recovering");
     d.shared
         .metrics
@@ -553,7 +555,7 @@ async fn recover(d: &Drain, row: &agenthost_model::SessionRow) -> Result<Recover
     });
     d.append(closing).await?;
     // The step a stop cut is run again under its number; tool results continue to the next.
-    let last = history.messages.iter().rev().find_map(|m| match m {
+    let last = messages.iter().rev().find_map(|m| match m {
         Message::Assistant(a) => Some(a.step),
         _ => None,
     });

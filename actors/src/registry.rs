@@ -15,7 +15,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
-use agenthost_model::history::Mode;
+use agenthost_model::history;
 use agenthost_model::{Event, SessionId, owed};
 use ractor::{
     Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
@@ -218,15 +218,23 @@ impl Actor for Registry {
 /// resume.
 async fn halt(shared: &Arc<Shared>, session: &SessionId, reason: &str) -> Result<()> {
     let (s, id) = (shared.clone(), session.clone());
-    let history = tokio::task::spawn_blocking(move || -> Result<_> {
-        Ok(s.store.snapshot()?.history(&id, Mode::All)?)
+    let messages = tokio::task::spawn_blocking(move || -> Result<_> {
+        let snap = s.store.snapshot()?;
+        let Some(row) = snap.session(&id)? else {
+            return Ok(None);
+        };
+        Ok(Some(snap.messages(
+            &id,
+            history::load_from(&row),
+            usize::MAX,
+        )?))
     })
     .await
     .map_err(|e| Error::Unavailable(format!("session read failed: {e}")))??;
-    let mut events = match history {
-        Some((_, history)) => owed::close(&owed::leftovers(&history.messages), STOPPED_TOOL),
-        None => return Ok(()),
+    let Some(messages) = messages else {
+        return Ok(());
     };
+    let mut events = owed::close(&owed::leftovers(&messages), STOPPED_TOOL);
     events.push(Event::ExecutionFailed {
         error: format!("the session actor failed too often ({reason}); resume to retry"),
         halted: true,

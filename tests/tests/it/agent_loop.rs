@@ -862,3 +862,76 @@ async fn a_session_can_name_its_own_model() {
     let row = h.row(&s);
     assert_eq!(row.model.as_deref(), Some("big"));
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_connection_reset_after_output_keeps_the_partial_message_and_continues() {
+    let reset = Script::new()
+        .text("partial answer")
+        .error(agenthost_llm::Error::new(
+            agenthost_llm::ErrorKind::Transport { received_any: true },
+            "connection reset by peer",
+        ));
+    let h = harness(vec![reset, text("the rest")]).await;
+    // Under the paused clock, resume (no timeout) rather than wait_idle.
+    let s = h.session().await;
+    h.admit(&s, "tell me").await;
+    assert_eq!(
+        h.runtime.resume(&s).await,
+        Ok(Outcome::Completed { steps: 1 })
+    );
+    let log: Vec<String> = h.log(&s).iter().skip(1).map(render).collect();
+    let requests = h.provider.requests();
+    assert_eq!(
+        log[3..],
+        [
+            "step_started 1",
+            "text \"partial answer\" (incomplete)",
+            "retry 1",
+            "step_failed Provider",
+            "step_started 1",
+            "text \"the rest\"",
+            "step_ended Stop",
+            "execution_succeeded"
+        ]
+    );
+    assert!(
+        matches!(requests[1].messages.last(), Some(Message::User { text, .. }) if text == agenthost_actors::CONTINUE_NOTE)
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_retryable_error_after_a_complete_tool_call_settles_the_tool_and_fails_once() {
+    let cut = Script::new()
+        .tool_call("c1", "echo", "{}")
+        .error(agenthost_llm::Error::incomplete(
+            "connection reset mid-stream",
+        ));
+    let h = harness(vec![cut, text("never asked")]).await;
+    let s = h.session().await;
+    h.admit(&s, "look it up").await;
+    let result = h.runtime.resume(&s).await;
+    assert!(matches!(result, Err(Error::Provider(_))), "{result:?}");
+    let log: Vec<String> = h.log(&s).iter().skip(1).map(render).collect();
+    assert_eq!(
+        log[3..],
+        [
+            "step_started 1",
+            "tool_called c1 echo",
+            "tool_ok c1 \"echo {}\"",
+            "step_failed Provider",
+            "execution_failed"
+        ]
+    );
+    assert_eq!(h.provider.calls(), 1, "no automatic continuation");
+    assert!(h.row(&s).claim.is_none());
+}
+
+#[test]
+fn the_continue_note_reads_as_written() {
+    let note = agenthost_actors::CONTINUE_NOTE;
+    assert!(!note.contains("  "), "{note:?}");
+    assert!(
+        note.contains("Continue exactly where it stopped"),
+        "{note:?}"
+    );
+}

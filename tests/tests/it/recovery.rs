@@ -523,7 +523,12 @@ impl Executor for Keys {
 
 /// A crashed session whose last step called `tool` and never settled it.
 async fn crashed_mid_tool(path: &Path, tool: &str) -> (SessionId, MessageId) {
-    let s = crashed_session(path, 0).await;
+    crashed_mid_tool_after(path, tool, 0).await
+}
+
+/// [`crashed_mid_tool`], with `attempts` recoveries already counted.
+async fn crashed_mid_tool_after(path: &Path, tool: &str, attempts: u32) -> (SessionId, MessageId) {
+    let s = crashed_session(path, attempts).await;
     let store = RedbStore::open(StoreConfig::new(path)).expect("store");
     let a = MessageId::parse("msg_assistant").expect("id");
     store
@@ -630,6 +635,379 @@ async fn recovery_off_leaves_claimed_sessions_alone() {
         .expect("row");
     assert!(row.claim.is_some());
     assert_eq!(row.resume_attempts, 0, "not even counted");
+    assert_eq!(provider.calls(), 0);
+    runtime.shutdown().await;
+}
+
+/// Appends `events` to the crashed session of [`crashed_session`] (claimed, "finish this"
+/// admitted as `msg_lost`), as a process that died right after writing them would leave it.
+async fn crashed_after(path: &Path, events: Vec<Event>) -> SessionId {
+    let s = crashed_session(path, 0).await;
+    let store = RedbStore::open(StoreConfig::new(path)).expect("store");
+    let mut all = vec![Event::PromptPromoted {
+        id: MessageId::parse("msg_lost").expect("id"),
+    }];
+    all.extend(events);
+    store.append(s.clone(), all).await.expect("appended");
+    store.close();
+    s
+}
+
+fn kinds(runtime: &Runtime, s: &SessionId) -> Vec<&'static str> {
+    log(runtime, s).iter().map(|e| e.kind()).collect()
+}
+
+fn log(runtime: &Runtime, s: &SessionId) -> Vec<Event> {
+    runtime
+        .snapshot()
+        .expect("snap")
+        .events(s, agenthost_model::Seq::ZERO, usize::MAX)
+        .expect("events")
+        .into_iter()
+        .map(|e| e.event)
+        .collect()
+}
+
+/// The session's last assistant message ended with a finish reason, its claim is released and
+/// nothing is left open.
+fn assert_answered(runtime: &Runtime, s: &SessionId) {
+    let snap = runtime.snapshot().expect("snap");
+    let row = snap.session(s).expect("read").expect("row");
+    let messages = snap
+        .messages(s, agenthost_model::Seq::ZERO, usize::MAX)
+        .expect("messages");
+    let kinds = kinds(runtime, s);
+    assert!(row.claim.is_none(), "still claimed: {kinds:?}");
+    assert!(
+        agenthost_model::owed::leftovers(&messages).is_empty(),
+        "left open: {kinds:?}"
+    );
+    match messages
+        .iter()
+        .rev()
+        .find(|m| matches!(m, Message::Assistant(_)))
+    {
+        Some(Message::Assistant(a)) => assert!(a.finish.is_some(), "unanswered: {kinds:?}"),
+        _ => panic!("never answered: {kinds:?}"),
+    }
+}
+
+fn step(id: &MessageId) -> Event {
+    Event::StepStarted {
+        id: id.clone(),
+        step: 1,
+        agent: "default".into(),
+        model: "m".into(),
+    }
+}
+
+fn provider_error() -> agenthost_model::StepError {
+    agenthost_model::StepError {
+        kind: agenthost_model::FailureKind::Provider,
+        message: "connection reset".into(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_cut_by_a_graceful_shutdown_is_answered_after_the_restart() {
+    let gate = agenthost_llm::scripted::Gate::new();
+    let slow = agenthost_llm::scripted::Script::new()
+        .text("half")
+        .gate(&gate)
+        .text(" of it")
+        .finish(agenthost_llm::FinishReason::Stop);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let provider = Arc::new(Scripted::new([slow]));
+    let runtime = Runtime::start(harness::config(dir.path(), provider))
+        .await
+        .expect("start");
+    let s = runtime
+        .create_session(CreateSession::default())
+        .await
+        .expect("s")
+        .id;
+    runtime
+        .prompt(PromptRequest::new(&s, "long job"))
+        .await
+        .expect("admitted");
+    gate.reached().await;
+    runtime.shutdown().await;
+
+    let provider = Arc::new(Scripted::new([text("the whole answer")]));
+    let runtime = restart(dir.path(), provider.clone(), Tools::default(), &s).await;
+    assert_eq!(
+        provider.calls(),
+        1,
+        "the owed turn is run: {:?}",
+        kinds(&runtime, &s)
+    );
+    assert_answered(&runtime, &s);
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_during_a_continuation_backoff_still_answers_the_turn() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store.redb");
+    let a = MessageId::parse("msg_cut").expect("id");
+    let s = crashed_after(
+        &path,
+        vec![
+            step(&a),
+            Event::TextEnded {
+                id: a.clone(),
+                text: "partial".into(),
+                incomplete: true,
+            },
+            Event::RetryScheduled {
+                id: a.clone(),
+                attempt: 1,
+                delay_ms: 2000,
+                error: provider_error(),
+            },
+            Event::StepFailed {
+                id: a,
+                error: provider_error(),
+            },
+        ],
+    )
+    .await;
+    let provider = Arc::new(Scripted::new([text("the rest")]));
+    let runtime = restart(dir.path(), provider.clone(), Tools::default(), &s).await;
+    assert_eq!(provider.calls(), 1, "{:?}", kinds(&runtime, &s));
+    assert_answered(&runtime, &s);
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_during_a_retry_backoff_still_answers_the_turn() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store.redb");
+    let a = MessageId::parse("msg_retry").expect("id");
+    let retry = Event::RetryScheduled {
+        id: a.clone(),
+        attempt: 1,
+        delay_ms: 2000,
+        error: provider_error(),
+    };
+    let s = crashed_after(&path, vec![step(&a), retry]).await;
+    let provider = Arc::new(Scripted::new([text("answered")]));
+    let runtime = restart(dir.path(), provider.clone(), Tools::default(), &s).await;
+    assert_eq!(provider.calls(), 1, "{:?}", kinds(&runtime, &s));
+    assert_answered(&runtime, &s);
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_cut_by_a_crash_is_settled_and_its_turn_answered() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store.redb");
+    let c = MessageId::parse("msg_compaction").expect("id");
+    let started = Event::CompactionStarted {
+        id: c.clone(),
+        auto: true,
+    };
+    let s = crashed_after(&path, vec![started]).await;
+    let provider = Arc::new(Scripted::new([text("answered")]));
+    let runtime = restart(dir.path(), provider.clone(), Tools::default(), &s).await;
+    assert_answered(&runtime, &s);
+    assert!(
+        log(&runtime, &s)
+            .iter()
+            .any(|e| matches!(e, Event::CompactionFailed { id, .. } if *id == c)),
+        "{:?}",
+        kinds(&runtime, &s)
+    );
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manual_compaction_cut_by_a_crash_is_settled_without_a_model_call() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store.redb");
+    let s = SessionId::parse("ses_compacting").expect("id");
+    let c = MessageId::parse("msg_compaction").expect("id");
+    {
+        let store = RedbStore::open(StoreConfig::new(&path)).expect("store");
+        store
+            .create_session(NewSession {
+                id: s.clone(),
+                agent: "default".into(),
+                model: None,
+                title: None,
+            })
+            .await
+            .expect("created");
+        let events = vec![
+            Event::ExecutionStarted { forced: false },
+            Event::CompactionStarted {
+                id: c.clone(),
+                auto: false,
+            },
+        ];
+        store.append(s.clone(), events).await.expect("compacting");
+        store.close();
+    }
+    let provider = Arc::new(Scripted::new([]));
+    let runtime = restart(dir.path(), provider.clone(), Tools::default(), &s).await;
+    assert_eq!(provider.calls(), 0);
+    let kinds = kinds(&runtime, &s);
+    assert!(
+        kinds.ends_with(&["compaction_failed", "execution_succeeded"]),
+        "{kinds:?}"
+    );
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_whose_agent_is_gone_fails_readably_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store.redb");
+    let s = SessionId::parse("ses_orphan").expect("id");
+    {
+        let store = RedbStore::open(StoreConfig::new(&path)).expect("store");
+        store
+            .create_session(NewSession {
+                id: s.clone(),
+                agent: "removed".into(),
+                model: None,
+                title: None,
+            })
+            .await
+            .expect("created");
+        store
+            .admit(agenthost_store::Admission {
+                session: s.clone(),
+                id: MessageId::parse("msg_orphan").expect("id"),
+                prompt: agenthost_model::Prompt::text("hello?"),
+                delivery: agenthost_model::Delivery::Steer,
+            })
+            .await
+            .expect("admitted");
+        // A crash in an earlier drain left it claimed.
+        let claimed = vec![Event::ExecutionStarted { forced: false }];
+        store.append(s.clone(), claimed).await.expect("claimed");
+        store.close();
+    }
+    for boot in 0..3 {
+        let provider = Arc::new(Scripted::new([]));
+        let runtime = restart(dir.path(), provider.clone(), Tools::default(), &s).await;
+        let log = log(&runtime, &s);
+        let failures: Vec<&str> = log
+            .iter()
+            .filter_map(|e| match e {
+                Event::ExecutionFailed { error, .. } => Some(error.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(failures.len(), 1, "boot {boot}: {log:?}");
+        assert!(failures[0].contains("removed"), "{failures:?}");
+        let attempts = log
+            .iter()
+            .filter(|e| matches!(e, Event::RecoveryAttempted { .. }))
+            .count();
+        assert_eq!(attempts, 1, "boot {boot}: counted once, then settled");
+        let row = runtime
+            .snapshot()
+            .expect("snap")
+            .session(&s)
+            .expect("read")
+            .expect("row");
+        assert!(row.claim.is_none());
+        assert_eq!(provider.calls(), 0);
+        runtime.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_prompted_right_after_start_gets_exactly_one_restart_note() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store.redb");
+    let s = crashed_session(&path, 0).await;
+    let provider = Arc::new(Scripted::new([text("one"), text("two")]));
+    let runtime = Runtime::start(harness::config(dir.path(), provider.clone()))
+        .await
+        .expect("start");
+    // Prompted before the sweep got to it.
+    runtime
+        .prompt(PromptRequest::new(&s, "and this"))
+        .await
+        .expect("admitted");
+    runtime.recovered().await;
+    runtime
+        .wait_idle(&s, Duration::from_secs(30))
+        .await
+        .expect("idle");
+    let log = log(&runtime, &s);
+    let notes = log
+        .iter()
+        .filter(|e| matches!(e, Event::InstructionsUpdated { text, .. } if text == RESTART_NOTE))
+        .count();
+    let attempts = log
+        .iter()
+        .filter(|e| matches!(e, Event::RecoveryAttempted { .. }))
+        .count();
+    assert_eq!((notes, attempts), (1, 1), "{log:?}");
+    assert_answered(&runtime, &s);
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_session_prompted_right_after_start_gets_no_restart_note() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store.redb");
+    // Another session a previous process left claimed keeps the sweep busy.
+    crashed_session(&path, 0).await;
+    let provider = Arc::new(Scripted::new([text("one"), text("two")]));
+    let runtime = Runtime::start(harness::config(dir.path(), provider.clone()))
+        .await
+        .expect("start");
+    let fresh = runtime
+        .create_session(CreateSession::default())
+        .await
+        .expect("s")
+        .id;
+    runtime
+        .prompt(PromptRequest::new(&fresh, "new work"))
+        .await
+        .expect("admitted");
+    runtime.recovered().await;
+    runtime
+        .wait_idle(&fresh, Duration::from_secs(30))
+        .await
+        .expect("idle");
+    let kinds = kinds(&runtime, &fresh);
+    assert!(!kinds.contains(&"instructions_updated"), "{kinds:?}");
+    assert!(!kinds.contains(&"recovery_attempted"), "{kinds:?}");
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn giving_up_runs_no_tool_and_counts_the_attempt() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store.redb");
+    let (s, _) = crashed_mid_tool_after(&path, "sync", 10).await;
+    let keys = Arc::new(Keys::default());
+    let mut tool = Tool::new("sync", "idempotent", serde_json::json!({}), keys.clone());
+    tool.idempotent = true;
+    let mut tools = Tools::default();
+    tools.register(tool);
+    let provider = Arc::new(Scripted::new([]));
+    let runtime = restart(dir.path(), provider.clone(), tools, &s).await;
+    assert!(keys.0.lock().expect("lock").is_empty(), "nothing runs");
+    let log = log(&runtime, &s);
+    assert!(
+        log.iter()
+            .any(|e| matches!(e, Event::RecoveryAttempted { attempt: 11 })),
+        "{log:?}"
+    );
+    let snap = runtime.snapshot().expect("snap");
+    let row = snap.session(&s).expect("read").expect("row");
+    assert!(row.halted.is_some() && row.claim.is_none(), "{row:?}");
+    let messages = snap
+        .messages(&s, agenthost_model::Seq::ZERO, usize::MAX)
+        .expect("messages");
+    assert!(agenthost_model::owed::leftovers(&messages).is_empty());
     assert_eq!(provider.calls(), 0);
     runtime.shutdown().await;
 }

@@ -196,3 +196,103 @@ async fn provider_streams_are_bounded_and_waiting_steps_run_in_order() {
         .collect();
     assert_eq!(order, [a.to_string(), b.to_string(), c.to_string()], "FIFO");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_during_the_restart_backoff_restarts_the_actor_at_once() {
+    let h = Harness::start_with(
+        [text("made it")],
+        |c| c.supervision.backoff = Duration::from_secs(3600),
+        panicking(1),
+    )
+    .await;
+    let s = h.session().await;
+    h.admit(&s, "go").await;
+    let result = h.runtime.resume(&s).await;
+    assert!(
+        matches!(result, Err(agenthost_actors::Error::Panicked(_))),
+        "{result:?}"
+    );
+    // The scheduled restart is an hour away; a caller that asks now gets the restarted actor,
+    // which continues the owed work.
+    h.runtime
+        .wait_idle(&s, Duration::from_secs(30))
+        .await
+        .expect("idle");
+    assert_eq!(h.count(&s, "execution_succeeded"), 1, "{:?}", h.kinds(&s));
+    assert_eq!(h.provider.calls(), 1);
+}
+
+/// Panics in every tool report: after a tool settled, before its step did.
+#[derive(Debug)]
+struct PanicAfterTool;
+
+impl Hook for PanicAfterTool {
+    fn on_tool(&self, _report: &agenthost_actors::ToolReport) {
+        panic!("hook exploded after a tool");
+    }
+}
+
+#[derive(Debug)]
+struct Ok_;
+
+impl agenthost_actors::Executor for Ok_ {
+    fn execute(
+        &self,
+        _call: agenthost_actors::Call,
+    ) -> futures::future::BoxFuture<'static, Result<String, String>> {
+        Box::pin(async { Ok("done".to_owned()) })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_halt_settles_everything_the_dead_actor_left_open() {
+    use agenthost_llm::scripted::Script;
+    let calls = (0..10).map(|_| {
+        Script::new()
+            .tool_call("c1", "ok", "{}")
+            .finish(agenthost_llm::FinishReason::ToolCalls)
+    });
+    let mut tools = agenthost_actors::Tools::default();
+    tools.register(agenthost_actors::Tool::new(
+        "ok",
+        "succeeds",
+        serde_json::json!({"type": "object"}),
+        Arc::new(Ok_),
+    ));
+    let extensions = Extensions {
+        tools,
+        hooks: vec![Arc::new(PanicAfterTool)],
+    };
+    let h = Harness::start_with(
+        calls,
+        |c| {
+            if let Some(agent) = c.agents.get_mut("default") {
+                agent.tools = vec!["*".into()];
+            }
+        },
+        extensions,
+    )
+    .await;
+    let s = h.session().await;
+    h.admit(&s, "go").await;
+    let _ = h.runtime.resume(&s).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while h.row(&s).halted.is_none() {
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", h.kinds(&s));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let row = h.row(&s);
+    assert!(row.claim.is_none());
+    let messages = h
+        .runtime
+        .snapshot()
+        .expect("snap")
+        .messages(&s, agenthost_model::Seq::ZERO, usize::MAX)
+        .expect("messages");
+    assert!(
+        agenthost_model::owed::leftovers(&messages).is_empty(),
+        "left open after the halt: {:?}",
+        h.kinds(&s)
+    );
+    h.assert_replay_equal();
+}
