@@ -8,7 +8,6 @@
 
 use std::sync::{Arc, Mutex};
 
-use agenthost_model::history::Mode;
 use agenthost_model::owed::{self, Owed, Policy, Why};
 use agenthost_model::promotion::{self, Boundary};
 use agenthost_model::{Event, InterruptReason, Message, MessageId, SessionId, Stored};

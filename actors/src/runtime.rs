@@ -144,7 +144,12 @@ impl Runtime {
         let mut store_config = config.store;
         store_config.pending_limit = config.limits.pending_per_session;
         let commits = bus.clone();
+        // An embedder's own commit hook (a test's fault injection, say) runs first.
+        let embedder = store_config.on_commit.take();
         store_config.on_commit = Some(Arc::new(move |events| {
+            if let Some(hook) = &embedder {
+                hook(events);
+            }
             for (session, stored) in events {
                 // The commit hook runs on the store's committer thread: copy an event only for
                 // a listener.

@@ -71,13 +71,64 @@ struct World {
     hook: Arc<PanicOnce>,
     sessions: Vec<SessionId>,
     /// Drains running per session, from live status events; never above one.
-    monitor: JoinHandle<()>,
+    monitor: Monitor,
+}
+
+/// Counts drains running per session from live status events and fails if one ever has two.
+/// Joined (not aborted) when its runtime stops, so a violation fails the test.
+struct Monitor {
+    task: JoinHandle<()>,
+    stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Monitor {
+    fn start(mut events: tokio::sync::broadcast::Receiver<Arc<(SessionId, Live)>>) -> Monitor {
+        let (stop, mut stopped) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let mut running: BTreeMap<SessionId, i32> = BTreeMap::new();
+            let mut check = |event: &(SessionId, Live)| {
+                if let Live::Status { running: r } = event.1 {
+                    let n = running.entry(event.0.clone()).or_default();
+                    *n += if r { 1 } else { -1 };
+                    assert!(*n <= 1, "two drains at once in {}", event.0);
+                }
+            };
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => break,
+                    event = events.recv() => match event {
+                        Ok(event) => check(&event),
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                            panic!("the monitor missed {n} live events; its counts are lost")
+                        }
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                    },
+                }
+            }
+            // What was published before the stop is still checked.
+            while let Ok(event) = events.try_recv() {
+                check(&event);
+            }
+        });
+        Monitor { task, stop }
+    }
+
+    /// Stops the monitor and fails the test if it saw two drains of one session at once.
+    async fn join(self) {
+        let _ = self.stop.send(());
+        if let Err(e) = self.task.await {
+            match e.try_into_panic() {
+                Ok(panic) => std::panic::resume_unwind(panic),
+                Err(e) => panic!("the monitor did not finish: {e}"),
+            }
+        }
+    }
 }
 
 async fn start(
     dir: tempfile::TempDir,
     hook: Arc<PanicOnce>,
-) -> (Runtime, JoinHandle<()>, tempfile::TempDir) {
+) -> (Runtime, Monitor, tempfile::TempDir) {
     // Every request gets a short answer after a little real time, so interrupts land mid-drain.
     let provider = Arc::new(Scripted::from_fn(|_| {
         Some(
@@ -95,17 +146,7 @@ async fn start(
     let runtime = Runtime::start_with(config, extensions)
         .await
         .expect("start");
-    let mut events = runtime.subscribe();
-    let monitor = tokio::spawn(async move {
-        let mut running: BTreeMap<SessionId, i32> = BTreeMap::new();
-        while let Ok(event) = events.recv().await {
-            if let Live::Status { running: r } = event.1 {
-                let n = running.entry(event.0.clone()).or_default();
-                *n += if r { 1 } else { -1 };
-                assert!(*n <= 1, "two drains at once in {}", event.0);
-            }
-        }
-    });
+    let monitor = Monitor::start(runtime.subscribe());
     (runtime, monitor, dir)
 }
 
@@ -175,7 +216,7 @@ async fn run(ops: Vec<Op>) {
             Op::Panic(_) => {}
             Op::Restart => {
                 w.runtime.shutdown().await;
-                w.monitor.abort();
+                w.monitor.join().await;
                 let (runtime, monitor, dir) = start(w.dir, w.hook.clone()).await;
                 w = World {
                     dir,
@@ -203,7 +244,7 @@ async fn run(ops: Vec<Op>) {
         .unwrap_or_else(|e| e.into_inner())
         .clear();
     w.runtime.shutdown().await;
-    w.monitor.abort();
+    w.monitor.join().await;
     let (runtime, monitor, dir) = start(w.dir, w.hook.clone()).await;
     runtime.recovered().await;
     for s in &w.sessions {
@@ -236,7 +277,7 @@ async fn run(ops: Vec<Op>) {
     }
     assert_eq!(promoted.len(), admitted.len());
     runtime.shutdown().await;
-    monitor.abort();
+    monitor.join().await;
     drop(dir);
 }
 

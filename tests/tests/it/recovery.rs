@@ -22,8 +22,8 @@ use crate::harness::{self, text};
 /// Appends `start <key>` before and `end <key>` after its work, fsynced, so a test can see
 /// whether a call ran twice across processes.
 #[derive(Debug)]
-struct Journal {
-    path: PathBuf,
+pub(crate) struct Journal {
+    pub(crate) path: PathBuf,
 }
 
 impl Journal {
@@ -38,7 +38,7 @@ impl Journal {
         f.sync_data().expect("sync");
     }
 
-    fn starts(path: &Path) -> BTreeMap<String, usize> {
+    pub(crate) fn starts(path: &Path) -> BTreeMap<String, usize> {
         let mut counts = BTreeMap::new();
         if let Ok(text) = std::fs::read_to_string(path) {
             for key in text.lines().filter_map(|l| l.strip_prefix("start ")) {
