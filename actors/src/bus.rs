@@ -1,5 +1,5 @@
 //! Live events: every durable event right after its commit, plus ephemeral deltas and status
-//! changes that are never stored (SPEC §4.1). One broadcast channel carries every session's
+//! changes that are never stored. One broadcast channel carries every session's
 //! events (for observers such as metrics); each session with a subscriber also has its own
 //! channel, so a thousand event streams do not each filter every session's traffic. A
 //! subscriber that lags loses live events and must resync from the durable log by seq, which is

@@ -1,4 +1,4 @@
-//! Compaction (SPEC §11): replace the older part of an over-budget active history with a
+//! Compaction: replace the older part of an over-budget active history with a
 //! structured summary, keeping recent messages verbatim. The full transcript stays durable; only
 //! the active history (what the model sees) shrinks.
 //!

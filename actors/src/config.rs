@@ -31,7 +31,7 @@ pub struct Config {
     pub compaction: Compaction,
 }
 
-/// Compaction of over-budget history (SPEC §11).
+/// Compaction of over-budget history.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Compaction {
     /// Compact automatically when the next request would not fit, and once on context overflow.
@@ -154,7 +154,7 @@ impl Default for Agent {
     }
 }
 
-/// What to do at start with sessions a previous process left running (SPEC §12.4).
+/// What to do at start with sessions a previous process left running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RecoveryMode {
     /// Resume every claimed session and every session with pending input.
@@ -185,7 +185,7 @@ impl Default for Recovery {
     }
 }
 
-/// Restart policy for panicked session actors (SPEC §8.2).
+/// Restart policy for panicked session actors.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Supervision {
     /// Restarts allowed within `window`; one more marks the session failed.
@@ -205,7 +205,7 @@ impl Default for Supervision {
     }
 }
 
-/// Explicit bounds: ractor mailboxes are unbounded, so load is bounded here (SPEC §8.6).
+/// Explicit bounds: ractor mailboxes are unbounded, so load is bounded here.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Limits {
     /// Provider streams open at once across all sessions; further steps wait in FIFO order.

@@ -1,10 +1,15 @@
-//! The drain: one execution span of a session (SPEC §2, §9). It promotes eligible input and runs
+//! The drain: one execution span of a session. It promotes eligible input and runs
 //! steps until nothing more is owed. It runs in a task its session actor owns and reports back by
 //! message, so the actor's mailbox never waits on a provider or a tool.
 //!
 //! Durable shape of a drain: `ExecutionStarted` (takes the claim) → promotions and steps →
 //! `ExecutionSucceeded` | `ExecutionFailed` | `ExecutionInterrupted`. A drain with nothing to
-//! do writes nothing.
+//! do writes nothing. Every drain that took the claim ends with one of those events, except a
+//! shutdown's and a panic's, which keep the claim for recovery.
+//!
+//! A drain that finds a claim at its start recovers it first ([`recover`]): the claim was left by
+//! an execution that is gone, and what the session owes is decided by
+//! [`agenthost_model::owed()`] (ARCHITECTURE.md, "Recovery: what a session owes").
 
 use std::sync::{Arc, Mutex};
 
@@ -373,7 +378,7 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
         let mut ahead = Vec::new();
         if update.is_none() && !selected.is_empty() {
             // The promotion rides with the step's first write instead of a commit of its own:
-            // the step is built from the snapshot plus the inputs promoted here (SPEC §9 order:
+            // the step is built from the snapshot plus the inputs promoted here (the loop's order:
             // promote, then prepare). Until that write is durable nothing is promoted, so a
             // crash leaves the input pending for recovery, and the writer refuses a promotion
             // of an input that is no longer pending.

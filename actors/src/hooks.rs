@@ -1,4 +1,4 @@
-//! Hooks (SPEC §17): embedders transform the prepared provider request and observe admission,
+//! Hooks: embedders transform the prepared provider request and observe admission,
 //! step settlement and tool execution. Request hooks apply to durable steps and to `generate`
 //! alike; observers are never called for `generate`.
 

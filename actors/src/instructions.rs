@@ -1,4 +1,4 @@
-//! Instruction sources (SPEC §11): static text and files from configuration, plus context hooks
+//! Instruction sources: static text and files from configuration, plus context hooks
 //! provide. They are sampled at each safe boundary, never pushed. A change is committed as one
 //! chronological system message; an unreadable source keeps its last value; a source with no
 //! value at all blocks the step, and its input stays pending.

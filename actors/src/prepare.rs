@@ -1,7 +1,7 @@
 //! Request preparation: the one place that turns a session snapshot into a provider request.
 //!
 //! Durable steps and `generate` both call [`prepare`]; nothing else builds requests, so the two
-//! cannot drift (SPEC §14.1). It is pure given its inputs: the catalog of agents, models and
+//! cannot drift. It is pure given its inputs: the catalog of agents, models and
 //! providers, the tool registry, the hooks, the session row and its selected history.
 
 use std::sync::Arc;
@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::hooks::{Hook, Purpose, RequestContext};
 use crate::tools::Tools;
 
-/// The note that ends the request of an exchange's last step (SPEC §9.7).
+/// The note that ends the request of an exchange's last step.
 pub const MAX_STEPS_NOTE: &str = "MAXIMUM STEPS REACHED. Tools are disabled for this final step: \
      answer with what you have, summarize what was done and what remains.";
 
@@ -159,7 +159,7 @@ pub fn prepare(inputs: Inputs<'_>, prompt: Option<&str>) -> Result<Prepared> {
         hook.on_request(&ctx, &mut request);
     }
     if purpose != Purpose::Step {
-        // Hooks may transform the request but cannot give `generate` tools (SPEC §14.5).
+        // Hooks may transform the request but cannot give `generate` tools.
         request.tools.clear();
         request.tool_choice = llm::ToolChoice::None;
     }

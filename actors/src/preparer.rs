@@ -1,4 +1,4 @@
-//! The preparer pool (SPEC §14): stateless actors that turn a session snapshot into a transient
+//! The preparer pool: stateless actors that turn a session snapshot into a transient
 //! `generate` request. They read one redb snapshot and never send anything to a session actor, so
 //! `generate` neither waits for nor disturbs a running drain.
 //!

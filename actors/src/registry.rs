@@ -1,4 +1,4 @@
-//! The registry (SPEC §8): routes messages to session actors, spawns them on demand, supervises
+//! The registry: routes messages to session actors, spawns them on demand, supervises
 //! them, and forgets them when they passivate.
 //!
 //! Routing to a live actor never touches this actor's mailbox: the runtime looks the session up

@@ -85,7 +85,7 @@ pub struct CreateSession {
     pub title: Option<String>,
 }
 
-/// A prompt to admit (SPEC §5).
+/// A prompt to admit.
 #[derive(Debug, Clone)]
 pub struct PromptRequest {
     pub session: SessionId,
@@ -241,7 +241,7 @@ impl Runtime {
         Ok(self.shared.store.create_session(new).await?)
     }
 
-    /// Admits a prompt durably (SPEC §5), then wakes the session once when `resume` is set.
+    /// Admits a prompt durably, then wakes the session once when `resume` is set.
     pub async fn prompt(&self, request: PromptRequest) -> Result<Receipt> {
         self.check_open()?;
         // The store checks the session, the id and the pending limit in the admission's own
@@ -289,7 +289,7 @@ impl Runtime {
         }
     }
 
-    /// Compacts the session's active history now (SPEC §11): a summary of the older part, the
+    /// Compacts the session's active history now: a summary of the older part, the
     /// recent part kept verbatim. Fails with `NothingToCompact` when there is nothing to compact (no
     /// provider call) and with `Unavailable` while a drain runs. Returns the new `kept_from`.
     pub async fn compact(&self, session: &SessionId) -> Result<agenthost_model::Seq> {
@@ -354,7 +354,7 @@ impl Runtime {
         }
     }
 
-    /// A transient, session-aware, one-shot model call (SPEC §14): the session's settled history
+    /// A transient, session-aware, one-shot model call: the session's settled history
     /// and instructions plus `prompt`, prepared exactly like a durable step but with no tools,
     /// sent once, with nothing recorded. It never talks to the session actor, so it neither waits
     /// for nor disturbs a running drain. An answer without text is `""`.
@@ -415,7 +415,7 @@ impl Runtime {
         &self.shared.metrics
     }
 
-    /// Graceful, bounded shutdown (SPEC §8.4): stop accepting work, interrupt drains with reason
+    /// Graceful, bounded shutdown: stop accepting work, interrupt drains with reason
     /// `shutdown` (their claims stay, so the next start resumes them), stop the actors and flush
     /// the store.
     pub async fn shutdown(&self) {

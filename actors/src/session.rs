@@ -1,4 +1,4 @@
-//! The session actor (SPEC §7): one per live session, owning that session's execution.
+//! The session actor: one per live session, owning that session's execution.
 //!
 //! Its mailbox serializes everything for the session; the drain itself runs in a task the actor
 //! owns and reports back with [`Msg::Finished`], so the mailbox stays responsive while a provider

@@ -1,4 +1,4 @@
-//! One step (SPEC §9): prepare the request from a fresh snapshot, run exactly one provider stream
+//! One step: prepare the request from a fresh snapshot, run exactly one provider stream
 //! per attempt, record its output durably as parts end, run the tools it called, and settle the
 //! step exactly once.
 
@@ -180,7 +180,7 @@ pub(crate) async fn run(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<St
     }
     let shared = &d.shared;
     let mut prepared = build_with(d, step, None, ahead).await?;
-    // Compaction check: compact before the request when it would not fit (SPEC §11).
+    // Compaction check: compact before the request when it would not fit.
     let limit = threshold(prepared.model.context_window, prepared.model.max_output);
     let mut compacted = false;
     if shared.compaction.auto && prepared.estimated_tokens > limit {
@@ -347,7 +347,7 @@ pub(crate) async fn run(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<St
 }
 
 /// Settles a step whose provider call failed for good: partial output kept as incomplete, tools
-/// the model called before the error run and settle (SPEC §9.4), exactly one `StepFailed`.
+/// the model called before the error run and settle, exactly one `StepFailed`.
 async fn fail(
     d: &Drain,
     message: &MessageId,
@@ -544,7 +544,7 @@ impl Attempt {
                 delta(DeltaKind::ToolInput, part, text)
             }
             llm::Event::ToolCall { call, .. } => {
-                // Recorded before anything runs it (SPEC §9.2): tools start only after the
+                // Recorded before anything runs it: tools start only after the
                 // stream ended and every submitted write is durable (`run_tools` flushes).
                 self.durable_output = true;
                 d.submit(vec![Event::ToolCalled {

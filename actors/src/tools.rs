@@ -1,4 +1,4 @@
-//! Tools (SPEC §10): the registry of tools embedders register, and agent permission patterns.
+//! Tools: the registry of tools embedders register, and agent permission patterns.
 //!
 //! A tool has a name, a description, JSON-schema parameters, an `idempotent` flag, a timeout and
 //! an executor. The registry is immutable once the runtime starts, so lookups need no lock.

@@ -1,4 +1,4 @@
-//! Generate layer (SPEC §14, §18): preparation time (one snapshot + the shared request build,
+//! Generate layer: preparation time (one snapshot + the shared request build,
 //! provider excluded) against active-history length, including a long log whose active history
 //! after compaction is short; and generate throughput with concurrent callers while drains run.
 

@@ -1,5 +1,5 @@
 //! Memory per live idle session actor (RSS delta at 10 000 and 100 000 live actors), RSS after
-//! those actors passivate, and boot recovery time for 10 000 claimed sessions (SPEC §18).
+//! those actors passivate, and boot recovery time for 10 000 claimed sessions.
 //!
 //! Not criterion: each figure is one measurement, printed. Each part runs in a process of its
 //! own; `cargo bench -p agenthost-benches --bench memory [-- live|passivation|recovery]`.

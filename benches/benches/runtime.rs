@@ -1,6 +1,6 @@
 //! Runtime layer: complete turns per second through the actor runtime (admit → promote → one
 //! streamed step → settle) at 1, 100 and 10 000 sessions, with and without a tool call, and the
-//! process CPU they cost; wake throughput to 10 000 live session actors (SPEC §18).
+//! process CPU they cost; wake throughput to 10 000 live session actors.
 //!
 //! The provider is the in-process mock at zero latency, so what is measured is the runtime and
 //! the store (every turn commits durably, with real fsyncs, through group commit).

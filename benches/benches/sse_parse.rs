@@ -1,4 +1,4 @@
-//! SSE parse throughput (SPEC §13.4, §18): bytes of a provider stream to `llm::Event`s, for a
+//! SSE parse throughput: bytes of a provider stream to `llm::Event`s, for a
 //! long OpenAI Chat Completions stream and a long Anthropic Messages stream, each 5000 deltas of
 //! text plus a tool call with fragmented arguments, fed in 1400-byte chunks as a network
 //! delivers them. Reported both as bytes/s and as events/s.

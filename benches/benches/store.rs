@@ -1,5 +1,5 @@
 //! Store layer: durable admissions per second with and without group commit, at 1, 64 and 1024
-//! concurrent sessions, and snapshot reads of an active history (SPEC §18).
+//! concurrent sessions, and snapshot reads of an active history.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

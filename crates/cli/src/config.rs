@@ -1,4 +1,4 @@
-//! The configuration file (SPEC §16): one TOML file, every key optional.
+//! The configuration file: one TOML file, every key optional.
 //!
 //! Loading is two steps. [`parse`] turns the text into [`File`], refusing unknown keys and
 //! values of the wrong type (serde's `deny_unknown_fields`; toml's messages carry the line and

@@ -1,4 +1,4 @@
-//! `agenthost`: the command-line front of agenthost (SPEC §16).
+//! `agenthost`: the command-line front of agenthost.
 //!
 //! Commands: `serve` (the HTTP+SSE API over an embedded runtime), `mock-provider` (the
 //! OpenAI-wire mock model server), `loadtest` (many sessions through an embedded runtime or a

@@ -434,7 +434,7 @@ async fn serve_end_to_end_with_interrupt_and_sigkill_recovery() {
     assert_eq!(last["error"]["kind"], "aborted", "{last}");
     assert_eq!(last["content"][0]["incomplete"], true, "{last}");
 
-    // SIGKILL mid-turn, then a restart that resumes the session by itself (SPEC §12).
+    // SIGKILL mid-turn, then a restart that resumes the session by itself.
     let c = http.session("slow").await;
     let mut stream = http.events(&c).await;
     http.post(

@@ -1,5 +1,5 @@
 //! The crate's one error type, [`Error`], and its classification from an HTTP status, response
-//! headers and an error body (SPEC §13.3).
+//! headers and an error body.
 //!
 //! Classification is pure: [`Error::from_http_at`] takes the clock reading it needs for
 //! `retry-after` HTTP dates, so the whole table is unit-testable.

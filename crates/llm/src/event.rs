@@ -19,7 +19,7 @@
 //!   stay open: they are partial output.
 //!
 //! Tool calls are decided by the presence of `ToolCall` events, never by the finish reason (a
-//! forced tool call ends with `stop`, SPEC §13.4).
+//! forced tool call ends with `stop`).
 
 use futures::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, ErrorKind};
 use crate::request::{ReasoningMetadata, ToolCall};
 
-/// One event of a provider stream (SPEC §13.1).
+/// One event of a provider stream.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {

@@ -136,7 +136,7 @@ pub(crate) fn stream_headers() -> HeaderMap {
 
 /// Builds the client shared by every call of one provider.
 ///
-/// No total timeout: it would kill long streams (SPEC §13.4). Idle time is enforced per read in
+/// No total timeout: it would kill long streams. Idle time is enforced per read in
 /// [`stream`] instead.
 fn client(connect_timeout: Duration) -> Result<reqwest::Client, Error> {
     // reqwest is built without a bundled crypto provider (see the workspace manifest); install

@@ -1,4 +1,4 @@
-//! `agenthost-llm`: the provider client (SPEC §13).
+//! `agenthost-llm`: the provider client.
 //!
 //! **Owns**: its own request and event types ([`Request`], [`Event`], [`Response`]), the
 //! [`Provider`] trait, the OpenAI-compatible Chat Completions and Anthropic Messages clients

@@ -16,7 +16,7 @@ pub type EventStream = BoxStream<'static, Result<Event, Error>>;
 /// A model backend. Object-safe: the runtime holds an `Arc<dyn Provider>`.
 ///
 /// **Invariant:** one call is at most one provider request, issued when the stream is first
-/// polled. Implementations never retry; retries belong to the runtime (SPEC §13.3).
+/// polled. Implementations never retry; retries belong to the runtime.
 pub trait Provider: Send + Sync + fmt::Debug {
     /// Starts one model call. Nothing is sent until the stream is polled; dropping the stream
     /// cancels the call.

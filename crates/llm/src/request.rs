@@ -1,4 +1,4 @@
-//! The provider-neutral request: model, system parts, messages, tools and options (SPEC §13.1).
+//! The provider-neutral request: model, system parts, messages, tools and options.
 //!
 //! These types are `llm`'s own; the runtime's request preparation maps session history into
 //! them. Each provider module turns a [`Request`] into its wire format.
@@ -28,7 +28,7 @@ pub struct Request {
     pub temperature: Option<f64>,
     /// Extra HTTP headers for this request (after the provider's configured ones).
     pub headers: Headers,
-    /// OpenAI's `prompt_cache_key` (SPEC §13.2: the session id). Anthropic has no such field and
+    /// OpenAI's `prompt_cache_key` (the session id). Anthropic has no such field and
     /// caches by `cache_control` on the stable prefix instead.
     pub prompt_cache_key: Option<String>,
     /// The session this call belongs to, sent in the session-affinity header so a load balancer

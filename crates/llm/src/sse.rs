@@ -1,6 +1,5 @@
 //! An incremental server-sent-events decoder, written here rather than taken from an SSE client
-//! library because those reconnect by re-sending the POST, which duplicates generations
-//! (SPEC §13.4).
+//! library because those reconnect by re-sending the POST, which duplicates generations.
 //!
 //! It follows the WHATWG event-stream rules that matter for a single POST response: lines end
 //! with `\r\n`, `\n` or `\r` (a `\r\n` split across chunks counts once); `:` lines are comments;

@@ -1,5 +1,5 @@
 //! Error classification tables for both providers: status × headers × body → kind, retryable,
-//! retry-after (SPEC §13.3), for HTTP responses and for errors inside a 200 stream.
+//! retry-after, for HTTP responses and for errors inside a 200 stream.
 
 use std::time::{Duration, SystemTime};
 

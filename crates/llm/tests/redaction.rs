@@ -1,5 +1,5 @@
 //! Secrets never appear in `Debug` or `Display` of configs, clients, requests or errors, nor in
-//! log lines, even when a provider echoes the key back in an error body (SPEC §13.3).
+//! log lines, even when a provider echoes the key back in an error body.
 
 use std::time::Duration;
 

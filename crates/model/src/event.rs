@@ -1,4 +1,4 @@
-//! The durable events of a session's log (SPEC §4.1).
+//! The durable events of a session's log.
 //!
 //! Variants are encoded by position: new variants go at the end, and existing ones never change
 //! shape, or the on-disk format version must be bumped (the store's golden-file test catches it).

@@ -1,4 +1,4 @@
-//! Session history as the model sees it: after the latest completed compaction (SPEC §2, §11).
+//! Session history as the model sees it: after the latest completed compaction.
 
 use crate::ids::Seq;
 use crate::message::{CompactionState, Message, SessionRow};

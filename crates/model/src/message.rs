@@ -1,5 +1,5 @@
 //! Projected rows: messages with their parts, the session row, inbox rows, the message-id index
-//! and instruction state (SPEC §4.2). These are what snapshots read; only the projector writes
+//! and instruction state. These are what snapshots read; only the projector writes
 //! them.
 
 use std::collections::BTreeMap;
@@ -44,7 +44,7 @@ pub enum Finish {
     Other(String),
 }
 
-/// A durable claim: execution is in progress for the session (SPEC §12.1).
+/// A durable claim: execution is in progress for the session.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Claim {
     /// Seq of the `ExecutionStarted` that took it.

@@ -1,5 +1,5 @@
 //! The projector: `apply(projection, session, event)` folds one stored event into the
-//! projections (SPEC §4.2).
+//! projections.
 //!
 //! It is written against the [`Projection`] trait, so the same code updates the store's tables
 //! inside a write transaction and the in-memory [`crate::Projections`] used for replay and
@@ -439,7 +439,7 @@ fn open_assistant<P: Projection>(
     }
 }
 
-/// Settles a running tool call. Tools may settle after their step failed (SPEC §9.4: a provider
+/// Settles a running tool call. Tools may settle after their step failed (a provider
 /// error after a tool call still lets the tool settle), so the message need not be open.
 fn settle_tool<P: Projection>(
     p: &mut P,

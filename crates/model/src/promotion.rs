@@ -1,4 +1,4 @@
-//! Which pending inputs a boundary promotes (SPEC §6). Pure: the store runs it inside the write
+//! Which pending inputs a boundary promotes. Pure: the store runs it inside the write
 //! transaction that records the promotions, so concurrent attempts promote an input once.
 
 use crate::ids::MessageId;

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
 
-/// The default bound on a prompt's size (SPEC §5.7).
+/// The default bound on a prompt's size.
 pub const DEFAULT_PROMPT_LIMIT: usize = 1024 * 1024;
 
 /// What the user said: text and optional file attachments.
@@ -44,7 +44,7 @@ impl Prompt {
                 .sum::<usize>()
     }
 
-    /// Checks the admission rules of SPEC §5.7: not empty, not over `limit` bytes, attachments
+    /// Checks the admission rules: not empty, not over `limit` bytes, attachments
     /// well formed.
     pub fn validate(&self, limit: usize) -> Result<(), Error> {
         if self.text.trim().is_empty() && self.files.is_empty() {
@@ -72,7 +72,7 @@ impl Prompt {
     }
 }
 
-/// How an admitted input joins the conversation (SPEC §6).
+/// How an admitted input joins the conversation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Delivery {

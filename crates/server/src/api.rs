@@ -1,4 +1,4 @@
-//! The route handlers of SPEC §15 (except the event stream, in `crate::events`). Each handler
+//! The route handlers of the HTTP API (except the event stream, in `crate::events`). Each handler
 //! parses its input with [`crate::extract`], calls the runtime, and wraps the result as
 //! `{"data": …}`; every failure is an [`ApiError`].
 //!
@@ -230,7 +230,7 @@ pub(crate) async fn session(
     Ok(data(wire::Session::from_row(&row, running(&shared, &id))))
 }
 
-/// Admits a prompt durably and idempotently (SPEC §5) and, unless `resume` is false, wakes the
+/// Admits a prompt durably and idempotently and, unless `resume` is false, wakes the
 /// session. Returns once the input is durable.
 #[utoipa::path(post, path = "/api/session/{id}/prompt", operation_id = "prompt", tag = "session",
     params(("id" = String, Path, description = "Session id, `ses_…`")),
@@ -413,7 +413,7 @@ pub(crate) async fn wait(
     }
 }
 
-/// A transient, session-aware, one-shot model call (SPEC §14); nothing is recorded.
+/// A transient, session-aware, one-shot model call; nothing is recorded.
 #[utoipa::path(post, path = "/api/session/{id}/generate", operation_id = "generate", tag = "session",
     params(("id" = String, Path, description = "Session id, `ses_…`")),
     request_body = wire::Generate,

@@ -1,5 +1,5 @@
 //! [`ApiError`]: the one place where failures become HTTP statuses and the
-//! `{"error": {"type", "message"}}` body (SPEC §15).
+//! `{"error": {"type", "message"}}` body.
 
 use agenthost_actors::Error;
 use axum::http::{HeaderValue, StatusCode, header};

@@ -1,5 +1,5 @@
 //! `GET /api/session/{id}/events`: durable events replayed from the store, one `synced` event,
-//! then live events, as server-sent events (SPEC §15).
+//! then live events, as server-sent events.
 //!
 //! Frames:
 //! - a durable event: `event: <type>`, `id: <seq>`, `data:` its [`wire::Event`] JSON;

@@ -1,4 +1,4 @@
-//! `agenthost-server`: the HTTP+SSE API over the agenthost runtime (SPEC §15).
+//! `agenthost-server`: the HTTP+SSE API over the agenthost runtime.
 //!
 //! **Owns**: every HTTP and JSON wire type of agenthost ([`wire`]), the axum router ([`Api`]),
 //! the one error-to-status mapping ([`ApiError`]), the JSON/query/path extractors that give
@@ -15,7 +15,6 @@
 //! Main types: [`Api`] (router and graceful serving), [`Options`], [`ApiError`] and
 //! [`ErrorType`], [`Token`], [`tools::Http`], [`metrics::Timed`], [`Client`].
 //!
-//! Not here yet: `POST /api/session/{id}/compact`, which arrives with compaction in the runtime.
 
 mod api;
 pub mod auth;
@@ -44,7 +43,7 @@ pub use auth::Token;
 pub use client::Client;
 pub use error::{ApiError, ErrorType};
 
-/// The default bind address: loopback only (SPEC §15, Security).
+/// The default bind address: loopback only.
 pub const DEFAULT_BIND: &str = "127.0.0.1:4096";
 
 /// How the API behaves. Every field has a default suited to `agenthost serve`.

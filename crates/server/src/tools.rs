@@ -1,4 +1,4 @@
-//! HTTP tools (SPEC §10): a tool declared in configuration whose executor POSTs the call to a
+//! HTTP tools: a tool declared in configuration whose executor POSTs the call to a
 //! URL.
 //!
 //! Request: `POST <url>` with `Content-Type: application/json`, header
@@ -9,7 +9,7 @@
 //! Response: a 2xx with `{"output": …}` (a string, or any JSON value, which the model then sees
 //! as JSON text) or `{"error": "…"}`. Anything else (another status, a body that is not JSON of
 //! that shape, a timeout, a connection failure) is a tool failure the model sees; the drain
-//! goes on (SPEC §9.3).
+//! goes on.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,7 +40,7 @@ pub struct Spec {
     /// JSON schema of the input.
     pub parameters: Value,
     pub url: String,
-    /// Safe to run again with the same idempotency key after a crash (SPEC §12.2).
+    /// Safe to run again with the same idempotency key after a crash.
     pub idempotent: bool,
     /// Longest wait for the tool server's answer.
     pub timeout: Duration,

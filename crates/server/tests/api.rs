@@ -1,4 +1,4 @@
-//! Router tests: every route of SPEC §15 called through `tower::ServiceExt::oneshot` (no
+//! Router tests: every route of the HTTP API called through `tower::ServiceExt::oneshot` (no
 //! socket), against a real runtime with the scripted provider. Each test states the requests
 //! and checks statuses, error types and the JSON shapes clients rely on.
 

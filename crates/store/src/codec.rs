@@ -1,4 +1,4 @@
-//! The on-disk record format, owned here and nowhere else (SPEC §4.3).
+//! The on-disk record format, owned here and nowhere else.
 //!
 //! Every value stored is `[FORMAT_VERSION as u16 little-endian][bincode 2 standard encoding]`,
 //! or, in the event log, a [`run`] of such records.

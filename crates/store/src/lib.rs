@@ -47,7 +47,7 @@ use crate::error::storage;
 use crate::ops::{Op, Outcome};
 use crate::writer::{Committer, Inbox, Msg, Planner, Request};
 
-/// Every durable operation of agenthost, each one whole transaction (SPEC §20). redb is the
+/// Every durable operation of agenthost, each one whole transaction. redb is the
 /// embedded backend; a second backend implements this trait without touching callers.
 ///
 /// Write methods submit their operation before returning the future, so an operation, once
@@ -55,7 +55,7 @@ use crate::writer::{Committer, Inbox, Msg, Planner, Request};
 pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Creates a session, or returns the existing session with that id unchanged.
     fn create_session(&self, new: NewSession) -> BoxFuture<'static, Result<SessionRow>>;
-    /// Admits a prompt durably and idempotently (SPEC §5).
+    /// Admits a prompt durably and idempotently.
     fn admit(&self, admission: Admission) -> BoxFuture<'static, Result<Receipt>>;
     /// Runs `actions` on one session in order, in one transaction: every event they write is
     /// applied, or none is. Returns the events written, in seq order.
@@ -64,7 +64,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         session: SessionId,
         actions: Vec<Action>,
     ) -> BoxFuture<'static, Result<Vec<Stored>>>;
-    /// Promotes the pending inputs `boundary` selects (SPEC §6), atomically and exactly once.
+    /// Promotes the pending inputs `boundary` selects, atomically and exactly once.
     fn promote(
         &self,
         session: SessionId,

@@ -20,7 +20,7 @@ pub struct NewSession {
     pub title: Option<String>,
 }
 
-/// A prompt to admit (SPEC §5). `id` is always set here: the caller mints one when the user
+/// A prompt to admit. `id` is always set here: the caller mints one when the user
 /// supplied none.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Admission {
@@ -46,7 +46,7 @@ pub struct Receipt {
 pub enum Action {
     /// Appends the event with the session's next seq.
     Append(Event),
-    /// Promotes the pending inputs the boundary selects (SPEC §6); nothing when none qualify.
+    /// Promotes the pending inputs the boundary selects; nothing when none qualify.
     Promote(Boundary),
     /// Appends `ExecutionSucceeded` only if no input is pending at this point of the
     /// transaction. An input admitted after the caller last looked is therefore never left

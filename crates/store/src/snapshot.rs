@@ -38,7 +38,7 @@ pub trait Snapshot: Send {
     fn index(&self, id: &MessageId) -> Result<Option<IndexEntry>>;
     /// Events with `seq >= from`, in seq order, at most `limit`.
     fn events(&self, id: &SessionId, from: Seq, limit: usize) -> Result<Vec<Stored>>;
-    /// Sessions holding a claim (SPEC §12).
+    /// Sessions holding a claim.
     fn claimed(&self) -> Result<Vec<SessionId>>;
     /// Sessions with pending input.
     fn with_pending(&self) -> Result<Vec<SessionId>>;

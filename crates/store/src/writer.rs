@@ -1,4 +1,4 @@
-//! The group-commit writer (SPEC §4.4): two threads, one write transaction at a time.
+//! The group-commit writer: two threads, one write transaction at a time.
 //!
 //! - The *planner* takes requests from one channel in arrival order and runs each operation
 //!   against the batch's view of the tables (`rows::Tables`): validation, the projector, and

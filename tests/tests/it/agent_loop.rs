@@ -1,4 +1,4 @@
-//! The agent loop (SPEC §9–§11), one test per rule: a scripted transcript in, the rendered
+//! The agent loop, one test per rule: a scripted transcript in, the rendered
 //! durable log and the recorded provider requests out.
 
 use std::sync::Arc;

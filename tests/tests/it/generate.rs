@@ -1,4 +1,4 @@
-//! Session-aware generate (SPEC §14): the laws, checked against the durable path.
+//! Session-aware generate: the laws, checked against the durable path.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,4 +1,4 @@
-//! The laws of SPEC §7: serialized drains, coalesced wakes, joins, interrupts.
+//! The session actor's laws: serialized drains, coalesced wakes, joins, interrupts.
 
 use std::sync::{Arc, OnceLock};
 

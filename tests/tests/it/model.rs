@@ -1,4 +1,4 @@
-//! A model-based test of the runtime (SPEC §5–§8, §19): random sequences of prompt, wake,
+//! A model-based test of the runtime: random sequences of prompt, wake,
 //! resume, interrupt, drain panic and runtime restart, checked against a reference of what was
 //! admitted. Invariants: at most one drain per session at any moment, every admitted input is
 //! promoted exactly once, every resume is answered (never left hanging).

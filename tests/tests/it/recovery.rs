@@ -1,4 +1,4 @@
-//! Restart recovery (SPEC §12): claims, the boot sweep, attempt limits, and a real process killed
+//! Restart recovery: claims, the boot sweep, attempt limits, and a real process killed
 //! with SIGKILL mid-drain.
 
 use std::collections::{BTreeMap, BTreeSet};

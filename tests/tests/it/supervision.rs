@@ -1,4 +1,4 @@
-//! Supervision and passivation (SPEC §8).
+//! Supervision and passivation.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,4 +1,4 @@
-//! Admission and promotion (SPEC §5, §6): a model-based test against a small reference, the
+//! Admission and promotion: a model-based test against a small reference, the
 //! concurrent-retry law, and bad input that must change nothing.
 
 use std::collections::BTreeMap;
@@ -81,7 +81,7 @@ impl Reference {
         }
     }
 
-    /// The rules of SPEC §6 written out independently of `model::promotion`.
+    /// The promotion rules written out independently of `model::promotion`.
     fn promote(&mut self, s: &SessionId, idle: bool) -> Vec<MessageId> {
         let pending = self.pending.get(s).cloned().unwrap_or_default();
         let delivery = |id: &MessageId| self.ids[id].as_ref().expect("input").delivery;

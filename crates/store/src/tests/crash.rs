@@ -1,4 +1,4 @@
-//! Crash consistency with a real process (SPEC §19): a child process admits, promotes and
+//! Crash consistency with a real process: a child process admits, promotes and
 //! appends concurrently and reports every acknowledged admission; the parent kills it with
 //! SIGKILL at a random moment, reopens the store and checks that every acknowledged admission is
 //! there, nothing partial is visible, and the projections equal a replay of the log.

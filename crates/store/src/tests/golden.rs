@@ -1,4 +1,4 @@
-//! The on-disk format (SPEC §4.3): a store file written by each format version is committed
+//! The on-disk format: a store file written by each format version is committed
 //! under `testdata/`; every later build must open it and read exactly the same content, or
 //! refuse it with the version error. Bless the current version's file only together with a
 //! format version bump: `AGENTHOST_BLESS=1 cargo test -p agenthost-store golden`.
