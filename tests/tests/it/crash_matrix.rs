@@ -319,6 +319,28 @@ fn every_commit_boundary_of_a_turn_survives_a_kill_and_a_shutdown() {
     let dir = tempfile::tempdir().expect("tempdir");
     let boundaries = child(dir.path(), Stop::Never).expect("the turn's commits");
     check(dir.path(), Stop::Never);
+    // The turn has every shape the matrix is about.
+    let kinds: Vec<&'static str> = {
+        let store = RedbStore::open(StoreConfig::new(dir.path().join("store.redb"))).expect("open");
+        let s = SessionId::parse(SESSION).expect("id");
+        let events = store
+            .snapshot()
+            .expect("snap")
+            .events(&s, agenthost_model::Seq::ZERO, usize::MAX)
+            .expect("events");
+        store.close();
+        events.iter().map(|e| e.event.kind()).collect()
+    };
+    for (kind, n) in [
+        ("compaction_ended", 1),
+        ("retry_scheduled", 2),
+        ("tool_succeeded", 2),
+        ("step_failed", 1),
+    ] {
+        let seen = kinds.iter().filter(|k| **k == kind).count();
+        assert!(seen >= n, "{kind} {seen} times: {kinds:?}");
+    }
+    eprintln!("crash matrix: {boundaries} commit boundaries");
     assert!(
         boundaries >= 10,
         "a turn of {boundaries} commits is too short to mean much"
