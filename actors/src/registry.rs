@@ -176,6 +176,15 @@ impl Actor for Registry {
                 if !state.restarting.remove(&session) || state.shared.is_shutting_down() {
                     return Ok(());
                 }
+                // A caller may have reached the registry before it learnt of the failure and got
+                // a fresh actor: never start a second one; wake that one instead, so it recovers
+                // what the dead actor left.
+                let live = state.shared.actors.get(&session).map(|a| a.clone());
+                if let Some(actor) = live {
+                    let (tx, _rx) = ractor::concurrency::oneshot();
+                    let _ = actor.cast(session::Msg::Wake(tx.into()));
+                    return Ok(());
+                }
                 if let Err(e) =
                     Registry::spawn(&myself, state, session.clone(), Start::Restarted).await
                 {
