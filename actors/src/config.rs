@@ -107,6 +107,13 @@ pub struct Model {
     pub max_output: Option<u32>,
     /// Price per million tokens in nano-dollars per token, for cost accounting.
     pub price: Price,
+    /// Whether the server accepts `tool_choice: none`. The requests that must not call tools
+    /// (an exchange's last step, `generate`, a compaction's summary) still advertise the agent's
+    /// tools, because providers refuse tool calls and results in history without tool
+    /// definitions; they forbid calls with `tool_choice: none`. A server that refuses that value
+    /// gets `auto` instead, and a call it returns anyway is failed (a step) or ignored (the
+    /// others), never executed.
+    pub tool_choice_none: bool,
 }
 
 impl Model {
@@ -117,6 +124,7 @@ impl Model {
             context_window: 128_000,
             max_output: Some(16_384),
             price: Price::default(),
+            tool_choice_none: true,
         }
     }
 }

@@ -109,8 +109,8 @@ impl<'a> Inputs<'a> {
 }
 
 /// Builds the request for `inputs`. For [`Purpose::Generate`], `prompt` is appended as the last
-/// user message, no tools are offered and `tool_choice` is `none`; everything else is what a
-/// durable step at the same state would send.
+/// user message and `tool_choice` forbids calls (the agent's tools are still defined); everything
+/// else is what a durable step at the same state would send.
 pub fn prepare(inputs: Inputs<'_>, prompt: Option<&str>) -> Result<Prepared> {
     let Inputs {
         catalog,
@@ -132,18 +132,24 @@ pub fn prepare(inputs: Inputs<'_>, prompt: Option<&str>) -> Result<Prepared> {
     request.headers.insert(AFFINITY_HEADER, row.id.to_string());
 
     let last_step = step >= agent.steps;
+    // Every request advertises the agent's tools: providers refuse tool calls and results in
+    // history without definitions, and the same definitions keep the prompt-cache prefix of
+    // every request of the session the same. Where no call may be made, `tool_choice` forbids
+    // it (`auto` for a server that refuses `none`: a call it returns anyway is never run).
+    request.tools = tools.advertised(&agent.tools);
+    let forbid = match model.tool_choice_none {
+        true => llm::ToolChoice::None,
+        false => llm::ToolChoice::Auto,
+    };
     match purpose {
         Purpose::Step if last_step => {
-            request.tool_choice = llm::ToolChoice::None;
+            request.tool_choice = forbid.clone();
             request
                 .messages
                 .push(llm::Message::assistant(MAX_STEPS_NOTE));
         }
-        Purpose::Step => {
-            request.tools = tools.advertised(&agent.tools);
-            request.tool_choice = llm::ToolChoice::Auto;
-        }
-        Purpose::Generate | Purpose::Compaction => request.tool_choice = llm::ToolChoice::None,
+        Purpose::Step => request.tool_choice = llm::ToolChoice::Auto,
+        Purpose::Generate | Purpose::Compaction => request.tool_choice = forbid.clone(),
     }
     if let Some(prompt) = prompt {
         request.messages.push(llm::Message::user(prompt));
@@ -159,9 +165,9 @@ pub fn prepare(inputs: Inputs<'_>, prompt: Option<&str>) -> Result<Prepared> {
         hook.on_request(&ctx, &mut request);
     }
     if purpose != Purpose::Step {
-        // Hooks may transform the request but cannot give `generate` tools.
-        request.tools.clear();
-        request.tool_choice = llm::ToolChoice::None;
+        // Hooks shape the tool definitions as they do a step's (the requests stay equivalent),
+        // but cannot let `generate` or a compaction call a tool.
+        request.tool_choice = forbid;
     }
     let estimated_tokens = estimate(&request);
     Ok(Prepared {

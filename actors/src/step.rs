@@ -75,13 +75,14 @@ fn start(d: &Drain, step: u32, prepared: &Prepared) -> MessageId {
     message
 }
 
-/// Usage a failed attempt reported before failing: tokens are spent even when the step is not
-/// settled by this attempt, so they count in the session totals.
-fn spent(a: &Attempt, prepared: &Prepared) -> Vec<Event> {
+/// Usage a failed attempt reported before failing: tokens are spent even when this attempt does
+/// not end the step, so they count on the step's message and in the session totals.
+fn spent(message: &MessageId, a: &Attempt, prepared: &Prepared) -> Vec<Event> {
     if a.usage == llm::Usage::default() {
         return Vec::new();
     }
-    vec![Event::UsageRecorded {
+    vec![Event::StepUsage {
+        id: message.clone(),
         usage: cost(&a.usage, &prepared.model.price),
     }]
 }
@@ -276,7 +277,7 @@ pub(crate) async fn run(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<St
             Some(error) if error.retryable() && !a.has_output() && attempt < MAX_RETRIES => {
                 attempt += 1;
                 let delay = retry_delay(attempt, error.retry_after());
-                let mut events = spent(&a, &prepared);
+                let mut events = spent(&message, &a, &prepared);
                 events.push(Event::RetryScheduled {
                     id: message.clone(),
                     attempt,
@@ -298,7 +299,7 @@ pub(crate) async fn run(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<St
                 attempt += 1;
                 let delay = retry_delay(attempt, error.retry_after());
                 a.flush_partials(d, &message).await?;
-                let mut events = spent(&a, &prepared);
+                let mut events = spent(&message, &a, &prepared);
                 events.push(Event::RetryScheduled {
                     id: message.clone(),
                     attempt,
@@ -364,7 +365,7 @@ async fn fail(
         return abort(d, message, a).await;
     }
     let failure = provider_failure(&error);
-    let mut events = spent(a, prepared);
+    let mut events = spent(message, a, prepared);
     events.push(Event::StepFailed {
         id: message.clone(),
         error: failure.clone(),

@@ -96,6 +96,7 @@ struct Model {
     model: Option<String>,
     context_window: Option<u32>,
     max_output: Option<u32>,
+    tool_choice_none: Option<bool>,
     /// US dollars per million tokens.
     #[serde(default)]
     price: Price,
@@ -399,6 +400,9 @@ pub fn resolve(
             }
         };
         let mut model = actors::Model::new(provider, model_name);
+        if let Some(supported) = m.tool_choice_none {
+            model.tool_choice_none = supported;
+        }
         if let Some(window) = m.context_window {
             if window == 0 {
                 return Err(invalid(&key("context_window"), "must be at least 1".into()));

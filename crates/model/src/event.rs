@@ -135,6 +135,13 @@ pub enum Event {
     UsageRecorded {
         usage: Usage,
     },
+    /// Usage of an attempt of step `id` that did not end it (retried, cut off or failed): added
+    /// to the message's usage and to the session totals, so the totals always equal the sum of
+    /// what messages (and compactions and transient calls) show.
+    StepUsage {
+        id: MessageId,
+        usage: Usage,
+    },
 }
 
 impl Event {
@@ -163,6 +170,7 @@ impl Event {
             Event::CompactionEnded { .. } => "compaction_ended",
             Event::CompactionFailed { .. } => "compaction_failed",
             Event::UsageRecorded { .. } => "usage_recorded",
+            Event::StepUsage { .. } => "step_usage",
         }
     }
 }

@@ -312,7 +312,8 @@ pub fn apply<P: Projection>(
         Event::StepEnded { id, finish, usage } => {
             let mut a = open_assistant(p, session, id)?;
             a.finish = Some(finish.clone());
-            a.usage = *usage;
+            // Added: attempts before the one that ended the step may have recorded usage.
+            a.usage.add(usage);
             a.completed = Some(time);
             row.usage.add(usage);
             // Progress: recovery counts attempts in a row without a completed step.
@@ -379,6 +380,12 @@ pub fn apply<P: Projection>(
             p.put_message(session, message).map_err(be)?;
         }
         Event::UsageRecorded { usage } => row.usage.add(usage),
+        Event::StepUsage { id, usage } => {
+            let mut a = open_assistant(p, session, id)?;
+            a.usage.add(usage);
+            row.usage.add(usage);
+            p.put_message(session, Message::Assistant(a)).map_err(be)?;
+        }
     }
     p.put_session(row).map_err(be)?;
     Ok(())

@@ -65,7 +65,8 @@ proptest! {
                 match &stored.event {
                     Event::StepEnded { usage: u, .. }
                     | Event::CompactionEnded { usage: u, .. }
-                    | Event::UsageRecorded { usage: u } => usage.add(u),
+                    | Event::UsageRecorded { usage: u }
+                    | Event::StepUsage { usage: u, .. } => usage.add(u),
                     _ => {}
                 }
             }

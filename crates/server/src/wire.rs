@@ -802,6 +802,12 @@ pub enum EventBody {
     UsageRecorded {
         usage: Usage,
     },
+    /// Usage of an attempt of step `id` that did not end it (retried, cut off or failed); it
+    /// counts in the message's usage and in the session totals.
+    StepUsage {
+        id: String,
+        usage: Usage,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -964,6 +970,10 @@ impl From<&model::Stored> for Event {
             E::UsageRecorded { usage } => EventBody::UsageRecorded {
                 usage: usage.into(),
             },
+            E::StepUsage { id, usage } => EventBody::StepUsage {
+                id: id.to_string(),
+                usage: usage.into(),
+            },
         };
         Event {
             seq: stored.seq.0,
@@ -1113,6 +1123,10 @@ mod tests {
                 error: "e".into(),
             },
             E::UsageRecorded {
+                usage: model::Usage::default(),
+            },
+            E::StepUsage {
+                id: MessageId::parse("msg_x").expect("id"),
                 usage: model::Usage::default(),
             },
         ]

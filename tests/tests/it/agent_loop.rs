@@ -369,7 +369,9 @@ async fn the_last_step_offers_no_tools_and_a_steer_resets_the_count() {
     // The steer was promoted after request 1: the count restarted, so request 2 still has tools.
     assert!(!requests[1].tools.is_empty());
     assert_eq!(requests[1].tool_choice, ToolChoice::Auto);
-    assert!(requests[2].tools.is_empty());
+    // The last step defines the same tools as every step (providers refuse tool blocks in
+    // history without definitions) and forbids calling them.
+    assert_eq!(requests[2].tools, requests[1].tools);
     assert_eq!(requests[2].tool_choice, ToolChoice::None);
     assert!(
         matches!(requests[2].messages.last(), Some(Message::Assistant { .. })),
@@ -556,7 +558,10 @@ async fn overflow_before_output_compacts_once_and_rebuilds_the_step() {
     assert!(
         matches!(requests[2].messages.last(), Some(Message::User { text, .. }) if text == SUMMARY_PROMPT)
     );
-    assert!(requests[2].tools.is_empty());
+    // The summary request defines the step's tools (its history may hold tool blocks) and
+    // forbids calling them.
+    assert_eq!(requests[2].tools, requests[3].tools);
+    assert_eq!(requests[2].tool_choice, ToolChoice::None);
     let rebuilt = &requests[3].messages;
     assert!(
         matches!(&rebuilt[0], Message::User { text, .. } if text.contains("the summary")),
@@ -934,4 +939,81 @@ fn the_continue_note_reads_as_written() {
         note.contains("Continue exactly where it stopped"),
         "{note:?}"
     );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_cut_attempts_usage_counts_on_its_message_and_the_totals_equal_the_messages() {
+    let spent = Usage {
+        input: 30,
+        output: 5,
+        ..Usage::default()
+    };
+    let rest = Usage {
+        input: 40,
+        output: 7,
+        ..Usage::default()
+    };
+    let cut = Script::new()
+        .text("partial")
+        .usage(spent)
+        .error(agenthost_llm::Error::incomplete("connection reset"));
+    let continued = Script::new()
+        .text(" and the rest")
+        .usage(rest)
+        .finish(FinishReason::Stop);
+    let h = harness(vec![cut, continued]).await;
+    let s = h.session().await;
+    h.admit(&s, "go").await;
+    assert_eq!(
+        h.runtime.resume(&s).await,
+        Ok(Outcome::Completed { steps: 1 })
+    );
+    let messages = h
+        .runtime
+        .snapshot()
+        .expect("snap")
+        .messages(&s, agenthost_model::Seq::ZERO, usize::MAX)
+        .expect("messages");
+    let usages: Vec<(u64, u64)> = messages
+        .iter()
+        .filter_map(|m| match m {
+            agenthost_model::Message::Assistant(a) => Some((a.usage.input, a.usage.output)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        usages,
+        [(30, 5), (40, 7)],
+        "each attempt on its own message"
+    );
+    let row = h.row(&s);
+    assert_eq!((row.usage.input, row.usage.output), (70, 12));
+    h.assert_replay_equal();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_tool_choice_none_gets_auto_and_a_call_on_the_last_step_still_fails() {
+    let h = harness_with(
+        vec![call("c1", "echo", "{}"), call("c2", "echo", "{}")],
+        |c| {
+            if let Some(agent) = c.agents.get_mut("default") {
+                agent.steps = 2;
+            }
+            if let Some(model) = c.models.get_mut("default") {
+                model.tool_choice_none = false;
+            }
+        },
+        Vec::new(),
+    )
+    .await;
+    let (s, log, requests) = check(&h, &["go"]).await;
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[1].tools, requests[0].tools);
+    assert_eq!(requests[1].tool_choice, ToolChoice::Auto);
+    assert!(
+        log.iter()
+            .any(|l| l.starts_with("tool_failed c2 tool calls are disabled")),
+        "{log:#?}"
+    );
+    assert!(h.row(&s).claim.is_none());
 }

@@ -73,7 +73,8 @@ fn contents(h: &Harness) -> (agenthost_model::Projections, String) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn generate_equals_the_step_request_minus_tools_plus_the_prompt_and_changes_nothing() {
+async fn generate_equals_the_step_request_with_calls_forbidden_plus_the_prompt_and_changes_nothing()
+{
     let t = setup(vec![
         text("first answer"),
         text("recap: we said hello"),
@@ -99,7 +100,9 @@ async fn generate_equals_the_step_request_minus_tools_plus_the_prompt_and_change
     let requests = h.provider.requests();
     let (generate, step) = (&requests[1], &requests[2]);
     assert!(!step.tools.is_empty() && step.tool_choice == ToolChoice::Auto);
-    assert!(generate.tools.is_empty());
+    // The same tool definitions (providers refuse tool blocks in history without them, and the
+    // prompt-cache prefix stays the step's), with calls forbidden.
+    assert_eq!(generate.tools, step.tools);
     assert_eq!(generate.tool_choice, ToolChoice::None);
     let mut expected = step.messages.clone();
     expected.push(Message::user("summarize where we left off"));
@@ -375,4 +378,26 @@ async fn the_step_request_for_a_recorded_scenario_is_unchanged() {
     }
     let expected = std::fs::read_to_string(&path).expect("the snapshot exists (bless it once)");
     assert_eq!(rendered, expected, "the durable step's request changed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_call_returned_to_generate_anyway_is_ignored() {
+    let call = Script::new()
+        .tool_call("c1", "lookup", "{}")
+        .text("answer without the tool")
+        .finish(FinishReason::ToolCalls);
+    let t = setup(vec![text("first answer"), call]).await;
+    let h = &t.h;
+    let s = h.session().await;
+    h.prompt(&s, "hello").await;
+    h.idle(&s).await;
+    let before = contents(h);
+    let answer = h.runtime.generate(&s, "quick question").await;
+    assert_eq!(answer.as_deref(), Ok("answer without the tool"));
+    assert_eq!(t.counter.0.load(Ordering::SeqCst), 0, "never executed");
+    assert_eq!(t.tagger.tools_seen.load(Ordering::SeqCst), 0);
+    assert_eq!(contents(h), before);
+    let request = h.provider.last_request().expect("sent");
+    assert!(!request.tools.is_empty());
+    assert_eq!(request.tool_choice, ToolChoice::None);
 }
