@@ -1,7 +1,7 @@
 //! `agenthost`: the command-line front of agenthost.
 //!
 //! Commands: `serve` (the HTTP+SSE API over an embedded runtime), `mock-provider` (the
-//! OpenAI-wire mock model server), `loadtest` (many sessions through an embedded runtime or a
+//! mock model server, OpenAI and Anthropic wire), `loadtest` (many sessions through an embedded runtime or a
 //! running server, with a latency report) and `inspect` (an offline dump and verification of a
 //! store).
 //!
@@ -51,7 +51,7 @@ struct Cli {
 enum Command {
     /// Serve the HTTP+SSE API over an embedded runtime.
     Serve(serve::Args),
-    /// Serve the mock model provider (OpenAI Chat Completions wire format).
+    /// Serve the mock model provider (OpenAI Chat Completions and Anthropic Messages wire formats).
     MockProvider(mock::Args),
     /// Drive many sessions and report throughput and latency.
     Loadtest(loadtest::Args),

@@ -272,10 +272,15 @@ impl Sse {
 
     /// Frames up to and including the first named `event`.
     async fn until(&mut self, event: &str) -> Vec<Frame> {
+        self.until_any(&[event]).await
+    }
+
+    /// Frames up to and including the first of `events`.
+    async fn until_any(&mut self, events: &[&str]) -> Vec<Frame> {
         let mut frames = Vec::new();
         loop {
             let frame = self.next().await;
-            let done = frame.event == event;
+            let done = events.contains(&frame.event.as_str());
             frames.push(frame);
             if done {
                 return frames;
@@ -634,4 +639,95 @@ fn config_errors_exit_2_without_touching_the_data_dir() {
     assert_eq!(status.code(), Some(2), "{err}");
     assert!(err.contains("no store at"), "{err}");
     assert!(!Path::new(data).exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_wire_tool_loop_to_the_step_limit_and_generate_after_tools() {
+    // The mock provider's Anthropic route refuses every request the real Messages API would
+    // (tool blocks without tool definitions, unanswered tool calls, no max_tokens, ...).
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let mock = Proc::spawn(
+        "anthropic-mock",
+        d,
+        &[
+            "mock-provider",
+            "--bind",
+            "127.0.0.1:0",
+            "--tokens-per-sec",
+            "1000",
+            "--tool-ratio",
+            "1",
+        ],
+    );
+    let url = mock.url();
+    let path = d.join("agenthost.toml");
+    // Two steps: the model calls a tool in the first, so the second, the step-limit step, carries
+    // tool blocks in its history. The tool's endpoint refuses connections: its failure is a
+    // result the model sees like any other.
+    let text = format!(
+        r#"
+data_dir = "{data}"
+[providers.claude]
+kind = "anthropic"
+base_url = "{url}"
+[models.default]
+provider = "claude"
+model = "mock-1"
+[agents.default]
+model = "default"
+steps = 2
+[[tools]]
+name = "lookup"
+kind = "http"
+url = "http://127.0.0.1:9/lookup"
+timeout_ms = 2000
+"#,
+        data = d.join("data").display()
+    );
+    std::fs::write(&path, text).expect("config written");
+    let cfg = path.to_str().expect("utf-8 path");
+    let server = Proc::spawn(
+        "serve-anthropic",
+        d,
+        &["serve", "--config", cfg, "--bind", "127.0.0.1:0"],
+    );
+    let http = Http::new(&server.url());
+    let s = http.session("default").await;
+    let mut stream = http.events(&s).await;
+    stream.until("synced").await;
+    http.post(
+        &format!("/api/session/{s}/prompt"),
+        Some(json!({"text": "look it up"})),
+    )
+    .await;
+    let live = stream
+        .until_any(&["execution_succeeded", "execution_failed"])
+        .await;
+    assert!(
+        !live.iter().any(|f| f.event == "execution_failed"),
+        "{live:?}\n{}",
+        server.log_text()
+    );
+    let messages = http.get(&format!("/api/session/{s}/messages")).await;
+    let messages = messages["data"].as_array().expect("messages").clone();
+    assert_eq!(
+        messages.len(),
+        3,
+        "user, tool step, step-limit step: {messages:?}"
+    );
+    assert_eq!(messages[2]["finish"], "stop", "{messages:?}");
+
+    let generated = http
+        .post(
+            &format!("/api/session/{s}/generate"),
+            Some(json!({"prompt": "recap"})),
+        )
+        .await;
+    assert!(
+        generated["data"]["text"]
+            .as_str()
+            .is_some_and(|t| !t.is_empty()),
+        "{generated}"
+    );
 }

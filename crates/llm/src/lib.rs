@@ -30,6 +30,7 @@ pub mod mock;
 pub mod openai;
 mod provider;
 mod request;
+pub mod rules;
 pub mod scripted;
 mod secret;
 pub mod sse;

@@ -5,6 +5,7 @@ mod agent_loop;
 mod crash_matrix;
 mod generate;
 mod harness;
+mod interop;
 mod laws;
 mod model;
 mod recovery;

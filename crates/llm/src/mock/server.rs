@@ -1,6 +1,8 @@
 //! The mock provider over HTTP (`agenthost mock-provider`): an axum server speaking OpenAI Chat
-//! Completions (`POST /v1/chat/completions`, streaming or not; `GET /v1/models`), with the
-//! mock's latency, token rate and tool-call ratio, and injected failures for fault tests.
+//! Completions (`POST /v1/chat/completions`, streaming or not; `GET /v1/models`) and Anthropic
+//! Messages (`POST /v1/messages`, streamed), with the mock's latency, token rate and tool-call
+//! ratio, and injected failures for fault tests (OpenAI route). Both routes refuse, with the
+//! provider's 400 body, every request the real API would refuse ([`crate::rules`]).
 //!
 //! A failure is chosen per request by the `x-mock-fail` header (one of [`Failure`]'s names), or
 //! else by [`Config::fail_ratio`], drawn deterministically from the request's sequence number.
@@ -186,6 +188,7 @@ pub fn serve(listener: TcpListener, config: Config) -> io::Result<Handle> {
     });
     let app = Router::new()
         .route("/v1/chat/completions", post(completions))
+        .route("/v1/messages", post(messages))
         .route("/v1/models", get(models))
         .with_state(shared.clone());
     let mut signal = shutdown;
@@ -297,6 +300,14 @@ async fn completions(
             );
         }
         _ => {}
+    }
+    if let Err(message) = crate::rules::openai(&wire) {
+        return error_response(
+            StatusCode::BAD_REQUEST,
+            &message,
+            "invalid_request_error",
+            None,
+        );
     }
     let request = decode(&wire);
     let plan = plan(&config.mock, &request);
@@ -569,6 +580,188 @@ fn decode(wire: &Value) -> Request {
         Some(Value::Object(choice)) => choice
             .get("function")
             .and_then(|function| function.get("name"))
+            .and_then(Value::as_str)
+            .map_or(ToolChoice::Auto, |name| ToolChoice::Tool(name.to_owned())),
+        _ => ToolChoice::Auto,
+    };
+    request
+}
+
+/// `POST /v1/messages`: Anthropic Messages, streamed. A request the real API would refuse gets
+/// its 400 `invalid_request_error`.
+async fn messages(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    shared.requests.fetch_add(1, Ordering::SeqCst);
+    let refuse = |message: &str| {
+        json_response(
+            StatusCode::BAD_REQUEST,
+            &json!({ "type": "error", "error": { "type": "invalid_request_error", "message": message } }),
+        )
+    };
+    let Ok(wire) = serde_json::from_slice::<Value>(&body) else {
+        return refuse("We could not parse the JSON body of your request.");
+    };
+    if let Err(message) = crate::rules::anthropic(&wire) {
+        return refuse(&message);
+    }
+    if wire.get("stream").and_then(Value::as_bool) != Some(true) {
+        return refuse("this mock serves streamed Messages only (`stream: true`)");
+    }
+    let request = decode_anthropic(&wire);
+    let plan = plan(&shared.config.mock, &request);
+    let frames = anthropic_frames(&shared.config.mock, &request.model, &plan);
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(paced(frames)))
+        .unwrap_or_else(|_| Response::new(Body::empty()))
+}
+
+fn anthropic_event(name: &str, data: &Value) -> Bytes {
+    Bytes::from(format!("event: {name}\ndata: {data}\n\n"))
+}
+
+/// The events of a streamed Messages answer, each with the pause before it.
+fn anthropic_frames(mock: &super::Config, model: &str, plan: &Plan) -> Vec<(Duration, Bytes)> {
+    let usage = plan.usage;
+    let start = json!({ "type": "message_start", "message": {
+        "id": plan.id, "type": "message", "role": "assistant", "model": model, "content": [],
+        "stop_reason": null, "stop_sequence": null,
+        "usage": { "input_tokens": usage.input, "cache_read_input_tokens": usage.cache_read,
+                   "cache_creation_input_tokens": 0, "output_tokens": 1 } } });
+    let mut frames = vec![(Duration::ZERO, anthropic_event("message_start", &start))];
+    let interval = mock.token_interval();
+    let block = |content: Value| json!({ "type": "content_block_start", "index": 0, "content_block": content });
+    let stop_reason = match &plan.reply {
+        Reply::Text(tokens) => {
+            let opened = block(json!({ "type": "text", "text": "" }));
+            frames.push((
+                mock.latency,
+                anthropic_event("content_block_start", &opened),
+            ));
+            for token in tokens {
+                let delta = json!({ "type": "content_block_delta", "index": 0,
+                    "delta": { "type": "text_delta", "text": token } });
+                frames.push((interval, anthropic_event("content_block_delta", &delta)));
+            }
+            "end_turn"
+        }
+        Reply::Tool(call) => {
+            let opened =
+                block(json!({ "type": "tool_use", "id": call.id, "name": call.name, "input": {} }));
+            frames.push((
+                mock.latency,
+                anthropic_event("content_block_start", &opened),
+            ));
+            for fragment in fragments(&call.input) {
+                let delta = json!({ "type": "content_block_delta", "index": 0,
+                    "delta": { "type": "input_json_delta", "partial_json": fragment } });
+                frames.push((interval, anthropic_event("content_block_delta", &delta)));
+            }
+            "tool_use"
+        }
+    };
+    let stop = json!({ "type": "content_block_stop", "index": 0 });
+    frames.push((Duration::ZERO, anthropic_event("content_block_stop", &stop)));
+    let delta = json!({ "type": "message_delta",
+        "delta": { "stop_reason": stop_reason, "stop_sequence": null },
+        "usage": { "output_tokens": usage.output } });
+    frames.push((Duration::ZERO, anthropic_event("message_delta", &delta)));
+    frames.push((
+        Duration::ZERO,
+        anthropic_event("message_stop", &json!({ "type": "message_stop" })),
+    ));
+    frames
+}
+
+/// What the plan needs of a Messages body: model, system, messages, tools and tool choice.
+fn decode_anthropic(wire: &Value) -> Request {
+    let string = |value: &Value, key: &str| {
+        value
+            .get(key)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let blocks = |message: &Value| -> Vec<Value> {
+        match message.get("content") {
+            Some(Value::Array(blocks)) => blocks.clone(),
+            Some(Value::String(text)) => vec![json!({ "type": "text", "text": text })],
+            _ => Vec::new(),
+        }
+    };
+    let mut request = Request::new(string(wire, "model"));
+    for part in wire
+        .get("system")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        request
+            .system
+            .push(SystemPart::stable(string(part, "text")));
+    }
+    for message in wire
+        .get("messages")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let assistant = message.get("role").and_then(Value::as_str) == Some("assistant");
+        let mut parts = Vec::new();
+        let mut text = Vec::new();
+        for block in blocks(message) {
+            match block.get("type").and_then(Value::as_str) {
+                Some("text") => text.push(string(&block, "text")),
+                Some("tool_use") => parts.push(AssistantPart::ToolCall(ToolCall {
+                    id: string(&block, "id"),
+                    name: string(&block, "name"),
+                    input: block.get("input").map(Value::to_string).unwrap_or_default(),
+                })),
+                Some("tool_result") => request.messages.push(Message::Tool(ToolResult {
+                    call_id: string(&block, "tool_use_id"),
+                    output: block
+                        .get("content")
+                        .map(Value::to_string)
+                        .unwrap_or_default(),
+                    is_error: block
+                        .get("is_error")
+                        .and_then(Value::as_bool)
+                        .unwrap_or(false),
+                })),
+                _ => {}
+            }
+        }
+        let text = text.join("\n");
+        if assistant {
+            if !text.is_empty() {
+                parts.insert(0, AssistantPart::Text(text));
+            }
+            request.messages.push(Message::Assistant { parts });
+        } else if !text.is_empty() {
+            request.messages.push(Message::user(text));
+        }
+    }
+    for tool in wire
+        .get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        request.tools.push(Tool {
+            name: string(tool, "name"),
+            description: string(tool, "description"),
+            parameters: tool
+                .get("input_schema")
+                .cloned()
+                .unwrap_or_else(|| json!({})),
+        });
+    }
+    request.tool_choice = match wire.pointer("/tool_choice/type").and_then(Value::as_str) {
+        Some("none") => ToolChoice::None,
+        Some("any") => ToolChoice::Required,
+        Some("tool") => wire
+            .pointer("/tool_choice/name")
             .and_then(Value::as_str)
             .map_or(ToolChoice::Auto, |name| ToolChoice::Tool(name.to_owned())),
         _ => ToolChoice::Auto,
