@@ -731,3 +731,129 @@ timeout_ms = 2000
         "{generated}"
     );
 }
+
+/// Kills `agenthost serve` with SIGKILL or stops it with SIGTERM at moments spread over a mixed
+/// workload (text answers, tool loops, several sessions at once), restarts it each time, and
+/// checks that after the last restart no session is left with an input that is neither answered
+/// nor explicitly failed. `AGENTHOST_SOAK=1` runs more rounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_stopped_at_any_moment_of_a_mixed_workload_loses_no_turn() {
+    let rounds: u64 = if std::env::var_os("AGENTHOST_SOAK").is_some() {
+        16
+    } else {
+        4
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let mock = Proc::spawn(
+        "workload-mock",
+        d,
+        &[
+            "mock-provider",
+            "--bind",
+            "127.0.0.1:0",
+            "--tokens-per-sec",
+            "60",
+            "--tool-ratio",
+            "0.5",
+        ],
+    );
+    let url = mock.url();
+    let path = d.join("agenthost.toml");
+    let text = format!(
+        r#"
+data_dir = "{data}"
+[providers.mock]
+kind = "openai"
+base_url = "{url}"
+[models.default]
+provider = "mock"
+model = "mock-1"
+[agents.default]
+model = "default"
+steps = 4
+[[tools]]
+name = "lookup"
+kind = "http"
+url = "http://127.0.0.1:9/lookup"
+timeout_ms = 2000
+"#,
+        data = d.join("data").display()
+    );
+    std::fs::write(&path, text).expect("config written");
+    let cfg = path.to_str().expect("utf-8 path");
+    let serve = |round: u64| {
+        Proc::spawn(
+            &format!("serve-{round}"),
+            d,
+            &["serve", "--config", cfg, "--bind", "127.0.0.1:0"],
+        )
+    };
+    let mut sessions: Vec<(String, usize)> = Vec::new();
+    for round in 0..rounds {
+        let mut server = serve(round);
+        let http = Http::new(&server.url());
+        if sessions.is_empty() {
+            for _ in 0..6 {
+                sessions.push((http.session("default").await, 0));
+            }
+        }
+        for (s, acked) in sessions.iter_mut() {
+            for p in 0..2 {
+                http.post(
+                    &format!("/api/session/{s}/prompt"),
+                    Some(json!({"text": format!("round {round} task {p}")})),
+                )
+                .await;
+                *acked += 1;
+            }
+        }
+        // Stop at a different moment of the work each round.
+        tokio::time::sleep(Duration::from_millis(20 + 97 * (round % 5))).await;
+        if round % 2 == 0 {
+            server.sigkill();
+        } else {
+            server.signal("-TERM");
+            assert!(server.wait_exit().success(), "{}", server.log_text());
+        }
+    }
+    let server = serve(rounds);
+    let http = Http::new(&server.url());
+    let mut resumed = 0;
+    for (s, acked) in &sessions {
+        let idle = http
+            .post(&format!("/api/session/{s}/wait?timeout_ms=120000"), None)
+            .await;
+        assert_eq!(idle["data"]["idle"], true, "{s}: {idle}");
+        let row = http.get(&format!("/api/session/{s}")).await["data"].clone();
+        assert_eq!(row["claimed"], false, "{s}: {row}");
+        assert_eq!(row["pending"], 0, "{s}: {row}");
+        let messages = http
+            .get(&format!("/api/session/{s}/messages?limit=1000"))
+            .await["data"]
+            .as_array()
+            .expect("messages")
+            .clone();
+        resumed += messages
+            .iter()
+            .filter(|m| m["type"] == "system" && m.to_string().contains("server restarted"))
+            .count();
+        let users = messages.iter().filter(|m| m["type"] == "user").count();
+        assert_eq!(
+            users, *acked,
+            "{s}: every acknowledged input became a message"
+        );
+        let last = messages.last().expect("messages");
+        let answered = last["type"] == "assistant" && last["finish"].is_string();
+        let failed = row["halted"].is_string();
+        assert!(
+            answered || failed,
+            "{s} ends with an unanswered input: {last}\n{}",
+            server.log_text()
+        );
+    }
+    assert!(
+        resumed > 0,
+        "no stop landed mid-turn: the test proved nothing"
+    );
+}
