@@ -15,9 +15,10 @@ use agenthost_llm as llm;
 use agenthost_model::history::{History, Mode};
 use agenthost_model::{Event, Message, Seq};
 
-use crate::drain::{Drain, mint_message_id};
+use crate::drain::Drain;
 use crate::error::{Error, Result};
 use crate::hooks::Purpose;
+use crate::mint;
 use crate::prepare::{Inputs, convert, estimate, prepare};
 
 /// The request that asks for the summary.
@@ -63,7 +64,7 @@ pub(crate) async fn compact(d: &Drain, auto: bool) -> Result<Seq> {
     };
     let inputs = Inputs::of(shared, &row, &older, 1, Purpose::Compaction);
     let prepared = prepare(inputs, Some(SUMMARY_PROMPT))?;
-    let id = mint_message_id();
+    let id = mint::message_id();
     let started = Event::CompactionStarted {
         id: id.clone(),
         auto,

@@ -13,18 +13,19 @@
 
 use std::sync::{Arc, Mutex};
 
-use agenthost_model::owed::{self, Owed, Policy, Why};
 use agenthost_model::promotion::{self, Boundary};
-use agenthost_model::{Event, InterruptReason, Message, MessageId, SessionId, Stored};
+use agenthost_model::{Event, InterruptReason, SessionId};
 use agenthost_store::Action;
 use tokio_util::sync::CancellationToken;
 
-use crate::bus::Hold;
 use crate::error::{Error, Result};
 use crate::history_cache::HistoryCache;
 use crate::instructions;
-use crate::runtime::Shared;
+use crate::mint;
+use crate::settle::{Recovered, recover};
+use crate::shared::Shared;
 use crate::step::{self, StepEnd};
+use crate::writes::Submitted;
 
 /// How a drain ended, delivered to every caller that joined it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,38 +88,6 @@ pub(crate) struct Drain {
     pub history: Option<Arc<Mutex<HistoryCache>>>,
 }
 
-/// What a drain submitted and has not yet waited for.
-#[derive(Default)]
-pub(crate) struct Submitted {
-    /// Events submitted and not yet sent to the store, in order (see [`Drain::send`]).
-    unsent: Vec<Event>,
-    /// Writes sent, in order.
-    writes: Vec<InFlight>,
-    /// Deltas held on the bus until a submitted `StepStarted` is published: released by the
-    /// next flush, once that write has either committed (and been published) or failed.
-    holds: Vec<Hold>,
-    /// Whether the events this drain wrote leave the claim held: set by `ExecutionStarted`,
-    /// cleared by an event that releases it. A drain that fails with the claim held writes
-    /// `ExecutionFailed` (see [`run`]).
-    holds_claim: bool,
-}
-
-impl Submitted {
-    fn note(&mut self, events: &[Event]) {
-        for event in events {
-            match event {
-                Event::ExecutionStarted { .. } => self.holds_claim = true,
-                Event::ExecutionSucceeded
-                | Event::ExecutionFailed { .. }
-                | Event::ExecutionInterrupted {
-                    reason: InterruptReason::User,
-                } => self.holds_claim = false,
-                _ => {}
-            }
-        }
-    }
-}
-
 impl std::fmt::Debug for Drain {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Drain")
@@ -127,120 +96,6 @@ impl std::fmt::Debug for Drain {
             .field("compact", &self.compact)
             .finish_non_exhaustive()
     }
-}
-
-/// A write submitted to the store, not yet awaited.
-pub(crate) type InFlight =
-    futures::future::BoxFuture<'static, agenthost_store::Result<Vec<agenthost_model::Stored>>>;
-
-impl Drain {
-    /// Appends and waits until these events, and every event submitted before them, are
-    /// durable.
-    pub(crate) async fn append(&self, events: Vec<Event>) -> Result<()> {
-        self.submit(events);
-        self.flush().await
-    }
-
-    /// Runs `actions` in one transaction after everything submitted before, waits until all of
-    /// it is durable, and returns the events the actions wrote. Events submitted and not sent
-    /// yet ride in the same transaction, ahead of the actions.
-    pub(crate) async fn write(&self, actions: Vec<Action>) -> Result<Vec<Stored>> {
-        let (unsent, writes, holds) = {
-            let mut submitted = self.submitted();
-            let unsent = std::mem::take(&mut submitted.unsent);
-            let writes = std::mem::take(&mut submitted.writes);
-            let holds = std::mem::take(&mut submitted.holds);
-            (unsent, writes, holds)
-        };
-        let ahead = unsent.len();
-        let all: Vec<Action> = unsent
-            .into_iter()
-            .map(Action::Append)
-            .chain(actions)
-            .collect();
-        let write = self.shared.store.write(self.session.clone(), all);
-        let earlier = wait(writes).await;
-        let written = write.await;
-        // Held deltas go out only once the write that may carry their `StepStarted` is done.
-        drop(holds);
-        earlier?;
-        let mut written = written?;
-        // Each append wrote exactly its one event.
-        written.drain(..ahead);
-        let events: Vec<Event> = written.iter().map(|e| e.event.clone()).collect();
-        self.submitted().note(&events);
-        Ok(written)
-    }
-
-    /// Submits events without waiting for them. They go to the store with the next
-    /// [`Drain::send`], which the step calls whenever it is about to wait for the provider, and
-    /// with every write and flush, so an event is on its way as soon as the drain would
-    /// otherwise sit idle, and the events of a burst (a part's end, the step's end, the drain's
-    /// settlement) share one operation. Used for events nothing waits on before the step's next
-    /// durable boundary (the step's start, parts that ended, the step's end).
-    pub(crate) fn submit(&self, events: Vec<Event>) {
-        let mut submitted = self.submitted();
-        submitted.note(&events);
-        submitted.unsent.extend(events);
-    }
-
-    /// Whether this drain's writes leave the session claimed.
-    fn holds_claim(&self) -> bool {
-        self.submitted().holds_claim
-    }
-
-    /// Sends the events submitted so far to the store as one operation, without waiting.
-    pub(crate) fn send(&self) {
-        let mut submitted = self.submitted();
-        if submitted.unsent.is_empty() {
-            return;
-        }
-        let events = std::mem::take(&mut submitted.unsent);
-        let write = self.shared.store.append(self.session.clone(), events);
-        submitted.writes.push(write);
-    }
-
-    /// Keeps `hold` until every write submitted so far has been waited for.
-    pub(crate) fn keep(&self, hold: Hold) {
-        self.submitted().holds.push(hold);
-    }
-
-    /// Whether everything the drain submitted is durable (or failed and was reported).
-    pub(crate) fn nothing_submitted(&self) -> bool {
-        let submitted = self.submitted();
-        submitted.unsent.is_empty() && submitted.writes.is_empty()
-    }
-
-    fn submitted(&self) -> std::sync::MutexGuard<'_, Submitted> {
-        self.in_flight.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Sends what is unsent and waits for every submitted write; the first failure is returned.
-    pub(crate) async fn flush(&self) -> Result<()> {
-        self.send();
-        let (writes, holds) = {
-            let mut submitted = self.submitted();
-            let writes = std::mem::take(&mut submitted.writes);
-            let holds = std::mem::take(&mut submitted.holds);
-            (writes, holds)
-        };
-        let result = wait(writes).await;
-        drop(holds);
-        result
-    }
-}
-
-/// Waits for every write; the first failure is returned.
-async fn wait(writes: Vec<InFlight>) -> Result<()> {
-    let mut result = Ok(());
-    for write in writes {
-        if let Err(e) = write.await
-            && result.is_ok()
-        {
-            result = Err(e.into());
-        }
-    }
-    result
 }
 
 /// Runs the drain. Every drain that took the claim ends with a durable terminal event: a drain
@@ -460,7 +315,7 @@ async fn instructions_update(d: &Drain) -> Result<Option<Event>> {
     match instructions::diff(&resolved, &told) {
         Ok(None) => Ok(None),
         Ok(Some(change)) => Ok(Some(Event::InstructionsUpdated {
-            id: mint_message_id(),
+            id: mint::message_id(),
             changed: change.changed,
             text: change.text,
         })),
@@ -477,118 +332,4 @@ async fn interrupted(d: &Drain) -> Result<Outcome> {
     d.append(vec![Event::ExecutionInterrupted { reason }])
         .await?;
     Ok(Outcome::Interrupted)
-}
-
-/// The "may or may not have taken effect" result of a tool a stopped process was running.
-pub const STOPPED_TOOL: &str = "the process stopped while this tool ran; it may or may not have \
-     taken effect. Check before repeating it.";
-
-/// What recovery found.
-enum Recovered {
-    /// Too many recoveries in a row without progress: the session is failed and halted.
-    GaveUp(String),
-    /// A model call is owed; the drain runs `next_step` next.
-    Owes { next_step: u32 },
-    /// Nothing is owed: the drain settles.
-    Answered,
-}
-
-/// Recovers a session whose claim an execution that is gone left (ARCHITECTURE.md, "Recovery:
-/// what a session owes"). It runs inside the session's own drain, so nothing else of the
-/// session runs meanwhile. It counts the attempt durably with the claim it takes over, then
-/// asks [`agenthost_model::owed`] what the session owes: past the attempt limit, everything
-/// left open is failed without running anything and the session is halted, in one commit;
-/// otherwise the leftovers are settled (an idempotent tool runs again with the same key, any
-/// other is failed as stopped), and when a model call is owed, one note tells the model the
-/// server restarted.
-async fn recover(d: &Drain, row: &agenthost_model::SessionRow) -> Result<Recovered> {
-    // Every message from where the active history loads, compactions included (the history the
-    // model sees leaves them out).
-    let from = agenthost_model::history::load_from(row);
-    let messages = d
-        .shared
-        .store
-        .snapshot()?
-        .messages(&d.session, from, usize::MAX)?;
-    let policy = policy(d, row);
-    let attempt = row.resume_attempts + 1;
-    let left = owed::leftovers(&messages);
-    let decision = owed::owed(row, &messages, &policy);
-    tracing::info!(session_id = %d.session, attempt, ?decision, "recovering");
-    d.shared
-        .metrics
-        .recovered
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    if let Owed::Fail(reason) = decision {
-        let mut events = vec![Event::RecoveryAttempted { attempt }];
-        events.extend(owed::close(&left, STOPPED_TOOL));
-        events.push(Event::ExecutionFailed {
-            error: reason.clone(),
-            halted: true,
-        });
-        d.append(events).await?;
-        return Ok(Recovered::GaveUp(reason));
-    }
-    d.append(vec![
-        Event::ExecutionStarted { forced: d.forced },
-        Event::RecoveryAttempted { attempt },
-    ])
-    .await?;
-    for (message, tool) in &left.tools {
-        step::settle_orphaned_tool(d, message, tool).await?;
-    }
-    let mut closing: Vec<Event> = left
-        .steps
-        .iter()
-        .map(|id| Event::StepFailed {
-            id: id.clone(),
-            error: owed::restarted(),
-        })
-        .collect();
-    closing.extend(owed::close_compactions(&left));
-    let Owed::Call(why) = decision else {
-        if !closing.is_empty() {
-            d.append(closing).await?;
-        }
-        return Ok(Recovered::Answered);
-    };
-    closing.push(Event::InstructionsUpdated {
-        id: mint_message_id(),
-        changed: Vec::new(),
-        text: crate::recovery::RESTART_NOTE.into(),
-    });
-    d.append(closing).await?;
-    // The step a stop cut is run again under its number; tool results continue to the next.
-    let last = messages.iter().rev().find_map(|m| match m {
-        Message::Assistant(a) => Some(a.step),
-        _ => None,
-    });
-    let next_step = match (why, last) {
-        (Why::ToolResults, Some(step)) => step + 1,
-        (Why::CutStep | Why::PendingRetry | Why::Compaction, Some(step)) => step,
-        _ => 1,
-    };
-    Ok(Recovered::Owes { next_step })
-}
-
-/// The limits [`agenthost_model::owed`] applies to this session.
-pub(crate) fn policy(d: &Drain, row: &agenthost_model::SessionRow) -> Policy {
-    policy_of(&d.shared, row)
-}
-
-pub(crate) fn policy_of(shared: &Shared, row: &agenthost_model::SessionRow) -> Policy {
-    Policy {
-        // An agent no longer configured owes a call: the step then fails with the reason.
-        max_steps: shared
-            .catalog
-            .agents
-            .get(&row.agent)
-            .map_or(u32::MAX, |a| a.steps),
-        max_attempts: shared.recovery.max_attempts,
-    }
-}
-
-/// Mints a message id from the system clock and fresh entropy.
-pub(crate) fn mint_message_id() -> MessageId {
-    MessageId::mint(agenthost_store::system_clock(), rand::random())
 }

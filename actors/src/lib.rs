@@ -17,17 +17,21 @@ mod compaction;
 pub mod config;
 mod drain;
 mod error;
+mod generate;
 mod history_cache;
 pub mod hooks;
 pub mod instructions;
+mod mint;
 pub mod prepare;
-mod preparer;
 mod recovery;
 mod registry;
 mod runtime;
 mod session;
+mod settle;
+mod shared;
 mod step;
 pub mod tools;
+mod writes;
 
 /// The runtime's concurrent maps by id, with a fast seeded hasher: the bus looks a session up
 /// for every streamed delta.
@@ -38,11 +42,12 @@ pub use compaction::SUMMARY_PROMPT;
 pub use config::{
     Agent, Compaction, Config, Limits, Model, Price, Recovery, RecoveryMode, Supervision,
 };
-pub use drain::{Outcome, STOPPED_TOOL};
+pub use drain::Outcome;
 pub use error::{Error, Result};
 pub use hooks::{Hook, Purpose, RequestContext, StepReport, ToolReport};
 pub use instructions::Instruction;
 pub use recovery::RESTART_NOTE;
 pub use runtime::{CreateSession, Extensions, Metrics, PromptRequest, Runtime};
+pub use settle::STOPPED_TOOL;
 pub use step::{CONTINUE_NOTE, TRUNCATED};
 pub use tools::{Call, Executor, Tool, Tools};

@@ -90,7 +90,7 @@ pub struct Inputs<'a> {
 impl<'a> Inputs<'a> {
     /// The runtime's catalog, tools and hooks with a session's row and selected history.
     pub(crate) fn of(
-        shared: &'a crate::runtime::Shared,
+        shared: &'a crate::shared::Shared,
         row: &'a SessionRow,
         history: &'a History,
         step: u32,

@@ -22,10 +22,10 @@ use ractor::{
 };
 use tokio::time::Instant;
 
-use crate::drain::STOPPED_TOOL;
 use crate::error::{Error, Result};
-use crate::runtime::Shared;
 use crate::session::{self, SessionActor, Start};
+use crate::settle::STOPPED_TOOL;
+use crate::shared::Shared;
 
 #[derive(Debug)]
 pub(crate) enum Msg {

@@ -14,15 +14,16 @@ use tokio::sync::{Semaphore, broadcast};
 
 use crate::IdMap;
 use crate::bus::{Bus, Live};
-use crate::config::{Config, Limits, Supervision};
+use crate::config::Config;
 use crate::drain::Outcome;
 use crate::error::{Error, Result};
+use crate::generate::Pool;
 use crate::hooks::Hook;
 use crate::prepare::Catalog;
-use crate::preparer::Pool;
 use crate::recovery;
 use crate::registry::{self, Registry};
 use crate::session;
+use crate::shared::Shared;
 use crate::tools::Tools;
 
 /// Preparers in the generate pool. Preparation is a snapshot read plus a request build (well
@@ -40,38 +41,6 @@ pub struct Metrics {
     pub drains: AtomicU64,
     /// Steps started, continuations of cut-off streams included.
     pub steps: AtomicU64,
-}
-
-/// What every actor and drain of one runtime shares.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub store: Arc<dyn Store>,
-    pub catalog: Catalog,
-    pub tools: Tools,
-    pub hooks: Vec<Arc<dyn Hook>>,
-    pub bus: Bus,
-    /// Provider streams open at once; tokio's semaphore is fair, so steps wait in FIFO order.
-    pub streams: Arc<Semaphore>,
-    /// Sessions with a drain in progress in this process.
-    pub active: IdMap<SessionId, ()>,
-    /// Live session actors: the routing fast path.
-    pub actors: IdMap<SessionId, ActorRef<session::Msg>>,
-    pub limits: Limits,
-    pub supervision: Supervision,
-    pub passivate_after: Duration,
-    pub instructions: Vec<crate::instructions::Instruction>,
-    pub compaction: crate::config::Compaction,
-    pub recovery: crate::config::Recovery,
-    /// What session actors' history caches may hold together.
-    pub history_budget: Arc<crate::history_cache::Budget>,
-    pub metrics: Metrics,
-    shutting_down: AtomicBool,
-}
-
-impl Shared {
-    pub(crate) fn is_shutting_down(&self) -> bool {
-        self.shutting_down.load(Ordering::Acquire)
-    }
 }
 
 /// A session to create.
@@ -229,9 +198,7 @@ impl Runtime {
         {
             return Err(Error::Invalid(format!("unknown model {model:?}")));
         }
-        let id = create
-            .id
-            .unwrap_or_else(|| SessionId::mint(agenthost_store::system_clock(), rand::random()));
+        let id = create.id.unwrap_or_else(crate::mint::session_id);
         let new = NewSession {
             id,
             agent,
@@ -246,7 +213,7 @@ impl Runtime {
         self.check_open()?;
         // The store checks the session, the id and the pending limit in the admission's own
         // transaction.
-        let id = request.id.unwrap_or_else(crate::drain::mint_message_id);
+        let id = request.id.unwrap_or_else(crate::mint::message_id);
         let admission = Admission {
             session: request.session.clone(),
             id,

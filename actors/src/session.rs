@@ -19,7 +19,7 @@ use crate::bus::Live;
 use crate::drain::{self, Cancel, Drain, Outcome};
 use crate::error::{Error, Result};
 use crate::history_cache::HistoryCache;
-use crate::runtime::Shared;
+use crate::shared::Shared;
 
 pub(crate) type Reply<T> = RpcReplyPort<T>;
 

@@ -8,9 +8,7 @@ use std::time::Duration;
 
 use agenthost_llm as llm;
 use agenthost_model::history::Mode;
-use agenthost_model::{
-    Event, FailureKind, Finish, InboxRow, Message, MessageId, StepError, ToolPart, Usage,
-};
+use agenthost_model::{Event, FailureKind, Finish, InboxRow, Message, MessageId, StepError, Usage};
 use futures::StreamExt;
 use futures::future::FutureExt;
 use tokio::task::JoinSet;
@@ -18,10 +16,11 @@ use tokio::task::JoinSet;
 use crate::bus::{DeltaKind, Live};
 use crate::compaction::{self, threshold};
 use crate::config::Price;
-use crate::drain::{Drain, STOPPED_TOOL, mint_message_id};
+use crate::drain::Drain;
 use crate::error::{Error, Result};
 use crate::history_cache::HistoryCache;
 use crate::hooks::{Purpose, StepReport, ToolReport};
+use crate::mint;
 use crate::prepare::{Inputs, Prepared, prepare};
 use crate::tools::{Call, allowed};
 
@@ -64,7 +63,7 @@ fn start(d: &Drain, step: u32, prepared: &Prepared) -> MessageId {
         .metrics
         .steps
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let message = mint_message_id();
+    let message = mint::message_id();
     d.keep(d.shared.bus.hold(&message));
     d.submit(vec![Event::StepStarted {
         id: message.clone(),
@@ -731,7 +730,7 @@ fn agent_of(d: &Drain) -> Result<String> {
 }
 
 /// The durable settlement of one call, with output bounded at `limit` bytes.
-fn settled(
+pub(crate) fn settled(
     message: &MessageId,
     call_id: &str,
     result: &Result<String, String>,
@@ -765,42 +764,6 @@ pub(crate) fn bound(text: &str, limit: usize) -> (String, bool) {
         end -= 1;
     }
     (format!("{}{TRUNCATED}", &text[..end]), true)
-}
-
-/// Settles a tool a stopped process left running: re-executed with the same idempotency key if
-/// the tool is idempotent, otherwise failed with [`STOPPED_TOOL`].
-pub(crate) async fn settle_orphaned_tool(
-    d: &Drain,
-    message: &MessageId,
-    tool: &ToolPart,
-) -> Result<()> {
-    let registered = d
-        .shared
-        .tools
-        .get(&tool.name)
-        .filter(|t| t.idempotent)
-        .cloned();
-    let input = serde_json::from_str(&tool.input).ok();
-    let result = match (registered, input) {
-        (Some(t), Some(input)) => {
-            let call = Call {
-                session: d.session.clone(),
-                message: message.clone(),
-                call_id: tool.call_id.clone(),
-                name: tool.name.clone(),
-                input,
-            };
-            let run = std::panic::AssertUnwindSafe(t.executor.execute(call)).catch_unwind();
-            match tokio::time::timeout(t.timeout, run).await {
-                Ok(Ok(result)) => result,
-                Ok(Err(_)) => Err("the tool panicked".to_owned()),
-                Err(_) => Err(format!("the tool timed out after {:?}", t.timeout)),
-            }
-        }
-        _ => Err(STOPPED_TOOL.to_owned()),
-    };
-    let event = settled(message, &tool.call_id, &result, d.shared.limits.tool_output);
-    d.append(vec![event]).await
 }
 
 fn lock(cache: &Arc<Mutex<HistoryCache>>) -> MutexGuard<'_, HistoryCache> {

@@ -1,4 +1,4 @@
-//! The preparer pool: stateless actors that turn a session snapshot into a transient
+//! `generate`: the pool of stateless preparer actors that turn a session snapshot into a transient
 //! `generate` request. They read one redb snapshot and never send anything to a session actor, so
 //! `generate` neither waits for nor disturbs a running drain.
 //!
@@ -13,13 +13,13 @@ use agenthost_model::{Message, Seq, SessionId};
 use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
-use crate::drain::mint_message_id;
 use crate::error::{Error, Result};
 use crate::hooks::Purpose;
 use crate::instructions;
+use crate::mint;
 use crate::prepare::{Inputs, Prepared, prepare};
-use crate::runtime::Shared;
 use crate::session::panic_message;
+use crate::shared::Shared;
 
 #[derive(Debug)]
 pub(crate) enum Msg {
@@ -86,7 +86,7 @@ fn build(shared: &Shared, session: &SessionId, prompt: &str) -> Result<Prepared>
     match instructions::diff(&resolved, &told) {
         Ok(None) => {}
         Ok(Some(change)) => history.messages.push(Message::System {
-            id: mint_message_id(),
+            id: mint::message_id(),
             seq: Seq(row.last_seq.0 + 1),
             text: change.text,
             time: row.updated,

@@ -1,0 +1,54 @@
+//! What every actor and drain of one runtime shares: the store, the catalog, tools and hooks,
+//! the live-event bus, the stream permits, the routing map, limits and counters. Built once by
+//! `Runtime::start_with`; everything here is read-mostly.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use agenthost_model::SessionId;
+use agenthost_store::Store;
+use ractor::ActorRef;
+use tokio::sync::Semaphore;
+
+use crate::IdMap;
+use crate::bus::Bus;
+use crate::config::{Limits, Supervision};
+use crate::hooks::Hook;
+use crate::prepare::Catalog;
+use crate::runtime::Metrics;
+use crate::session;
+use crate::tools::Tools;
+
+/// What every actor and drain of one runtime shares.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub store: Arc<dyn Store>,
+    pub catalog: Catalog,
+    pub tools: Tools,
+    pub hooks: Vec<Arc<dyn Hook>>,
+    pub bus: Bus,
+    /// Provider streams open at once; tokio's semaphore is fair, so steps wait in FIFO order.
+    pub streams: Arc<Semaphore>,
+    /// Sessions with a drain in progress in this process.
+    pub active: IdMap<SessionId, ()>,
+    /// Live session actors: the routing fast path.
+    pub actors: IdMap<SessionId, ActorRef<session::Msg>>,
+    pub limits: Limits,
+    pub supervision: Supervision,
+    pub passivate_after: Duration,
+    pub instructions: Vec<crate::instructions::Instruction>,
+    pub compaction: crate::config::Compaction,
+    pub recovery: crate::config::Recovery,
+    /// What session actors' history caches may hold together.
+    pub history_budget: Arc<crate::history_cache::Budget>,
+    pub metrics: Metrics,
+    /// Set once by `Runtime::shutdown`; new work is refused from then on.
+    pub shutting_down: AtomicBool,
+}
+
+impl Shared {
+    pub(crate) fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Acquire)
+    }
+}

@@ -1,0 +1,156 @@
+//! The drain's writes: what it submitted to the store and has not waited for yet. Events are
+//! submitted without waiting and sent in bursts (see [`Drain::submit`]); a write or a flush waits
+//! for everything before it. The drain's claim is tracked here too, from the events it wrote.
+
+use agenthost_model::{Event, InterruptReason, Stored};
+use agenthost_store::Action;
+
+use crate::bus::Hold;
+use crate::drain::Drain;
+use crate::error::Result;
+
+/// What a drain submitted and has not yet waited for.
+#[derive(Default)]
+pub(crate) struct Submitted {
+    /// Events submitted and not yet sent to the store, in order (see [`Drain::send`]).
+    unsent: Vec<Event>,
+    /// Writes sent, in order.
+    writes: Vec<InFlight>,
+    /// Deltas held on the bus until a submitted `StepStarted` is published: released by the
+    /// next flush, once that write has either committed (and been published) or failed.
+    holds: Vec<Hold>,
+    /// Whether the events this drain wrote leave the claim held: set by `ExecutionStarted`,
+    /// cleared by an event that releases it. A drain that fails with the claim held writes
+    /// `ExecutionFailed` (see [`run`]).
+    holds_claim: bool,
+}
+
+impl Submitted {
+    fn note(&mut self, events: &[Event]) {
+        for event in events {
+            match event {
+                Event::ExecutionStarted { .. } => self.holds_claim = true,
+                Event::ExecutionSucceeded
+                | Event::ExecutionFailed { .. }
+                | Event::ExecutionInterrupted {
+                    reason: InterruptReason::User,
+                } => self.holds_claim = false,
+                _ => {}
+            }
+        }
+    }
+}
+
+/// A write submitted to the store, not yet awaited.
+pub(crate) type InFlight =
+    futures::future::BoxFuture<'static, agenthost_store::Result<Vec<agenthost_model::Stored>>>;
+
+impl Drain {
+    /// Appends and waits until these events, and every event submitted before them, are
+    /// durable.
+    pub(crate) async fn append(&self, events: Vec<Event>) -> Result<()> {
+        self.submit(events);
+        self.flush().await
+    }
+
+    /// Runs `actions` in one transaction after everything submitted before, waits until all of
+    /// it is durable, and returns the events the actions wrote. Events submitted and not sent
+    /// yet ride in the same transaction, ahead of the actions.
+    pub(crate) async fn write(&self, actions: Vec<Action>) -> Result<Vec<Stored>> {
+        let (unsent, writes, holds) = {
+            let mut submitted = self.submitted();
+            let unsent = std::mem::take(&mut submitted.unsent);
+            let writes = std::mem::take(&mut submitted.writes);
+            let holds = std::mem::take(&mut submitted.holds);
+            (unsent, writes, holds)
+        };
+        let ahead = unsent.len();
+        let all: Vec<Action> = unsent
+            .into_iter()
+            .map(Action::Append)
+            .chain(actions)
+            .collect();
+        let write = self.shared.store.write(self.session.clone(), all);
+        let earlier = wait(writes).await;
+        let written = write.await;
+        // Held deltas go out only once the write that may carry their `StepStarted` is done.
+        drop(holds);
+        earlier?;
+        let mut written = written?;
+        // Each append wrote exactly its one event.
+        written.drain(..ahead);
+        let events: Vec<Event> = written.iter().map(|e| e.event.clone()).collect();
+        self.submitted().note(&events);
+        Ok(written)
+    }
+
+    /// Submits events without waiting for them. They go to the store with the next
+    /// [`Drain::send`], which the step calls whenever it is about to wait for the provider, and
+    /// with every write and flush, so an event is on its way as soon as the drain would
+    /// otherwise sit idle, and the events of a burst (a part's end, the step's end, the drain's
+    /// settlement) share one operation. Used for events nothing waits on before the step's next
+    /// durable boundary (the step's start, parts that ended, the step's end).
+    pub(crate) fn submit(&self, events: Vec<Event>) {
+        let mut submitted = self.submitted();
+        submitted.note(&events);
+        submitted.unsent.extend(events);
+    }
+
+    /// Whether this drain's writes leave the session claimed.
+    pub(crate) fn holds_claim(&self) -> bool {
+        self.submitted().holds_claim
+    }
+
+    /// Sends the events submitted so far to the store as one operation, without waiting.
+    pub(crate) fn send(&self) {
+        let mut submitted = self.submitted();
+        if submitted.unsent.is_empty() {
+            return;
+        }
+        let events = std::mem::take(&mut submitted.unsent);
+        let write = self.shared.store.append(self.session.clone(), events);
+        submitted.writes.push(write);
+    }
+
+    /// Keeps `hold` until every write submitted so far has been waited for.
+    pub(crate) fn keep(&self, hold: Hold) {
+        self.submitted().holds.push(hold);
+    }
+
+    /// Whether everything the drain submitted is durable (or failed and was reported).
+    pub(crate) fn nothing_submitted(&self) -> bool {
+        let submitted = self.submitted();
+        submitted.unsent.is_empty() && submitted.writes.is_empty()
+    }
+
+    fn submitted(&self) -> std::sync::MutexGuard<'_, Submitted> {
+        self.in_flight.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sends what is unsent and waits for every submitted write; the first failure is returned.
+    pub(crate) async fn flush(&self) -> Result<()> {
+        self.send();
+        let (writes, holds) = {
+            let mut submitted = self.submitted();
+            let writes = std::mem::take(&mut submitted.writes);
+            let holds = std::mem::take(&mut submitted.holds);
+            (writes, holds)
+        };
+        let result = wait(writes).await;
+        drop(holds);
+        result
+    }
+}
+
+/// Waits for every write; the first failure is returned.
+async fn wait(writes: Vec<InFlight>) -> Result<()> {
+    let mut result = Ok(());
+    for write in writes {
+        if let Err(e) = write.await
+            && result.is_ok()
+        {
+            result = Err(e.into());
+        }
+    }
+    result
+}
