@@ -25,6 +25,7 @@ mod mint;
 pub mod prepare;
 mod recovery;
 mod registry;
+mod retry;
 mod runtime;
 mod session;
 mod settle;

@@ -22,6 +22,7 @@ use crate::history_cache::HistoryCache;
 use crate::hooks::{Purpose, StepReport, ToolReport};
 use crate::mint;
 use crate::prepare::{Inputs, Prepared, prepare};
+use crate::retry;
 use crate::tools::{Call, allowed};
 
 /// How a step ended.
@@ -34,11 +35,6 @@ pub(crate) enum StepEnd {
     /// The step failed and was settled as failed; the drain ends with this error.
     Failed(Error),
 }
-
-/// Retries after the first attempt (ARCHITECTURE.md, "Providers").
-const MAX_RETRIES: u32 = 4;
-const RETRY_BASE: Duration = Duration::from_secs(2);
-const RETRY_AFTER_CAP: Duration = Duration::from_secs(15 * 60);
 
 /// Marker appended to tool output cut at the configured bound.
 pub const TRUNCATED: &str = "\n[output truncated]";
@@ -255,14 +251,19 @@ pub(crate) async fn run(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<St
             ));
         }
 
-        match a.error.take() {
-            // Context overflow before any output: compact once and rebuild the same step.
-            Some(error)
-                if error.kind() == llm::ErrorKind::ContextOverflow
-                    && !a.has_output()
-                    && shared.compaction.auto
-                    && !compacted =>
-            {
+        let ended = retry::Ended {
+            failure: a.error.as_ref().map(|e| retry::Failure {
+                overflow: e.kind() == llm::ErrorKind::ContextOverflow,
+                retryable: e.retryable(),
+            }),
+            output: a.has_output(),
+            calls: !a.calls.is_empty(),
+            retries: attempt,
+            compacted,
+            auto_compaction: shared.compaction.auto,
+        };
+        match (retry::next(&ended), a.error.take()) {
+            (retry::Next::Compact, Some(error)) => {
                 compacted = true;
                 match compaction::compact(d, true).await {
                     Ok(_) => prepared = build(d, step).await?,
@@ -273,9 +274,9 @@ pub(crate) async fn run(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<St
                     }
                 }
             }
-            Some(error) if error.retryable() && !a.has_output() && attempt < MAX_RETRIES => {
+            (retry::Next::Retry, Some(error)) => {
                 attempt += 1;
-                let delay = retry_delay(attempt, error.retry_after());
+                let delay = backoff(attempt, &error);
                 let mut events = spent(&message, &a, &prepared);
                 events.push(Event::RetryScheduled {
                     id: message.clone(),
@@ -291,12 +292,10 @@ pub(crate) async fn run(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<St
                 }
             }
             // Cut off after output: keep the partial message, settle it, and continue in a new
-            // message with a fixed note, under the same retry budget and step number. Not when
-            // a complete tool call was recorded: the tool settles, the step fails once and no
-            // continuation follows (the `fail` arm below).
-            Some(error) if error.retryable() && attempt < MAX_RETRIES && a.calls.is_empty() => {
+            // message with a fixed note, under the same retry budget and step number.
+            (retry::Next::Continue, Some(error)) => {
                 attempt += 1;
-                let delay = retry_delay(attempt, error.retry_after());
+                let delay = backoff(attempt, &error);
                 a.flush_partials(d, &message).await?;
                 let mut events = spent(&message, &a, &prepared);
                 events.push(Event::RetryScheduled {
@@ -319,11 +318,11 @@ pub(crate) async fn run(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<St
                 prepared = build_with(d, step, Some(CONTINUE_NOTE), Vec::new()).await?;
                 message = start(d, step, &prepared);
             }
-            Some(error) => {
+            (_, Some(error)) => {
                 a.error = Some(error);
                 return fail(d, &message, step, &mut a, &prepared).await;
             }
-            None => {
+            (_, None) => {
                 if run_tools(d, &message, &a.calls, prepared.last_step).await? {
                     return abort(d, &message, &mut a).await;
                 }
@@ -397,15 +396,13 @@ fn report_step(d: &Drain, message: &MessageId, step: u32, error: Option<String>)
     }
 }
 
-/// Exponential from 2 s with ±20 % jitter; a provider's retry-after is a minimum, capped.
-fn retry_delay(attempt: u32, retry_after: Option<Duration>) -> Duration {
-    let base = RETRY_BASE * 2u32.pow(attempt.saturating_sub(1));
-    let jitter = 0.8 + rand::random::<f64>() * 0.4;
-    let delay = base.mul_f64(jitter);
-    match retry_after {
-        Some(after) => delay.max(after.min(RETRY_AFTER_CAP)),
-        None => delay,
-    }
+/// The wait before retry `attempt`, with ±20 % jitter (see [`retry::delay`]).
+fn backoff(attempt: u32, error: &llm::Error) -> Duration {
+    retry::delay(
+        attempt,
+        error.retry_after(),
+        0.8 + rand::random::<f64>() * 0.4,
+    )
 }
 
 fn provider_failure(error: &llm::Error) -> StepError {
