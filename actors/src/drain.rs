@@ -10,6 +10,17 @@
 //! A drain that finds a claim at its start recovers it first ([`recover`]): the claim was left by
 //! an execution that is gone, and what the session owes is decided by
 //! [`agenthost_model::owed()`] (ARCHITECTURE.md, "Recovery: what a session owes").
+//!
+//! The loop, at each boundary: sample instruction sources (a change is one chronological system
+//! message, ahead of the input it applies to); promote (`Continuation` while tool results are
+//! owed, else `Idle`; new input resets the step counter); if nothing is owed, `SucceedIfIdle`;
+//! otherwise run a step. When everything the drain submitted is durable and no instruction update
+//! is due, its snapshot is complete: the drain selects the inputs itself and submits their
+//! `PromptPromoted` events, and the step builds its request from the snapshot plus those inputs,
+//! so the promotion rides with the step's first write. Until that write is durable nothing is
+//! promoted: a crash leaves the input pending. A plain turn is therefore two writer operations:
+//! the admission, and one write carrying the claim, the promotion, the step and the drain's
+//! success.
 
 use std::sync::{Arc, Mutex};
 
@@ -289,9 +300,9 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
                 step += 1;
             }
             StepEnd::Interrupted => return interrupted(d).await,
-            // The step's `StepFailed` is submitted, not written: `run` writes it with the
-            // drain's `ExecutionFailed`, in one commit, so a failed step under a held claim
-            // always means a retry or a continuation was still to come.
+            // The step wrote its `StepFailed` with the drain's `ExecutionFailed`, in one commit,
+            // so a failed step under a held claim always means a retry or a continuation was
+            // still to come.
             StepEnd::Failed(error) => return Err(error),
         }
     }

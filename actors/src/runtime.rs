@@ -1,6 +1,12 @@
 //! The `Runtime`: starts the actor system over a store and hands out a cheap, cloneable handle
 //! with typed async methods. Every method returns an error value rather than hanging when an
 //! actor died, and every acknowledgement has a timeout.
+//!
+//! Routing: a session's live actor is looked up in a shared concurrent map first, so messages to
+//! live actors never pass through the registry's mailbox; only a miss asks the registry, which
+//! checks that the session exists and spawns its actor (the wake after an admission skips the
+//! check: the admission just found the session). A message that cannot be delivered (the actor
+//! passivated or died in between) is routed again: messages are idempotent up to their effect.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -1,6 +1,14 @@
 //! One step: prepare the request from a fresh snapshot, run exactly one provider stream
 //! per attempt, record its output durably as parts end, run the tools it called, and settle the
 //! step exactly once.
+//!
+//! An attempt records each part durably when it ends (`TextEnded`, `ReasoningEnded`) and each tool
+//! call as `ToolCalled` the moment it is complete, before anything runs it. What follows an
+//! attempt is decided by `retry::next`. On success the tools run concurrently (unknown, denied,
+//! invalid-JSON and last-step calls fail without running; identical duplicates run once), each
+//! settles as it finishes, and `StepEnded` carries usage and cost, which the projector adds to the
+//! session totals exactly there. An interrupt keeps partial output (incomplete), fails running
+//! tools "interrupted" and records exactly one `StepFailed { Aborted }`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};

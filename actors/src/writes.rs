@@ -1,6 +1,19 @@
 //! The drain's writes: what it submitted to the store and has not waited for yet. Events are
 //! submitted without waiting and sent in bursts (see [`Drain::submit`]); a write or a flush waits
 //! for everything before it. The drain's claim is tracked here too, from the events it wrote.
+//!
+//! Events nothing waits on before the step's next durable boundary (the step's start, a part that
+//! ended, a tool call, the step's end) are submitted without waiting and sent to the writer as one
+//! operation whenever the step is about to wait (for the provider or a stream permit) and with
+//! every write and flush, where they ride ahead of that write's own actions. Every `append` first
+//! waits for all earlier submissions, and so does every point that needs them durable: before
+//! tools run, before the next step reads its snapshot, before compaction reads the history, before
+//! interrupt cleanup, before observers see a settled step.
+//!
+//! `StepStarted` is submitted too, so the provider call starts before it is durable. Live
+//! subscribers must still never see a delta of a message they were not told about: the step holds
+//! the message on the bus (`Bus::hold`) until the commit hook publishes its `step_started`. The
+//! hold lives until the drain's next flush or write has waited for every write sent so far.
 
 use agenthost_model::{Event, InterruptReason, Stored};
 use agenthost_store::Action;

@@ -12,6 +12,12 @@
 //! failed); 2 usage or configuration error (bad flags, bad config file, refused bind); 3 a
 //! check failed (`inspect` found projections that differ from a replay, `loadtest` had failed
 //! turns).
+//!
+//! The binary runs on mimalloc (the default `mimalloc` feature), built without transparent huge
+//! pages: glibc's malloc spent about a fifth of the store writer's time on redb's page buffers,
+//! and with huge pages mimalloc faulted in and zeroed 2 MiB pages over and over (BENCHMARKS.md).
+//! `--no-default-features` builds it on the system allocator; the library crates leave the
+//! allocator to the embedder.
 
 mod config;
 mod inspect;

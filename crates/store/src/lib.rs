@@ -108,7 +108,7 @@ pub struct Config {
     pub cache_size: Option<usize>,
     /// New events and inbox rows are written to a front area keyed for locality and folded into
     /// the per-session tables once it holds this many rows; a new generation of the front starts
-    /// every `fold_rows / 8` rows (ARCHITECTURE.md, "The front of the log"). Larger folds copy
+    /// every `fold_rows / 8` rows (see `tiers`). Larger folds copy
     /// each session's pages less often; each fold makes one commit longer.
     pub fold_rows: usize,
     pub clock: Clock,

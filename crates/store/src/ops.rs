@@ -1,6 +1,22 @@
 //! The durable operations. Each runs inside the group-commit transaction against an [`Overlay`],
 //! decides its events from the rows it reads, and applies them through the model's projector.
 //! Either all of an operation's events and row changes are written or none are.
+//!
+//! Admission. `prompt` input is validated before it reaches the writer. In the writer, admission
+//! looks the id up in the message-id index as the batch sees it (the rows of batches not yet
+//! durable included). Unknown id: one `PromptAdmitted` and its inbox entry. The same id from the
+//! same session with a byte-identical prompt and the same delivery: the original receipt, nothing
+//! written. Anything else: `PromptConflict`, nothing written. The planner runs operations one
+//! after another, each on the rows of every one before it, so concurrent identical retries write
+//! exactly one event. A session at `pending_limit` refuses a new input with `Error::Full`, checked
+//! after the id lookup (an exact retry is still answered) in the admission's own transaction.
+//!
+//! Promotion. `Promote(boundary)` reads the pending inputs and applies `model::promotion::select`
+//! inside the transaction that records the `PromptPromoted` events; a drain may also choose the
+//! inputs from a complete snapshot and append the events itself. Either way the projector refuses
+//! to promote an input that is not pending, so an input is promoted once. `SucceedIfIdle` appends
+//! `ExecutionSucceeded` only if nothing is pending at that point of the transaction, so a drain
+//! never settles over input it has not seen.
 
 use agenthost_model::promotion::{self, Boundary};
 use agenthost_model::{
