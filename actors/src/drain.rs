@@ -24,11 +24,12 @@
 
 use std::sync::{Arc, Mutex};
 
-use agenthost_model::promotion::{self, Boundary};
+use agenthost_model::promotion;
 use agenthost_model::{Event, InterruptReason, SessionId};
 use agenthost_store::Action;
 use tokio_util::sync::CancellationToken;
 
+use crate::course::{AfterPromotion, AfterStep, AtBoundary, Course, Stepped};
 use crate::error::{Error, Result};
 use crate::history_cache::HistoryCache;
 use crate::instructions;
@@ -163,46 +164,32 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
     // The claim is taken in the drain's first write, together with whatever that write does
     // (instructions, promotion, or the first step's start and, when the stream is quick, its
     // whole settlement). Recovery takes it first, with the attempt it counts.
-    let mut opening = Some(Event::ExecutionStarted { forced: d.forced });
     d.shared
         .metrics
         .drains
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let mut owed = d.forced;
-    let mut step = 1;
-    if recovering {
-        opening = None;
-        match recover(d, &row).await? {
+    let mut course = match recovering {
+        false => Course::new(true, d.forced, 1),
+        true => match recover(d, &row).await? {
             Recovered::GaveUp(reason) => {
                 return Err(Error::Halted {
                     session: d.session.clone(),
                     reason,
                 });
             }
-            Recovered::Owes { next_step } => {
-                owed = true;
-                step = next_step;
-            }
-            Recovered::Answered => {}
-        }
-    }
+            Recovered::Owes { next_step } => Course::new(false, true, next_step),
+            Recovered::Answered => Course::new(false, d.forced, 1),
+        },
+    };
 
-    let mut continuation = false;
     // The admitted seqs of the last promotion that rode with a step (see below).
     let mut promised = Vec::new();
-    let mut steps_run = 0;
     loop {
-        if d.cancel.is_cancelled() {
-            return match opening {
-                // Nothing written yet: the input stays pending for the next wake.
-                Some(_) => Ok(Outcome::Interrupted),
-                None => interrupted(d).await,
-            };
-        }
-        let boundary = if continuation {
-            Boundary::Continuation
-        } else {
-            Boundary::Idle
+        let boundary = match course.at_boundary(d.cancel.is_cancelled()) {
+            // Before the first write nothing is recorded: the input stays pending.
+            AtBoundary::Stop { record: false } => return Ok(Outcome::Interrupted),
+            AtBoundary::Stop { record: true } => return interrupted(d).await,
+            AtBoundary::Promote(boundary) => boundary,
         };
         // A snapshot read decides whether promotion can find anything: an empty promotion would
         // still cost a commit. With nothing in flight the snapshot is complete and the drain
@@ -221,9 +208,11 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
             let seqs = d.shared.store.snapshot()?.pending_seqs(&d.session)?;
             (Vec::new(), seqs.iter().any(|seq| !promised.contains(seq)))
         };
-        let opened = opening.take();
+        let opened = course
+            .take_opening()
+            .then_some(Event::ExecutionStarted { forced: d.forced });
         let mut update = None;
-        if owed || continuation || pending {
+        if course.samples_instructions(pending) {
             // Instructions are sampled here, before promotion, so a change lands in history
             // ahead of the input it applies to.
             match instructions_update(d).await {
@@ -242,12 +231,12 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
         }
         let selected = promotion::select(&inputs, boundary);
         let mut ahead = Vec::new();
-        if update.is_none() && !selected.is_empty() {
+        let promoted = if update.is_none() && !selected.is_empty() {
             // The promotion rides with the step's first write instead of a commit of its own:
-            // the step is built from the snapshot plus the inputs promoted here (the loop's order:
-            // promote, then prepare). Until that write is durable nothing is promoted, so a
-            // crash leaves the input pending for recovery, and the writer refuses a promotion
-            // of an input that is no longer pending.
+            // the step is built from the snapshot plus the inputs promoted here (promote, then
+            // prepare). Until that write is durable nothing is promoted, so a crash leaves the
+            // input pending for recovery, and the writer refuses a promotion of an input that is
+            // no longer pending.
             let promoted = selected
                 .iter()
                 .map(|id| Event::PromptPromoted { id: id.clone() });
@@ -257,8 +246,7 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
                 .filter(|input| selected.contains(&input.id))
                 .collect::<Vec<_>>();
             promised = ahead.iter().map(|input| input.admitted_seq).collect();
-            step = 1;
-            owed = true;
+            true
         } else {
             let mut actions: Vec<Action> = opened
                 .into_iter()
@@ -272,38 +260,39 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
                 true => Vec::new(),
                 false => d.write(actions).await?,
             };
-            if written
+            written
                 .iter()
                 .any(|e| matches!(e.event, Event::PromptPromoted { .. }))
-            {
-                step = 1;
-                owed = true;
+        };
+        let step = match course.promoted(promoted) {
+            AfterPromotion::Step(step) => step,
+            AfterPromotion::Settle => {
+                // Settles in the same commit as the step's last writes, unless input arrived
+                // since the snapshot above: then the loop goes round again and promotes it.
+                let settled = d.write(vec![Action::SucceedIfIdle]).await?;
+                let succeeded = settled
+                    .iter()
+                    .any(|e| matches!(e.event, Event::ExecutionSucceeded));
+                match course.settled(succeeded) {
+                    Some(outcome) => return Ok(outcome),
+                    None => continue,
+                }
             }
-        }
-        if !owed && !continuation {
-            // Settles in the same commit as the step's last writes, unless input arrived since
-            // the snapshot above: then the loop goes round again and promotes it.
-            let settled = d.write(vec![Action::SucceedIfIdle]).await?;
-            if settled
-                .iter()
-                .any(|e| matches!(e.event, Event::ExecutionSucceeded))
-            {
-                return Ok(Outcome::Completed { steps: steps_run });
-            }
-            continue;
-        }
-        owed = false;
-        match step::run(d, step, ahead).await? {
-            StepEnd::Done { continuation: next } => {
-                continuation = next;
-                steps_run += 1;
-                step += 1;
-            }
-            StepEnd::Interrupted => return interrupted(d).await,
+        };
+        let (end, failure) = match step::run(d, step, ahead).await? {
+            StepEnd::Done { continuation } => (Stepped::Done { continuation }, None),
+            StepEnd::Interrupted => (Stepped::Interrupted, None),
+            StepEnd::Failed(error) => (Stepped::Failed, Some(error)),
+        };
+        match (course.stepped(end), failure) {
+            (AfterStep::Continue, _) => {}
+            (AfterStep::Stop, _) => return interrupted(d).await,
             // The step wrote its `StepFailed` with the drain's `ExecutionFailed`, in one commit,
             // so a failed step under a held claim always means a retry or a continuation was
             // still to come.
-            StepEnd::Failed(error) => return Err(error),
+            (AfterStep::Fail, failure) => {
+                return Err(failure.expect("invariant: only a failed step fails the course"));
+            }
         }
     }
 }

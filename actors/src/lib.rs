@@ -15,6 +15,7 @@
 pub mod bus;
 mod compaction;
 pub mod config;
+mod course;
 mod drain;
 mod error;
 mod generate;

@@ -1,0 +1,256 @@
+//! The drain's decisions as a sans-IO machine: what the drain does next at each boundary, given
+//! what it observed (a cancellation, pending input, a promotion, a step's end, a settlement).
+//! `drain::agent_loop` is the async shell that reads, writes and runs steps; this module only
+//! decides, so it is tested without a store, a provider or a clock.
+
+use agenthost_model::promotion::Boundary;
+
+use crate::drain::Outcome;
+
+/// Where a drain stands between boundaries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Course {
+    /// The claim is still to be taken: `ExecutionStarted` rides with the drain's first write.
+    opening: bool,
+    /// A model call is owed (a forced drain, recovered work, or input just promoted).
+    owed: bool,
+    /// The last step called tools: their results are owed a call.
+    continuation: bool,
+    /// The next step's number within its exchange.
+    step: u32,
+    /// Steps this drain ran.
+    steps_run: u32,
+}
+
+/// What the drain does at a boundary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AtBoundary {
+    /// Stop: cancelled. `record` says whether the drain wrote anything (then it records the
+    /// interrupt; before its first write it writes nothing and the input stays pending).
+    Stop { record: bool },
+    /// Look for pending input and promote at this boundary.
+    Promote(Boundary),
+}
+
+/// What the drain does once the boundary's promotion is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AfterPromotion {
+    /// Nothing is owed: settle the drain if no input arrived meanwhile.
+    Settle,
+    /// Run this step.
+    Step(u32),
+}
+
+/// How a step ended, as far as the course needs to know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stepped {
+    Done { continuation: bool },
+    Interrupted,
+    Failed,
+}
+
+/// What the drain does after a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AfterStep {
+    /// Back to the next boundary.
+    Continue,
+    /// Record the interrupt and stop.
+    Stop,
+    /// The step failed and recorded the drain's failure: stop with its error.
+    Fail,
+}
+
+impl Course {
+    /// A drain's course. `opening`: the claim is still to be taken; `owed`: a call is owed from
+    /// the start (forced, or recovered work), at step `step`.
+    pub(crate) fn new(opening: bool, owed: bool, step: u32) -> Course {
+        Course {
+            opening,
+            owed,
+            continuation: false,
+            step,
+            steps_run: 0,
+        }
+    }
+
+    pub(crate) fn at_boundary(&self, cancelled: bool) -> AtBoundary {
+        if cancelled {
+            return AtBoundary::Stop {
+                record: !self.opening,
+            };
+        }
+        AtBoundary::Promote(match self.continuation {
+            true => Boundary::Continuation,
+            false => Boundary::Idle,
+        })
+    }
+
+    /// Whether instruction sources must be sampled before promoting: only where a step may
+    /// follow, so an idle drain samples nothing.
+    pub(crate) fn samples_instructions(&self, pending: bool) -> bool {
+        self.owed || self.continuation || pending
+    }
+
+    /// Takes the opening: true exactly once, for the drain's first write.
+    pub(crate) fn take_opening(&mut self) -> bool {
+        std::mem::take(&mut self.opening)
+    }
+
+    /// The boundary's promotion is done; `promoted` says whether it promoted input (new input
+    /// starts a new exchange: the step count starts over).
+    pub(crate) fn promoted(&mut self, promoted: bool) -> AfterPromotion {
+        if promoted {
+            self.step = 1;
+            self.owed = true;
+        }
+        if !self.owed && !self.continuation {
+            return AfterPromotion::Settle;
+        }
+        self.owed = false;
+        AfterPromotion::Step(self.step)
+    }
+
+    /// The settlement was tried: it succeeded (the drain is done) or input arrived meanwhile (go
+    /// round again).
+    pub(crate) fn settled(&self, succeeded: bool) -> Option<Outcome> {
+        succeeded.then_some(Outcome::Completed {
+            steps: self.steps_run,
+        })
+    }
+
+    pub(crate) fn stepped(&mut self, end: Stepped) -> AfterStep {
+        match end {
+            Stepped::Done { continuation } => {
+                self.continuation = continuation;
+                self.steps_run += 1;
+                self.step += 1;
+                AfterStep::Continue
+            }
+            Stepped::Interrupted => AfterStep::Stop,
+            Stepped::Failed => AfterStep::Fail,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `course` through boundaries, answering each promotion from `promotions` and each
+    /// step from `steps`, until it settles; returns the steps it ran and the outcome.
+    fn drive(
+        mut course: Course,
+        mut promotions: Vec<bool>,
+        mut steps: Vec<Stepped>,
+    ) -> (Vec<u32>, Option<Outcome>, Vec<Boundary>) {
+        let (mut ran, mut boundaries) = (Vec::new(), Vec::new());
+        promotions.reverse();
+        steps.reverse();
+        for _ in 0..20 {
+            let AtBoundary::Promote(boundary) = course.at_boundary(false) else {
+                unreachable!("not cancelled")
+            };
+            boundaries.push(boundary);
+            course.take_opening();
+            match course.promoted(promotions.pop().unwrap_or(false)) {
+                AfterPromotion::Settle => return (ran, course.settled(true), boundaries),
+                AfterPromotion::Step(step) => {
+                    ran.push(step);
+                    match course.stepped(steps.pop().expect("a step was scripted")) {
+                        AfterStep::Continue => {}
+                        AfterStep::Stop | AfterStep::Fail => return (ran, None, boundaries),
+                    }
+                }
+            }
+        }
+        panic!("the course never settled")
+    }
+
+    const ANSWER: Stepped = Stepped::Done {
+        continuation: false,
+    };
+    const TOOLS: Stepped = Stepped::Done { continuation: true };
+
+    #[test]
+    fn input_is_answered_and_the_drain_settles() {
+        let (ran, outcome, boundaries) =
+            drive(Course::new(true, false, 1), vec![true], vec![ANSWER]);
+        assert_eq!(ran, [1]);
+        assert_eq!(outcome, Some(Outcome::Completed { steps: 1 }));
+        assert_eq!(boundaries, [Boundary::Idle, Boundary::Idle]);
+    }
+
+    #[test]
+    fn tool_results_continue_at_a_continuation_boundary_with_the_next_step() {
+        let (ran, outcome, boundaries) = drive(
+            Course::new(true, false, 1),
+            vec![true],
+            vec![TOOLS, TOOLS, ANSWER],
+        );
+        assert_eq!(ran, [1, 2, 3]);
+        assert_eq!(outcome, Some(Outcome::Completed { steps: 3 }));
+        assert_eq!(
+            boundaries[1..3],
+            [Boundary::Continuation, Boundary::Continuation]
+        );
+    }
+
+    #[test]
+    fn new_input_between_steps_starts_the_count_over() {
+        let (ran, _, _) = drive(
+            Course::new(true, false, 1),
+            vec![true, true],
+            vec![TOOLS, ANSWER],
+        );
+        assert_eq!(ran, [1, 1]);
+    }
+
+    #[test]
+    fn owed_work_runs_without_input_from_the_step_recovery_names() {
+        let (ran, outcome, _) = drive(Course::new(false, true, 3), vec![], vec![ANSWER]);
+        assert_eq!(ran, [3]);
+        assert_eq!(outcome, Some(Outcome::Completed { steps: 1 }));
+    }
+
+    #[test]
+    fn nothing_owed_settles_at_once() {
+        let (ran, outcome, _) = drive(Course::new(true, false, 1), vec![], vec![]);
+        assert!(ran.is_empty());
+        assert_eq!(outcome, Some(Outcome::Completed { steps: 0 }));
+    }
+
+    #[test]
+    fn a_cancel_before_the_first_write_records_nothing() {
+        let mut course = Course::new(true, false, 1);
+        assert_eq!(course.at_boundary(true), AtBoundary::Stop { record: false });
+        assert!(course.take_opening());
+        assert!(!course.take_opening(), "the opening is taken once");
+        assert_eq!(course.at_boundary(true), AtBoundary::Stop { record: true });
+    }
+
+    #[test]
+    fn instructions_are_sampled_only_where_a_step_may_follow() {
+        let course = Course::new(true, false, 1);
+        assert!(!course.samples_instructions(false));
+        assert!(course.samples_instructions(true));
+        assert!(Course::new(true, true, 1).samples_instructions(false));
+    }
+
+    #[test]
+    fn input_arriving_before_the_settlement_goes_round_again() {
+        let course = Course::new(false, false, 1);
+        assert_eq!(course.settled(false), None);
+    }
+
+    #[test]
+    fn a_failed_or_interrupted_step_stops_the_course() {
+        let (ran, outcome, _) = drive(
+            Course::new(true, false, 1),
+            vec![true],
+            vec![Stepped::Failed],
+        );
+        assert_eq!((ran, outcome), (vec![1], None));
+        let mut course = Course::new(false, true, 1);
+        assert_eq!(course.stepped(Stepped::Interrupted), AfterStep::Stop);
+    }
+}
