@@ -43,7 +43,7 @@ pub(crate) async fn recover(d: &Drain, row: &agenthost_model::SessionRow) -> Res
         .store
         .snapshot()?
         .messages(&d.session, from, usize::MAX)?;
-    let policy = policy(d, row);
+    let policy = policy(&d.shared, row);
     let attempt = row.resume_attempts + 1;
     let left = owed::leftovers(&messages);
     let decision = owed::owed(row, &messages, &policy);
@@ -91,11 +91,16 @@ pub(crate) async fn recover(d: &Drain, row: &agenthost_model::SessionRow) -> Res
         text: crate::recovery::RESTART_NOTE.into(),
     });
     d.append(closing).await?;
-    // The step a stop cut is run again under its number; tool results continue to the next.
-    let last = messages.iter().rev().find_map(|m| match m {
-        Message::Assistant(a) => Some(a.step),
-        _ => None,
-    });
+    // The step a stop cut is run again under its number; tool results continue to the next; a
+    // user message last starts an exchange.
+    let last = messages
+        .iter()
+        .rev()
+        .find(|m| matches!(m, Message::Assistant(_) | Message::User { .. }))
+        .and_then(|m| match m {
+            Message::Assistant(a) => Some(a.step),
+            _ => None,
+        });
     let next_step = match (why, last) {
         (Why::ToolResults, Some(step)) => step + 1,
         (Why::CutStep | Why::PendingRetry | Why::Compaction, Some(step)) => step,
@@ -105,11 +110,7 @@ pub(crate) async fn recover(d: &Drain, row: &agenthost_model::SessionRow) -> Res
 }
 
 /// The limits [`agenthost_model::owed`] applies to this session.
-pub(crate) fn policy(d: &Drain, row: &agenthost_model::SessionRow) -> Policy {
-    policy_of(&d.shared, row)
-}
-
-pub(crate) fn policy_of(shared: &Shared, row: &agenthost_model::SessionRow) -> Policy {
+fn policy(shared: &Shared, row: &agenthost_model::SessionRow) -> Policy {
     Policy {
         // An agent no longer configured owes a call: the step then fails with the reason.
         max_steps: shared
