@@ -322,7 +322,7 @@ impl Runtime {
             .ask(session, "wait_idle", Some(timeout), session::Msg::WaitIdle)
             .await?
         {
-            Some(()) => Ok(()),
+            Some(answer) => answer,
             None => Err(Error::SessionNotFound(session.clone())),
         }
     }
@@ -487,15 +487,37 @@ impl Runtime {
                     });
                 }
                 Ok(CallResult::SenderError) | Err(_) => {
-                    self.shared
-                        .actors
-                        .remove_if(session, |_, a| a.get_id() == actor.get_id());
                     if self.shared.is_shutting_down() {
                         return Err(Error::ShuttingDown);
                     }
+                    // Limits answer with an error, so a dropped request means the actor is
+                    // going away. Only once it has stopped may its routing entry go, so a new
+                    // actor never overlaps the old one.
+                    if !stopped(&actor).await {
+                        return Err(Error::Unavailable(format!(
+                            "the actor of session {session} did not answer {what}"
+                        )));
+                    }
+                    self.shared
+                        .actors
+                        .remove_if(session, |_, a| a.get_id() == actor.get_id());
                 }
             }
         }
         Err(Error::ActorDied(session.clone()))
+    }
+}
+
+/// Waits (briefly) until `actor` has stopped; false if it is still alive after that.
+async fn stopped(actor: &ActorRef<session::Msg>) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        if actor.get_status() == ractor::ActorStatus::Stopped {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }

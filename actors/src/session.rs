@@ -34,8 +34,9 @@ pub(crate) enum Msg {
     Compact(Reply<Result<Outcome>>),
     /// Cancel the drain; answered after its durable cleanup with whether one was running.
     Interrupt(InterruptReason, Reply<bool>),
-    /// Answered when the session has no drain and no follow-up pending.
-    WaitIdle(Reply<()>),
+    /// Answered when the session has no drain and no follow-up pending; `Unavailable` at once
+    /// when the session already has too many waiting callers.
+    WaitIdle(Reply<Result<()>>),
     /// The drain task finished.
     Finished { drain: u64, result: Result<Outcome> },
     /// Passivation timer: stop if the actor has been idle long enough.
@@ -63,7 +64,7 @@ pub(crate) struct State {
     follow_up: bool,
     /// Resumes that arrived during an interrupt's cleanup; they get a forced drain after it.
     queued_resumes: Vec<Reply<Result<Outcome>>>,
-    idle_waiters: Vec<Reply<()>>,
+    idle_waiters: Vec<Reply<Result<()>>>,
     drains: u64,
     /// When the last message other than the passivation timer arrived.
     last_active: tokio::time::Instant,
@@ -269,10 +270,14 @@ impl Actor for SessionActor {
             },
             Msg::WaitIdle(reply) => {
                 if state.is_idle() {
-                    let _ = reply.send(());
+                    let _ = reply.send(Ok(()));
                 } else if state.waiters() >= state.shared.limits.waiters_per_session {
-                    // Dropping the port tells the caller; it maps that to unavailable.
-                    drop(reply);
+                    // A limit is an answer, never a dropped port: a caller reads a dropped port
+                    // as a dead actor.
+                    let _ = reply.send(Err(Error::Unavailable(format!(
+                        "session {} has too many waiting callers",
+                        state.session
+                    ))));
                 } else {
                     state.idle_waiters.push(reply);
                 }
@@ -312,7 +317,7 @@ impl Actor for SessionActor {
                     state.start(&myself, false, Vec::new());
                 } else {
                     for waiter in state.idle_waiters.drain(..) {
-                        let _ = waiter.send(());
+                        let _ = waiter.send(Ok(()));
                     }
                 }
             }

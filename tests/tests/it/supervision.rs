@@ -296,3 +296,45 @@ async fn a_halt_settles_everything_the_dead_actor_left_open() {
     );
     h.assert_replay_equal();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_waiter_limit_answers_unavailable_and_never_splits_the_session() {
+    use agenthost_llm::scripted::{Gate, Script};
+    let gate = Gate::new();
+    let held = Script::new()
+        .gate(&gate)
+        .text("done")
+        .finish(agenthost_llm::FinishReason::Stop);
+    let h = Harness::start_with(
+        [held, text("second")],
+        |c| c.limits.waiters_per_session = 2,
+        Extensions::default(),
+    )
+    .await;
+    let s = h.session().await;
+    h.prompt(&s, "slow").await;
+    gate.reached().await;
+    let waiters: Vec<_> = (0..2)
+        .map(|_| {
+            let (runtime, s) = (h.runtime.clone(), s.clone());
+            tokio::spawn(async move { runtime.wait_idle(&s, Duration::from_secs(30)).await })
+        })
+        .collect();
+    // Let both waiters reach the actor.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let refused = h.runtime.wait_idle(&s, Duration::from_secs(30)).await;
+    assert!(
+        matches!(refused, Err(agenthost_actors::Error::Unavailable(_))),
+        "over the limit: {refused:?}"
+    );
+    assert_eq!(h.runtime.live(), 1, "the live actor is still the session's");
+    gate.release();
+    for waiter in waiters {
+        waiter.await.expect("joined").expect("idle");
+    }
+    h.prompt(&s, "again").await;
+    h.idle(&s).await;
+    assert_eq!(h.count(&s, "execution_started"), 2, "{:?}", h.kinds(&s));
+    assert_eq!(h.count(&s, "execution_succeeded"), 2, "{:?}", h.kinds(&s));
+    assert_eq!(h.provider.calls(), 2);
+}
