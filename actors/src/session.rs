@@ -263,7 +263,12 @@ impl Actor for SessionActor {
                     let _ = reply.send(false);
                 }
                 Some(c) => {
-                    state.follow_up = false;
+                    // The first interrupt clears the follow-up; a wake that arrives during the
+                    // cleanup runs after it, and a second interrupt of the same drain must not
+                    // drop that wake.
+                    if !c.cancel.is_cancelled() {
+                        state.follow_up = false;
+                    }
                     c.cancel.interrupt(reason);
                     c.interrupters.push(reply);
                 }

@@ -459,3 +459,39 @@ async fn an_ended_part_is_durable_while_the_stream_waits() {
     assert_eq!(h.count(&s, "text_ended"), 1);
     assert_eq!(h.count(&s, "step_ended"), 1);
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_second_interrupt_during_cleanup_keeps_the_wake_that_came_between() {
+    let gate = Gate::new();
+    let script = Script::new()
+        .gate(&gate)
+        .text("never")
+        .finish(FinishReason::Stop);
+    let mut h = Harness::start([script, text("after")]).await;
+    let s = h.session().await;
+    h.prompt(&s, "go").await;
+    gate.reached().await;
+    h.admit(&s, "more").await;
+    // Spawned in this order on one thread, the messages reach the mailbox in this order: the
+    // wake arrives during the first interrupt's cleanup, the second interrupt after it.
+    let spawn_interrupt = |h: &Harness| {
+        let (r, s) = (h.runtime.clone(), s.clone());
+        tokio::spawn(async move { r.interrupt(&s).await })
+    };
+    let first = spawn_interrupt(&h);
+    let wake = tokio::spawn({
+        let (r, s) = (h.runtime.clone(), s.clone());
+        async move { r.wake(&s).await }
+    });
+    let second = spawn_interrupt(&h);
+    assert_eq!(first.await.expect("joined"), Ok(true));
+    wake.await.expect("joined").expect("woken");
+    assert_eq!(second.await.expect("joined"), Ok(true));
+    assert_eq!(
+        h.drains_finished(&s, 2).await,
+        2,
+        "the wake ran after the cleanup"
+    );
+    assert_eq!(h.row(&s).pending, 0, "{:?}", h.kinds(&s));
+    assert_eq!(h.provider.calls(), 2);
+}
