@@ -79,10 +79,30 @@ pub(crate) async fn compact(d: &Drain, auto: bool) -> Result<Seq> {
     };
     d.append(opening.into_iter().chain([started]).collect())
         .await?;
-    let permit = shared.streams.clone().acquire_owned().await;
-    let response = match permit {
-        Ok(_permit) => prepared.provider.generate(prepared.request).await,
-        Err(_) => return Err(Error::ShuttingDown),
+    // The summary call takes a stream permit of its own (the step holds none while it compacts),
+    // and an interrupt or a shutdown ends the wait for it and the call itself.
+    let call = async {
+        let _permit = shared
+            .streams
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| Error::ShuttingDown)?;
+        Ok::<_, Error>(prepared.provider.generate(prepared.request).await)
+    };
+    let response = tokio::select! {
+        biased;
+        _ = d.cancel.cancelled() => None,
+        response = call => Some(response?),
+    };
+    let Some(response) = response else {
+        let failed = Event::CompactionFailed {
+            id,
+            error: "interrupted".into(),
+        };
+        d.append([failed].into_iter().chain(closing).collect())
+            .await?;
+        return Err(Error::Interrupted);
     };
     match response {
         Ok(response) if !response.text.trim().is_empty() => {

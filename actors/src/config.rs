@@ -216,7 +216,9 @@ impl Default for Supervision {
 /// Explicit bounds: ractor mailboxes are unbounded, so load is bounded here.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Limits {
-    /// Provider streams open at once across all sessions; further steps wait in FIFO order.
+    /// Provider calls open at once across all sessions (steps' streams, compactions' summaries and
+    /// `generate`); further calls wait in FIFO order. A permit is held only while a call is open:
+    /// never while tools run or during a retry's backoff, and never two at once.
     pub concurrent_streams: usize,
     /// Admitted, unpromoted inputs a session may hold; more are refused as unavailable.
     pub pending_per_session: u32,

@@ -38,6 +38,9 @@ pub enum Error {
     /// Compaction found nothing older than the part it keeps verbatim; no provider call was made.
     #[error("nothing to compact: the active history fits in the part kept verbatim")]
     NothingToCompact,
+    /// The drain was interrupted (by a user or a shutdown) while this operation waited or ran.
+    #[error("interrupted")]
+    Interrupted,
     /// Recovery gave up on the session, or a supervisor halted it: it waits for a resume.
     #[error("session {session} halted: {reason}")]
     Halted { session: SessionId, reason: String },

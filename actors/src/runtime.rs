@@ -337,6 +337,14 @@ impl Runtime {
             return Err(Error::Invalid("generate needs a non-empty prompt".into()));
         }
         let prepared = self.preparers.prepare(session, prompt).await?;
+        // `generate` counts against the same limit as steps and compactions.
+        let _permit = self
+            .shared
+            .streams
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| Error::ShuttingDown)?;
         let response = prepared
             .provider
             .generate(prepared.request)

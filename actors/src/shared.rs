@@ -28,7 +28,8 @@ pub(crate) struct Shared {
     pub tools: Tools,
     pub hooks: Vec<Arc<dyn Hook>>,
     pub bus: Bus,
-    /// Provider streams open at once; tokio's semaphore is fair, so steps wait in FIFO order.
+    /// Provider calls open at once (steps, compactions, `generate`); tokio's semaphore is fair, so
+    /// callers wait in FIFO order.
     pub streams: Arc<Semaphore>,
     /// Sessions with a drain in progress in this process.
     pub active: IdMap<SessionId, ()>,

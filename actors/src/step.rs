@@ -195,6 +195,8 @@ pub(crate) async fn run(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<St
             }
             // Nothing older to summarize: send as is and let the provider decide.
             Err(Error::NothingToCompact) => {}
+            // Nothing of this step is written yet.
+            Err(Error::Interrupted) => return Ok(StepEnd::Interrupted),
             Err(e) => return Ok(StepEnd::Failed(e)),
         }
     }
@@ -218,7 +220,7 @@ pub(crate) async fn run(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<St
                 }
             }
         };
-        let Ok(_permit) = permit else {
+        let Ok(permit) = permit else {
             return Err(Error::ShuttingDown);
         };
         let mut a = Attempt::default();
@@ -250,6 +252,9 @@ pub(crate) async fn run(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<St
             }
         };
         drop(stream);
+        // A permit covers an open stream only: tools, backoffs and compaction run without one,
+        // so they never hold up other sessions, and no path ever holds two.
+        drop(permit);
         if cancelled {
             return abort(d, &message, &mut a).await;
         }
@@ -275,6 +280,7 @@ pub(crate) async fn run(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<St
                 compacted = true;
                 match compaction::compact(d, true).await {
                     Ok(_) => prepared = build(d, step).await?,
+                    Err(Error::Interrupted) => return abort(d, &message, &mut a).await,
                     Err(_) => {
                         // Terminal, with the original error.
                         a.error = Some(error);

@@ -268,7 +268,9 @@ impl Gate {
         }
     }
 
-    async fn pass(&self) {
+    /// Arrives at the gate and waits until it lets this arrival pass: what a script's gate step
+    /// does, and what a test's own code (a tool, a hook) can do to stop at the same gate.
+    pub async fn pass(&self) {
         self.inner.arrived.add_permits(1);
         if let Ok(permit) = self.inner.pass.acquire().await {
             permit.forget();

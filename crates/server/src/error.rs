@@ -125,7 +125,8 @@ impl From<Error> for ApiError {
             | Error::ShuttingDown
             | Error::Timeout { .. }
             | Error::ActorDied(_)
-            | Error::Halted { .. } => ErrorType::Unavailable,
+            | Error::Halted { .. }
+            | Error::Interrupted => ErrorType::Unavailable,
             // A configuration the session cannot run under (its agent or model is gone) is the
             // server's problem, not the request's.
             Error::Storage(_) | Error::Panicked(_) | Error::Config(_) => ErrorType::Internal,

@@ -1017,3 +1017,69 @@ async fn a_server_without_tool_choice_none_gets_auto_and_a_call_on_the_last_step
     );
     assert!(h.row(&s).claim.is_none());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overflow_compaction_with_a_single_stream_permit_does_not_deadlock() {
+    let overflow =
+        || Script::new().error(agenthost_llm::Error::context_overflow("prompt is too long"));
+    let h = harness_with(
+        vec![
+            text("first"),
+            overflow(),
+            text("the summary"),
+            text("rebuilt"),
+        ],
+        |c| {
+            long_history_config(c, true);
+            c.limits.concurrent_streams = 1;
+        },
+        Vec::new(),
+    )
+    .await;
+    let s = h.session().await;
+    h.prompt(&s, &"old context ".repeat(100)).await;
+    h.idle(&s).await;
+    h.prompt(&s, "new question").await;
+    h.idle(&s).await;
+    assert_eq!(h.provider.calls(), 4);
+    assert_eq!(h.count(&s, "compaction_ended"), 1);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_retry_backoff_holds_no_stream_permit() {
+    let limited = Script::new().error(agenthost_llm::Error::rate_limit(Some(Duration::from_secs(
+        600,
+    ))));
+    let h = harness_with(
+        vec![limited, text("b's answer"), text("a's answer")],
+        |c| c.limits.concurrent_streams = 1,
+        Vec::new(),
+    )
+    .await;
+    let (a, b) = (h.session().await, h.session().await);
+    h.admit(&a, "from a").await;
+    h.admit(&b, "from b").await;
+    let first = tokio::spawn({
+        let (r, a) = (h.runtime.clone(), a.clone());
+        async move { r.resume(&a).await }
+    });
+    // a's first attempt is refused with a long retry-after; b streams during a's backoff.
+    while h.count(&a, "retry_scheduled") == 0 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        h.runtime.resume(&b).await,
+        Ok(Outcome::Completed { steps: 1 })
+    );
+    assert_eq!(
+        first.await.expect("joined"),
+        Ok(Outcome::Completed { steps: 1 })
+    );
+    let order: Vec<String> = h
+        .provider
+        .requests()
+        .iter()
+        .map(|r| r.prompt_cache_key.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(order, [a.to_string(), b.to_string(), a.to_string()]);
+}

@@ -338,3 +338,90 @@ async fn the_waiter_limit_answers_unavailable_and_never_splits_the_session() {
     assert_eq!(h.count(&s, "execution_succeeded"), 2, "{:?}", h.kinds(&s));
     assert_eq!(h.provider.calls(), 2);
 }
+
+/// A tool that waits until the test releases it.
+#[derive(Debug)]
+struct Held(agenthost_llm::scripted::Gate);
+
+impl agenthost_actors::Executor for Held {
+    fn execute(
+        &self,
+        _call: agenthost_actors::Call,
+    ) -> futures::future::BoxFuture<'static, Result<String, String>> {
+        let gate = self.0.clone();
+        Box::pin(async move {
+            gate.pass().await;
+            Ok("held".to_owned())
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_tool_holds_no_stream_permit() {
+    use agenthost_llm::scripted::{Gate, Script};
+    let gate = Gate::new();
+    let mut tools = agenthost_actors::Tools::default();
+    tools.register(agenthost_actors::Tool::new(
+        "slow",
+        "takes its time",
+        serde_json::json!({"type": "object"}),
+        Arc::new(Held(gate.clone())),
+    ));
+    let call = Script::new()
+        .tool_call("c1", "slow", "{}")
+        .finish(agenthost_llm::FinishReason::ToolCalls);
+    let h = Harness::start_with(
+        [call, text("other session"), text("after the tool")],
+        |c| {
+            c.limits.concurrent_streams = 1;
+            if let Some(agent) = c.agents.get_mut("default") {
+                agent.tools = vec!["*".into()];
+            }
+        },
+        Extensions {
+            tools,
+            hooks: Vec::new(),
+        },
+    )
+    .await;
+    let (a, b) = (h.session().await, h.session().await);
+    h.prompt(&a, "use the slow tool").await;
+    gate.reached().await;
+    // While a's tool runs, b streams: the only permit is free.
+    h.prompt(&b, "meanwhile").await;
+    h.runtime
+        .wait_idle(&b, Duration::from_secs(10))
+        .await
+        .expect("b answered while a's tool runs");
+    gate.release();
+    h.idle(&a).await;
+    assert_eq!(h.count(&a, "execution_succeeded"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_ends_a_session_waiting_for_a_stream_permit() {
+    use agenthost_llm::scripted::{Gate, Script};
+    let gate = Gate::new();
+    let held = Script::new()
+        .gate(&gate)
+        .text("a")
+        .finish(agenthost_llm::FinishReason::Stop);
+    let h = Harness::start_with(
+        [held, text("b later")],
+        |c| c.limits.concurrent_streams = 1,
+        Extensions::default(),
+    )
+    .await;
+    let (a, b) = (h.session().await, h.session().await);
+    h.prompt(&a, "holds the permit").await;
+    gate.reached().await;
+    h.prompt(&b, "waits for it").await;
+    while !h.kinds(&b).contains(&"step_started") {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(h.runtime.interrupt(&b).await, Ok(true));
+    assert!(h.row(&b).claim.is_none(), "{:?}", h.kinds(&b));
+    assert_eq!(h.provider.calls(), 1, "b never streamed");
+    gate.release();
+    h.idle(&a).await;
+}
