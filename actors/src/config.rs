@@ -230,6 +230,9 @@ pub struct Limits {
     pub call_timeout: Duration,
     /// Longest graceful shutdown before drains are abandoned (claims stay for recovery).
     pub shutdown_timeout: Duration,
+    /// How often the runtime looks for admitted input whose wake never ran (a caller that went
+    /// away between the admission and the wake) and wakes its session.
+    pub wake_sweep: Duration,
     /// Settled history that live session actors keep decoded between steps, in bytes
     /// (approximate) across all sessions; 0 turns the cache off. A session whose history does
     /// not fit reads it whole from the store at every step.
@@ -240,6 +243,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             concurrent_streams: 512,
+            wake_sweep: Duration::from_secs(2),
             pending_per_session: 1024,
             waiters_per_session: 4096,
             tool_output: 32 * 1024,

@@ -71,3 +71,60 @@ async fn recover(runtime: &Runtime, session: &SessionId) -> Result<()> {
         other => other,
     }
 }
+
+/// The lost-wake sweep: every `limits.wake_sweep`, wakes each session whose newest event is an
+/// admission and that no drain of this process is running. That is exactly an input admitted
+/// and never woken (its caller went away between the two); a session that ran a drain since
+/// its last admission is not woken again, so input a drain left pending on purpose (an
+/// instruction source with no value yet, a halted session) is not retried in a loop. Ends with
+/// the runtime.
+pub(crate) async fn watch(runtime: &Runtime) {
+    let every = runtime.shared.limits.wake_sweep;
+    if every.is_zero() {
+        return;
+    }
+    loop {
+        tokio::select! {
+            _ = runtime.shared.stopping.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        let lost = match unwoken(runtime) {
+            Ok(lost) => lost,
+            Err(e) => {
+                tracing::warn!(error = %e, "the lost-wake sweep could not read the store");
+                continue;
+            }
+        };
+        for session in lost {
+            tracing::info!(session_id = %session, "waking admitted input that was never woken");
+            if let Err(e) = runtime.wake(&session).await {
+                tracing::warn!(session_id = %session, error = %e, "lost-wake sweep");
+            }
+        }
+    }
+}
+
+/// Sessions with pending input, no drain in this process, and an admission as newest event.
+fn unwoken(runtime: &Runtime) -> Result<Vec<SessionId>> {
+    let snap = runtime.snapshot()?;
+    let mut lost = Vec::new();
+    for session in snap.with_pending()? {
+        if runtime.shared.active.contains_key(&session) {
+            continue;
+        }
+        let Some(row) = snap.session(&session)? else {
+            continue;
+        };
+        if row.pending == 0 || row.claim.is_some() || row.halted.is_some() {
+            continue;
+        }
+        let newest = snap.events(&session, row.last_seq, 1)?;
+        if newest
+            .first()
+            .is_some_and(|e| matches!(e.event, agenthost_model::Event::PromptAdmitted { .. }))
+        {
+            lost.push(session);
+        }
+    }
+    Ok(lost)
+}

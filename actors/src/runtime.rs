@@ -94,7 +94,7 @@ pub struct Extensions {
 /// The handle. Clone it freely; all clones drive the same runtime.
 #[derive(Debug, Clone)]
 pub struct Runtime {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     registry: ActorRef<registry::Msg>,
     preparers: Arc<Pool>,
     recovery: Arc<tokio::sync::watch::Receiver<bool>>,
@@ -156,6 +156,7 @@ impl Runtime {
             history_budget,
             metrics: Metrics::default(),
             shutting_down: AtomicBool::new(false),
+            stopping: Default::default(),
         });
         let (registry, _) = Actor::spawn(None, Registry, shared.clone())
             .await
@@ -173,6 +174,11 @@ impl Runtime {
         tokio::spawn(async move {
             recovery::sweep(&sweeper, &recovery).await;
             let _ = done_tx.send(true);
+            // Like recovery, the lost-wake sweep resumes work nobody asked for again: it runs in
+            // `resume` mode only.
+            if recovery.mode == crate::config::RecoveryMode::Resume {
+                recovery::watch(&sweeper).await;
+            }
         });
         Ok(runtime)
     }
@@ -231,8 +237,21 @@ impl Runtime {
             hook.on_admitted(&receipt.session, &receipt.id);
         }
         if request.resume {
-            // The admission just found the session: no need to look it up again.
-            self.notify(&request.session, true).await?;
+            // The wake runs in a task of its own, so a caller that goes away (an HTTP client
+            // that hung up) cannot cancel it half-way; and the input is durable whatever happens
+            // to the wake, so the caller gets its receipt either way. A wake that never ran is
+            // caught by the lost-wake sweep (`recovery::watch`).
+            let (runtime, session) = (self.clone(), request.session.clone());
+            let wake = tokio::spawn(async move { runtime.notify(&session, true).await });
+            match wake.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(session_id = %request.session, error = %e, "admitted, but the wake failed; the sweep will wake it")
+                }
+                Err(e) => {
+                    tracing::warn!(session_id = %request.session, error = %e, "admitted, but the wake task failed; the sweep will wake it")
+                }
+            }
         }
         Ok(receipt)
     }
@@ -403,6 +422,7 @@ impl Runtime {
         if self.shared.shutting_down.swap(true, Ordering::AcqRel) {
             return;
         }
+        self.shared.stopping.cancel();
         let deadline = self.shared.limits.shutdown_timeout;
         let actors: Vec<ActorRef<session::Msg>> = self
             .shared

@@ -46,6 +46,8 @@ pub(crate) struct Shared {
     pub metrics: Metrics,
     /// Set once by `Runtime::shutdown`; new work is refused from then on.
     pub shutting_down: AtomicBool,
+    /// Cancelled by `Runtime::shutdown`, so background loops end at once.
+    pub stopping: tokio_util::sync::CancellationToken,
 }
 
 impl Shared {

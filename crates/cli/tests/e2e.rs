@@ -857,3 +857,73 @@ timeout_ms = 2000
         "no stop landed mid-turn: the test proved nothing"
     );
 }
+
+/// Clients that close their socket right after sending a prompt: the server may drop the
+/// request's handler at any point, but every input it admitted is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompts_from_clients_that_hang_up_at_once_are_all_answered() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let mock = Proc::spawn(
+        "hangup-mock",
+        d,
+        &["mock-provider", "--bind", "127.0.0.1:0"],
+    );
+    let url = mock.url();
+    let cfg = config(d, &url, &url, "fast");
+    let cfg = cfg.to_str().expect("utf-8 path");
+    let server = Proc::spawn(
+        "serve-hangups",
+        d,
+        &["serve", "--config", cfg, "--bind", "127.0.0.1:0"],
+    );
+    let base = server.url();
+    let http = Http::new(&base);
+    let mut sessions = Vec::new();
+    for _ in 0..20 {
+        sessions.push(http.session("default").await);
+    }
+    let addr = base
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    for n in 0..200 {
+        let s = &sessions[n % sessions.len()];
+        let body = json!({"text": format!("hang up {n}")}).to_string();
+        let request = format!(
+            "POST /api/session/{s}/prompt HTTP/1.1\r\nHost: {addr}\r\nContent-Type: \
+             application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let mut socket = std::net::TcpStream::connect(&addr).expect("connect");
+        socket.write_all(request.as_bytes()).expect("sent");
+        // Gone before any answer.
+        drop(socket);
+    }
+    // Whatever was admitted is answered: nothing stays pending, every session ends answered.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for s in &sessions {
+        loop {
+            let row = http.get(&format!("/api/session/{s}")).await["data"].clone();
+            let messages = http
+                .get(&format!("/api/session/{s}/messages?limit=1000"))
+                .await["data"]
+                .as_array()
+                .expect("messages")
+                .clone();
+            let answered = messages
+                .last()
+                .is_none_or(|m| m["type"] == "assistant" && m["finish"].is_string());
+            if row["pending"] == 0 && row["claimed"] == false && answered {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{s} left with unanswered input: {row}\n{}",
+                server.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}

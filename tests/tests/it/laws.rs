@@ -495,3 +495,24 @@ async fn a_second_interrupt_during_cleanup_keeps_the_wake_that_came_between() {
     assert_eq!(h.row(&s).pending, 0, "{:?}", h.kinds(&s));
     assert_eq!(h.provider.calls(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admitted_input_whose_wake_never_ran_is_woken_by_the_sweep() {
+    let h = Harness::start_with(
+        [text("found you")],
+        |c| c.limits.wake_sweep = std::time::Duration::from_millis(20),
+        agenthost_actors::Extensions::default(),
+    )
+    .await;
+    let s = h.session().await;
+    // Admitted without a wake, as when the caller goes away between the two.
+    h.admit(&s, "anyone?").await;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while h.count(&s, "execution_succeeded") == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", h.kinds(&s));
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    h.idle(&s).await;
+    assert_eq!(h.provider.calls(), 1);
+    assert_eq!(h.row(&s).pending, 0);
+}
