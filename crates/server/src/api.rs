@@ -20,7 +20,7 @@ use axum::routing::{get, post};
 use serde::Serialize;
 
 use crate::error::{ApiError, ErrorType};
-use crate::extract::{Json, NoBody, OptionalJson, Query, SessionPath};
+use crate::extract::{Json, OptionalJson, Query, RouteOptions, SessionPath};
 use crate::wire::{self, Data, ErrorEnvelope};
 use crate::{Shared, read};
 
@@ -297,7 +297,7 @@ pub(crate) async fn prompt(
 pub(crate) async fn compact(
     State(shared): AppState,
     SessionPath(id): SessionPath,
-    _: NoBody,
+    _: RouteOptions<wire::NoOptions>,
 ) -> Result<Response, ApiError> {
     let kept_from = shared.runtime.compact(&id).await?;
     Ok(data(wire::DrainOutcome::Compacted {
@@ -324,8 +324,7 @@ pub(crate) async fn compact(
 pub(crate) async fn resume(
     State(shared): AppState,
     SessionPath(id): SessionPath,
-    Query(query): Query<wire::ResumeQuery>,
-    _: NoBody,
+    RouteOptions(query): RouteOptions<wire::ResumeQuery>,
 ) -> Result<Response, ApiError> {
     if query.wait.unwrap_or(false) {
         let outcome = shared.runtime.resume(&id).await?;
@@ -368,7 +367,7 @@ pub(crate) async fn resume(
 pub(crate) async fn interrupt(
     State(shared): AppState,
     SessionPath(id): SessionPath,
-    _: NoBody,
+    _: RouteOptions<wire::NoOptions>,
 ) -> Result<Response, ApiError> {
     row(&shared, &id).await?;
     let interrupted = shared.runtime.interrupt(&id).await?;
@@ -390,8 +389,7 @@ pub(crate) async fn interrupt(
 pub(crate) async fn wait(
     State(shared): AppState,
     SessionPath(id): SessionPath,
-    Query(query): Query<wire::WaitQuery>,
-    _: NoBody,
+    RouteOptions(query): RouteOptions<wire::WaitQuery>,
 ) -> Result<Response, ApiError> {
     let timeout = match query.timeout_ms {
         None => DEFAULT_WAIT.min(shared.options.max_wait),

@@ -7,7 +7,7 @@
 //! - [`OptionalJson`]: the same, where an empty body stands for `{}`.
 //! - [`Query`]: the query string, unknown parameters refused.
 //! - [`SessionPath`]: a `{id}` path segment parsed as a session id.
-//! - [`NoBody`]: for POST routes that take no body (their options are query parameters).
+//! - [`RouteOptions`]: a POST route's options, from the query string or a JSON body.
 
 use agenthost_model::SessionId;
 use axum::extract::{FromRequest, FromRequestParts, Path, Request};
@@ -138,25 +138,37 @@ impl<S: Send + Sync> FromRequestParts<S> for SessionPath {
     }
 }
 
-/// A POST without a body. An empty body or `{}` is accepted; anything else is refused, so an
-/// option sent in the body by mistake is not silently ignored.
-#[derive(Debug, Clone, Copy)]
-pub struct NoBody;
+/// A POST route's options, as query parameters or as a JSON object in the body; where both
+/// name an option, the body wins. No body, an empty body and `{}` mean no options. Malformed JSON
+/// and unknown options are refused (the target types deny unknown fields), so an option with a
+/// typo is never silently ignored.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RouteOptions<T>(pub T);
 
-impl<S: Send + Sync> FromRequest<S> for NoBody {
+impl<S, T> FromRequest<S> for RouteOptions<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned + serde::Serialize + Send,
+{
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let (mut parts, rest) = req.into_parts();
+        let Query(query) = Query::<T>::from_request_parts(&mut parts, state).await?;
+        let req = Request::from_parts(parts, rest);
         check_content_type(req.headers())?;
         let bytes = body(req, state).await?;
         if bytes.iter().all(u8::is_ascii_whitespace) {
-            return Ok(NoBody);
+            return Ok(RouteOptions(query));
         }
-        match serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&bytes) {
-            Ok(map) if map.is_empty() => Ok(NoBody),
-            _ => Err(ApiError::invalid(
-                "this route takes no request body; pass its options as query parameters",
-            )),
-        }
+        let given: serde_json::Map<String, serde_json::Value> = parse(&bytes)?;
+        let mut merged = match serde_json::to_value(&query) {
+            Ok(serde_json::Value::Object(map)) => map,
+            _ => serde_json::Map::new(),
+        };
+        merged.extend(given);
+        serde_json::from_value(serde_json::Value::Object(merged))
+            .map(RouteOptions)
+            .map_err(|e| ApiError::invalid(format!("invalid request body: {e}")))
     }
 }

@@ -125,8 +125,14 @@ pub struct MessagesQuery {
     pub limit: Option<usize>,
 }
 
-/// Query of `POST /api/session/{id}/resume`.
-#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+/// No options: `POST /api/session/{id}/interrupt` and `…/compact` take none (an empty body or
+/// `{}` is fine).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoOptions {}
+
+/// Options of `POST /api/session/{id}/resume`, as query parameters or a JSON body.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct ResumeQuery {
@@ -134,8 +140,8 @@ pub struct ResumeQuery {
     pub wait: Option<bool>,
 }
 
-/// Query of `POST /api/session/{id}/wait`.
-#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+/// Options of `POST /api/session/{id}/wait`, as query parameters or a JSON body.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct WaitQuery {

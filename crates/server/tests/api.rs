@@ -592,9 +592,13 @@ async fn resume_interrupt_wait_and_active() {
         400,
         "invalid_request",
     );
+    // Options may come in the body too, but unknown ones are refused there as well.
     assert_error(
-        &h.post(&format!("{base}/resume"), Some(r#"{"wait": true}"#))
-            .await,
+        &h.post(
+            &format!("{base}/resume"),
+            Some(r#"{"wait": true, "now": 1}"#),
+        )
+        .await,
         400,
         "invalid_request",
     );
@@ -1172,4 +1176,61 @@ async fn a_lagging_stream_catches_up_from_the_store() {
         .and_then(|v| v.parse().ok())
         .expect("the lag counter");
     assert!(lagged >= 1, "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn post_routes_take_their_options_as_a_json_body_or_as_query_parameters() {
+    let h = harness(vec![text("one"), text("two")]).await;
+    let s = h.session().await;
+    // Options in the body.
+    let reply = h
+        .post(
+            &format!("/api/session/{s}/resume"),
+            Some(r#"{"wait": true}"#),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json);
+    assert_eq!(reply.json["data"]["outcome"], "completed");
+    // The body wins over the query.
+    let reply = h
+        .post(
+            &format!("/api/session/{s}/resume?wait=false"),
+            Some(r#"{"wait": true}"#),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json);
+    let reply = h
+        .post(
+            &format!("/api/session/{s}/wait"),
+            Some(r#"{"timeout_ms": 5000}"#),
+        )
+        .await;
+    assert_eq!(reply.json["data"]["idle"], true, "{}", reply.json);
+    // An empty object and no body at all are both fine.
+    for body in [Some("{}"), None] {
+        let reply = h.post(&format!("/api/session/{s}/interrupt"), body).await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.json);
+    }
+    // Unknown fields and malformed JSON are refused with a clear message.
+    let reply = h
+        .post(
+            &format!("/api/session/{s}/resume"),
+            Some(r#"{"wiat": true}"#),
+        )
+        .await;
+    assert_error(&reply, 400, "invalid_request");
+    assert!(
+        reply.json["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("wiat")),
+        "{}",
+        reply.json
+    );
+    let reply = h
+        .post(
+            &format!("/api/session/{s}/wait"),
+            Some(r#"{"timeout_ms": "#),
+        )
+        .await;
+    assert_error(&reply, 400, "invalid_request");
 }
