@@ -63,6 +63,8 @@ pub struct File {
     recovery: Recovery,
     #[serde(default)]
     compaction: Compaction,
+    #[serde(default)]
+    limits: Limits,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -71,7 +73,7 @@ struct Server {
     bind: Option<String>,
     token_env: Option<String>,
     /// Largest request body in bytes.
-    body_limit: Option<usize>,
+    body_limit_bytes: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -81,7 +83,7 @@ struct Provider {
     base_url: Option<String>,
     api_key_env: Option<String>,
     /// Seconds of silence tolerated while streaming.
-    idle_timeout_secs: Option<u64>,
+    idle_timeout_ms: Option<u64>,
     // Behaviour of `kind = "mock"` only.
     latency_ms: Option<u64>,
     tokens_per_sec: Option<f64>,
@@ -163,6 +165,21 @@ struct Compaction {
     auto: Option<bool>,
 }
 
+/// `[limits]`: every bound the runtime keeps, with its unit in its name.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Limits {
+    concurrent_streams: Option<usize>,
+    pending_per_session: Option<u32>,
+    waiters_per_session: Option<usize>,
+    tool_output_bytes: Option<usize>,
+    history_cache_bytes: Option<usize>,
+    call_timeout_ms: Option<u64>,
+    shutdown_timeout_ms: Option<u64>,
+    wake_sweep_ms: Option<u64>,
+    passivate_after_ms: Option<u64>,
+}
+
 // ---------------------------------------------------------------------------------------------
 // Loading.
 
@@ -201,6 +218,8 @@ pub struct Settings {
     pub recovery: actors::Recovery,
     pub compaction_auto: bool,
     pub tools: Vec<tools::Spec>,
+    pub limits: actors::Limits,
+    pub passivate_after: Option<Duration>,
 }
 
 impl std::fmt::Debug for Settings {
@@ -228,6 +247,10 @@ impl Settings {
         config.default_agent = self.default_agent.clone();
         config.recovery = self.recovery.clone();
         config.compaction.auto = self.compaction_auto;
+        config.limits = self.limits.clone();
+        if let Some(after) = self.passivate_after {
+            config.passivate_after = after;
+        }
         config
     }
 }
@@ -257,8 +280,11 @@ pub fn resolve(
             format!("environment variable {token_env} is not set (or empty)"),
         ));
     }
-    if file.server.body_limit == Some(0) {
-        return Err(invalid("server.body_limit", "must be at least 1".into()));
+    if file.server.body_limit_bytes == Some(0) {
+        return Err(invalid(
+            "server.body_limit_bytes",
+            "must be at least 1".into(),
+        ));
     }
 
     let builtin_mock = file.providers.is_empty();
@@ -287,14 +313,14 @@ pub fn resolve(
             })?;
             config.api_key = Some(llm::ApiKey::new(secret));
         }
-        if let Some(secs) = p.idle_timeout_secs {
-            if secs == 0 {
+        if let Some(ms) = p.idle_timeout_ms {
+            if ms == 0 {
                 return Err(invalid(
-                    &key("idle_timeout_secs"),
+                    &key("idle_timeout_ms"),
                     "must be at least 1".into(),
                 ));
             }
-            config.idle_timeout = Duration::from_secs(secs);
+            config.idle_timeout = Duration::from_millis(ms);
         }
         let mock_keys = [
             ("latency_ms", p.latency_ms.is_some()),
@@ -619,6 +645,8 @@ pub fn resolve(
         recovery.concurrency = c;
     }
 
+    let (limits, passivate_after) = limits(name, &file.limits)?;
+
     Ok(Settings {
         data_dir: file
             .data_dir
@@ -626,7 +654,7 @@ pub fn resolve(
         bind,
         token_env,
         token,
-        body_limit: file.server.body_limit,
+        body_limit: file.server.body_limit_bytes,
         builtin_mock,
         providers,
         models,
@@ -635,7 +663,52 @@ pub fn resolve(
         recovery,
         compaction_auto: file.compaction.auto.unwrap_or(true),
         tools: specs,
+        limits,
+        passivate_after,
     })
+}
+
+/// The runtime's limits from `[limits]`: counts and sizes must be at least 1, except
+/// `history_cache_bytes` (0 turns the cache off) and `wake_sweep_ms` (0 turns the sweep off).
+fn limits(name: &str, file: &Limits) -> Result<(actors::Limits, Option<Duration>), Error> {
+    let mut limits = actors::Limits::default();
+    let positive = |key: &str, value: u64| match value {
+        0 => Err(Error::Invalid {
+            file: name.to_owned(),
+            key: format!("limits.{key}"),
+            reason: "must be at least 1".into(),
+        }),
+        _ => Ok(value),
+    };
+    if let Some(n) = file.concurrent_streams {
+        limits.concurrent_streams = positive("concurrent_streams", n as u64)? as usize;
+    }
+    if let Some(n) = file.pending_per_session {
+        limits.pending_per_session = positive("pending_per_session", u64::from(n))? as u32;
+    }
+    if let Some(n) = file.waiters_per_session {
+        limits.waiters_per_session = positive("waiters_per_session", n as u64)? as usize;
+    }
+    if let Some(n) = file.tool_output_bytes {
+        limits.tool_output = positive("tool_output_bytes", n as u64)? as usize;
+    }
+    if let Some(n) = file.history_cache_bytes {
+        limits.history_cache = n;
+    }
+    if let Some(ms) = file.call_timeout_ms {
+        limits.call_timeout = Duration::from_millis(positive("call_timeout_ms", ms)?);
+    }
+    if let Some(ms) = file.shutdown_timeout_ms {
+        limits.shutdown_timeout = Duration::from_millis(positive("shutdown_timeout_ms", ms)?);
+    }
+    if let Some(ms) = file.wake_sweep_ms {
+        limits.wake_sweep = Duration::from_millis(ms);
+    }
+    let passivate_after = match file.passivate_after_ms {
+        Some(ms) => Some(Duration::from_millis(positive("passivate_after_ms", ms)?)),
+        None => None,
+    };
+    Ok((limits, passivate_after))
 }
 
 /// An `ip:port` address.
@@ -766,9 +839,44 @@ auto = false
 
     /// Each bad file, and a fragment of the message it must produce.
     #[test]
+    fn limits_take_units_in_their_names() {
+        let s = settings(
+            "[limits]\nconcurrent_streams = 3\npending_per_session = 7\nwaiters_per_session = 9\n\
+             tool_output_bytes = 1000\nhistory_cache_bytes = 0\ncall_timeout_ms = 1500\n\
+             shutdown_timeout_ms = 2500\nwake_sweep_ms = 0\npassivate_after_ms = 60000\n\
+             [server]\nbody_limit_bytes = 2048\n",
+        )
+        .expect("valid");
+        assert_eq!(s.limits.concurrent_streams, 3);
+        assert_eq!(s.limits.pending_per_session, 7);
+        assert_eq!(s.limits.waiters_per_session, 9);
+        assert_eq!(s.limits.tool_output, 1000);
+        assert_eq!(s.limits.history_cache, 0);
+        assert_eq!(s.limits.call_timeout, Duration::from_millis(1500));
+        assert_eq!(s.limits.shutdown_timeout, Duration::from_millis(2500));
+        assert_eq!(s.limits.wake_sweep, Duration::ZERO);
+        assert_eq!(s.passivate_after, Some(Duration::from_secs(60)));
+        assert_eq!(s.body_limit, Some(2048));
+        let runtime = s.runtime(PathBuf::from("x.redb"));
+        assert_eq!(runtime.limits, s.limits);
+        assert_eq!(runtime.passivate_after, Duration::from_secs(60));
+    }
+
+    #[test]
     fn bad_files_say_where_and_why() {
         let cases: &[(&str, &str)] = &[
             ("colour = 1", "unknown field `colour`"),
+            ("[limits]\nstreams = 1", "unknown field `streams`"),
+            (
+                "[limits]\nconcurrent_streams = 0",
+                "`limits.concurrent_streams`",
+            ),
+            ("[limits]\ncall_timeout_ms = 0", "`limits.call_timeout_ms`"),
+            ("[server]\nbody_limit = 10", "unknown field `body_limit`"),
+            (
+                "[providers.p]\nkind = \"openai\"\nidle_timeout_secs = 5",
+                "unknown field `idle_timeout_secs`",
+            ),
             ("[server]\nport = 1", "unknown field `port`"),
             ("[server]\nbind = \"localhost\"", "`server.bind`"),
             ("[server]\ntoken_env = \"MISSING\"", "MISSING is not set"),
