@@ -109,12 +109,38 @@ fn build(shared: &Shared, session: &SessionId, prompt: &str) -> Result<Prepared>
     Ok(prepared)
 }
 
-/// A fixed set of preparers, used round-robin.
+/// A fixed set of preparers. Each request goes to the least busy one, so a slow preparation
+/// (a large history, a slow hook) holds up only the requests already given to its worker; the
+/// requests waiting in the pool are bounded, and a request that is not prepared within the
+/// runtime's call timeout fails as unavailable.
 #[derive(Debug)]
 pub(crate) struct Pool {
-    workers: Vec<ActorRef<Msg>>,
-    next: AtomicUsize,
+    workers: Vec<(ActorRef<Msg>, Arc<AtomicUsize>)>,
+    /// Requests given to a worker and not answered yet, across the pool.
+    in_flight: Arc<AtomicUsize>,
+    /// Most requests the pool holds at once; more are refused as unavailable.
+    bound: usize,
+    timeout: std::time::Duration,
 }
+
+/// Counts one request in, and out again when dropped (answered, failed or abandoned).
+struct Counted(Arc<AtomicUsize>);
+
+impl Counted {
+    fn add(counter: &Arc<AtomicUsize>) -> (Counted, usize) {
+        let before = counter.fetch_add(1, Ordering::AcqRel);
+        (Counted(counter.clone()), before)
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Requests the pool holds per worker before it refuses more.
+const QUEUE_PER_WORKER: usize = 64;
 
 impl Pool {
     pub(crate) async fn start(shared: Arc<Shared>, size: usize) -> Result<Pool> {
@@ -123,33 +149,50 @@ impl Pool {
             let (worker, _) = Actor::spawn(None, Preparer, shared.clone())
                 .await
                 .map_err(|e| Error::Unavailable(format!("cannot start a preparer: {e}")))?;
-            workers.push(worker);
+            workers.push((worker, Arc::new(AtomicUsize::new(0))));
         }
+        let bound = workers.len() * QUEUE_PER_WORKER;
         Ok(Pool {
             workers,
-            next: AtomicUsize::new(0),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+            bound,
+            timeout: shared.limits.call_timeout,
         })
     }
 
     pub(crate) async fn prepare(&self, session: &SessionId, prompt: &str) -> Result<Prepared> {
-        let at = self.next.fetch_add(1, Ordering::Relaxed) % self.workers.len();
-        let worker = &self.workers[at];
+        let (_pooled, before) = Counted::add(&self.in_flight);
+        if before >= self.bound {
+            return Err(Error::Unavailable(format!(
+                "generate is overloaded: {before} requests are being prepared"
+            )));
+        }
+        let (worker, load) = self
+            .workers
+            .iter()
+            .min_by_key(|(_, load)| load.load(Ordering::Acquire))
+            .expect("invariant: the pool has at least one worker");
+        let (_queued, _) = Counted::add(load);
         let call = worker.call(
             |reply| Msg::Prepare {
                 session: session.clone(),
                 prompt: prompt.to_owned(),
                 reply,
             },
-            None,
+            Some(self.timeout),
         );
         match call.map(|r| r.map_err(|_| ())).await {
             Ok(ractor::rpc::CallResult::Success(result)) => result,
+            Ok(ractor::rpc::CallResult::Timeout) => Err(Error::Unavailable(format!(
+                "preparing the request took longer than {:?}",
+                self.timeout
+            ))),
             _ => Err(Error::Unavailable("the preparer pool stopped".into())),
         }
     }
 
     pub(crate) fn stop(&self) {
-        for worker in &self.workers {
+        for (worker, _) in &self.workers {
             worker.stop(Some("shutdown".into()));
         }
     }

@@ -401,3 +401,70 @@ async fn a_tool_call_returned_to_generate_anyway_is_ignored() {
     assert!(!request.tools.is_empty());
     assert_eq!(request.tool_choice, ToolChoice::None);
 }
+
+/// Blocks the request build of `generate` for one session until released.
+#[derive(Debug)]
+struct SlowFor {
+    session: std::sync::Mutex<Option<agenthost_model::SessionId>>,
+    entered: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    release: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl Hook for SlowFor {
+    fn on_request(&self, ctx: &RequestContext, _request: &mut Request) {
+        let slow = self.session.lock().expect("lock").clone();
+        if ctx.purpose == Purpose::Generate && slow.as_ref() == Some(&ctx.session) {
+            if let Some(entered) = self.entered.lock().expect("lock").take() {
+                let _ = entered.send(());
+            }
+            // Hooks run on the preparer's blocking thread: waiting here blocks nothing else.
+            let _ = self
+                .release
+                .lock()
+                .expect("lock")
+                .recv_timeout(Duration::from_secs(30));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_slow_preparation_does_not_hold_up_the_generates_behind_it() {
+    let (entered_tx, entered_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel();
+    let slow = Arc::new(SlowFor {
+        session: std::sync::Mutex::new(None),
+        entered: std::sync::Mutex::new(Some(entered_tx)),
+        release: std::sync::Mutex::new(release_rx),
+    });
+    let scripts = (0..10).map(|n| text(&format!("answer {n}")));
+    let h = Harness::start_with(
+        scripts,
+        |_| {},
+        Extensions {
+            tools: Tools::default(),
+            hooks: vec![slow.clone() as Arc<dyn Hook>],
+        },
+    )
+    .await;
+    let (a, b) = (h.session().await, h.session().await);
+    *slow.session.lock().expect("lock") = Some(a.clone());
+    let held = tokio::spawn({
+        let (r, a) = (h.runtime.clone(), a.clone());
+        async move { r.generate(&a, "slow one").await }
+    });
+    tokio::task::spawn_blocking(move || entered_rx.recv_timeout(Duration::from_secs(30)))
+        .await
+        .expect("joined")
+        .expect("the slow preparation started");
+    for n in 0..8 {
+        let answer = tokio::time::timeout(
+            Duration::from_secs(10),
+            h.runtime.generate(&b, &format!("quick {n}")),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("generate {n} waited behind the slow one"));
+        assert!(answer.is_ok(), "{answer:?}");
+    }
+    release_tx.send(()).expect("released");
+    assert!(held.await.expect("joined").is_ok());
+}
