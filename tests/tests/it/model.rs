@@ -29,6 +29,8 @@ enum Op {
     Resume(usize),
     Interrupt(usize),
     Panic(usize),
+    /// A transient call beside whatever runs.
+    Generate(usize),
     Restart,
     Pause,
 }
@@ -41,6 +43,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0usize..2).prop_map(Op::Resume),
         2 => (0usize..2).prop_map(Op::Interrupt),
         1 => (0usize..2).prop_map(Op::Panic),
+        1 => (0usize..2).prop_map(Op::Generate),
         1 => Just(Op::Restart),
         2 => Just(Op::Pause),
     ]
@@ -138,7 +141,11 @@ async fn start(
                 .finish(FinishReason::Stop),
         )
     }));
-    let config = harness::config(dir.path(), provider);
+    let mut config = harness::config(dir.path(), provider);
+    // Small enough that resumes and waits hit the waiter limit, and that idle actors passivate
+    // between operations.
+    config.limits.waiters_per_session = 3;
+    config.passivate_after = Duration::from_millis(5);
     let extensions = Extensions {
         tools: Default::default(),
         hooks: vec![hook as Arc<dyn Hook>],
@@ -173,6 +180,7 @@ async fn run(ops: Vec<Op>) {
     let mut admitted: Vec<(SessionId, MessageId)> = Vec::new();
     let mut resumes: Vec<JoinHandle<agenthost_actors::Result<agenthost_actors::Outcome>>> =
         Vec::new();
+    let mut others: Vec<JoinHandle<()>> = Vec::new();
     let mut panics = 0;
     for op in ops {
         match op {
@@ -214,6 +222,13 @@ async fn run(ops: Vec<Op>) {
                 w.runtime.wake(&s).await.expect("wake");
             }
             Op::Panic(_) => {}
+            Op::Generate(session) => {
+                let (r, s) = (w.runtime.clone(), w.sessions[session].clone());
+                others.push(tokio::spawn(async move {
+                    // Any answer will do (a refusal, a shutdown); it must not hang.
+                    let _ = r.generate(&s, "peek").await;
+                }));
+            }
             Op::Restart => {
                 w.runtime.shutdown().await;
                 w.monitor.join().await;
@@ -228,6 +243,13 @@ async fn run(ops: Vec<Op>) {
             }
             Op::Pause => tokio::time::sleep(Duration::from_millis(3)).await,
         }
+    }
+    // Every generate ends, whatever its answer.
+    for other in others {
+        tokio::time::timeout(Duration::from_secs(30), other)
+            .await
+            .expect("a call was left hanging")
+            .expect("joined");
     }
     // Every resume is answered, with an outcome or an error, never left hanging.
     for resume in resumes {
@@ -258,6 +280,20 @@ async fn run(ops: Vec<Op>) {
         let row = snap.session(s).expect("read").expect("row");
         assert_eq!(row.pending, 0, "{s} kept pending input: {row:?}");
         assert!(row.claim.is_none(), "{s} still claimed");
+        // Every admitted input is answered or explicitly failed: the session owes nothing.
+        let messages = snap.messages(s, Seq::ZERO, usize::MAX).expect("messages");
+        let policy = agenthost_model::Policy {
+            max_steps: 25,
+            max_attempts: 10,
+        };
+        let owed = agenthost_model::owed(&row, &messages, &policy);
+        assert!(
+            matches!(
+                owed,
+                agenthost_model::Owed::Nothing | agenthost_model::Owed::Halted
+            ),
+            "{s} still owes {owed:?}"
+        );
     }
     let mut promoted: BTreeMap<MessageId, usize> = BTreeMap::new();
     for s in &w.sessions {
