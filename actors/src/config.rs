@@ -143,7 +143,7 @@ pub struct Price {
 pub struct Agent {
     pub model: String,
     pub system: String,
-    /// Steps per exchange; the last step gets no tools.
+    /// Steps per exchange; the last step may not call tools.
     pub steps: u32,
     /// Tool name patterns: `*`, `fs_*`, `!shell`. Later patterns win.
     pub tools: Vec<String>,

@@ -73,7 +73,7 @@ impl Actor for Preparer {
 
 /// One snapshot: the session, its settled history after the latest compaction (pending inputs
 /// are not history; it stops before an unsettled assistant message), then the shared
-/// preparation with no tools and the caller's prompt appended.
+/// preparation with tool calls forbidden and the caller's prompt appended.
 fn build(shared: &Shared, session: &SessionId, prompt: &str) -> Result<Prepared> {
     let snap = shared.store.snapshot()?;
     let (row, mut history) = snap

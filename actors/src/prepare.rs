@@ -69,7 +69,7 @@ pub struct Prepared {
     pub provider: Arc<dyn llm::Provider>,
     pub model: Model,
     pub agent: String,
-    /// Whether this is the exchange's last step (no tools).
+    /// Whether this is the exchange's last step (tools defined, calls forbidden).
     pub last_step: bool,
     /// A rough size of the request in tokens (4 bytes a token), for compaction decisions.
     pub estimated_tokens: u64,

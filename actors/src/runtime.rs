@@ -347,8 +347,8 @@ impl Runtime {
     }
 
     /// A transient, session-aware, one-shot model call: the session's settled history
-    /// and instructions plus `prompt`, prepared exactly like a durable step but with no tools,
-    /// sent once, with nothing recorded. It never talks to the session actor, so it neither waits
+    /// and instructions plus `prompt`, prepared exactly like a durable step but with tool calls
+    /// forbidden (the tools are still defined), sent once, with nothing recorded. It never talks to the session actor, so it neither waits
     /// for nor disturbs a running drain. An answer without text is `""`.
     pub async fn generate(&self, session: &SessionId, prompt: &str) -> Result<String> {
         self.check_open()?;

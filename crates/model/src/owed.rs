@@ -101,14 +101,16 @@ pub fn turn(messages: &[Message], claimed: bool, max_steps: u32) -> Option<Why> 
                 }
             )
         });
-    let last = messages
-        .iter()
-        .rev()
-        .find(|m| !matches!(m, Message::System { .. } | Message::Compaction { .. }));
+    // The newest message that speaks: system updates and compactions do not answer anything.
+    let last = messages.iter().rev().find_map(|m| match m {
+        Message::User { .. } => Some(None),
+        Message::Assistant(a) => Some(Some(a)),
+        Message::System { .. } | Message::Compaction { .. } => None,
+    });
     let why = match last {
         None => None,
-        Some(Message::User { .. }) => Some(Why::NewInput),
-        Some(Message::Assistant(a)) => match (&a.finish, &a.error) {
+        Some(None) => Some(Why::NewInput),
+        Some(Some(a)) => match (&a.finish, &a.error) {
             // Unsettled: the process stopped while the model streamed or tools ran.
             (None, None) => Some(Why::CutStep),
             (_, Some(error)) if claimed => Some(match error.kind {
@@ -125,9 +127,6 @@ pub fn turn(messages: &[Message], claimed: bool, max_steps: u32) -> Option<Why> 
                 continues.then_some(Why::ToolResults)
             }
         },
-        Some(Message::System { .. } | Message::Compaction { .. }) => {
-            unreachable!("filtered above")
-        }
     };
     match why {
         Some(_) if cut_compaction => Some(Why::Compaction),
@@ -431,13 +430,19 @@ mod tests {
 
         /// A drain cut after `at` of its events by a user interrupt or a shutdown: what the
         /// drain writes when cancelled.
-        fn cut(&mut self, shape: Shape, at: usize, reason: InterruptReason) {
+        /// The events a whole drain of `shape` would write from here, in a scratch log.
+        fn whole(&self, shape: Shape) -> Log {
             let mut whole = Log {
                 minted: self.minted,
                 pending: self.pending.clone(),
                 ..Log::default()
             };
             whole.drain(shape);
+            whole
+        }
+
+        fn cut(&mut self, shape: Shape, at: usize, reason: InterruptReason) {
+            let whole = self.whole(shape);
             let at = at % whole.events.len();
             let mut state = self.replay();
             let session = session();
@@ -481,12 +486,7 @@ mod tests {
 
         /// A crash after `at` events of a drain, then the recovery drain the next process runs.
         fn crash(&mut self, shape: Shape, at: usize) {
-            let mut whole = Log {
-                minted: self.minted,
-                pending: self.pending.clone(),
-                ..Log::default()
-            };
-            whole.drain(shape);
+            let whole = self.whole(shape);
             let at = at % whole.events.len();
             self.push(whole.events[..at].iter().cloned());
             self.minted = whole.minted;
