@@ -88,7 +88,13 @@ pub(crate) async fn watch(runtime: &Runtime) {
             _ = runtime.shared.stopping.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
-        let lost = match unwoken(runtime) {
+        // Store reads: on the blocking pool, like every read that grows with the store.
+        let reader = runtime.clone();
+        let read = tokio::task::spawn_blocking(move || unwoken(&reader))
+            .await
+            .map_err(|e| crate::Error::Unavailable(e.to_string()))
+            .and_then(|read| read);
+        let lost = match read {
             Ok(lost) => lost,
             Err(e) => {
                 tracing::warn!(error = %e, "the lost-wake sweep could not read the store");

@@ -28,18 +28,10 @@ pub fn anthropic(body: &Value) -> Result<(), String> {
         Some(n) if n > 0 => {}
         _ => return Err("max_tokens: Field required".into()),
     }
-    let messages = body
-        .get("messages")
-        .and_then(Value::as_array)
-        .filter(|m| !m.is_empty())
-        .ok_or("messages: at least one message is required")?;
-    let has_tools = body
-        .get("tools")
-        .and_then(Value::as_array)
-        .is_some_and(|t| !t.is_empty());
-    if body.get("tool_choice").is_some() && !has_tools {
-        return Err("tool_choice may only be specified while providing tools".into());
-    }
+    let (messages, has_tools) = common(
+        body,
+        "tool_choice may only be specified while providing tools",
+    )?;
     let blocks = |message: &Value| -> Vec<Value> {
         match message.get("content") {
             Some(Value::Array(blocks)) => blocks.clone(),
@@ -147,13 +139,13 @@ pub fn anthropic(body: &Value) -> Result<(), String> {
     Ok(())
 }
 
-/// The `type` of a content block.
-fn kind(block: &Value) -> &str {
-    block.get("type").and_then(Value::as_str).unwrap_or("")
-}
-
-/// Checks an OpenAI Chat Completions request body; the error says which rule it breaks.
-pub fn openai(body: &Value) -> Result<(), String> {
+/// The rules both formats share: at least one message, and `tool_choice` only with `tools`
+/// (refused with `choice_without_tools`, each API's own words). Returns the messages and whether
+/// tools are defined.
+fn common<'a>(
+    body: &'a Value,
+    choice_without_tools: &str,
+) -> Result<(&'a Vec<Value>, bool), String> {
     let messages = body
         .get("messages")
         .and_then(Value::as_array)
@@ -164,8 +156,22 @@ pub fn openai(body: &Value) -> Result<(), String> {
         .and_then(Value::as_array)
         .is_some_and(|t| !t.is_empty());
     if body.get("tool_choice").is_some() && !has_tools {
-        return Err("'tool_choice' is only allowed when 'tools' are specified".into());
+        return Err(choice_without_tools.into());
     }
+    Ok((messages, has_tools))
+}
+
+/// The `type` of a content block.
+fn kind(block: &Value) -> &str {
+    block.get("type").and_then(Value::as_str).unwrap_or("")
+}
+
+/// Checks an OpenAI Chat Completions request body; the error says which rule it breaks.
+pub fn openai(body: &Value) -> Result<(), String> {
+    let (messages, has_tools) = common(
+        body,
+        "'tool_choice' is only allowed when 'tools' are specified",
+    )?;
     let mut asked: BTreeSet<String> = BTreeSet::new();
     for (n, message) in messages.iter().enumerate() {
         let role = message.get("role").and_then(Value::as_str).unwrap_or("");
