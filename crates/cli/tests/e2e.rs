@@ -641,51 +641,59 @@ fn config_errors_exit_2_without_touching_the_data_dir() {
     assert!(!Path::new(data).exists());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn anthropic_wire_tool_loop_to_the_step_limit_and_generate_after_tools() {
-    // The mock provider's Anthropic route refuses every request the real Messages API would
-    // (tool blocks without tool definitions, unanswered tool calls, no max_tokens, ...).
-    let dir = tempfile::tempdir().expect("temp dir");
-    let d = dir.path();
-    let mock = Proc::spawn(
-        "anthropic-mock",
-        d,
-        &[
-            "mock-provider",
-            "--bind",
-            "127.0.0.1:0",
-            "--tokens-per-sec",
-            "1000",
-            "--tool-ratio",
-            "1",
-        ],
-    );
-    let url = mock.url();
-    let path = d.join("agenthost.toml");
-    // Two steps: the model calls a tool in the first, so the second, the step-limit step, carries
-    // tool blocks in its history. The tool's endpoint refuses connections: its failure is a
-    // result the model sees like any other.
+/// A mock provider that calls tools in a share `tool_ratio` of its answers.
+fn tool_mock(dir: &Path, name: &str, tokens_per_sec: &str, tool_ratio: &str) -> Proc {
+    let args = [
+        "mock-provider",
+        "--bind",
+        "127.0.0.1:0",
+        "--tokens-per-sec",
+        tokens_per_sec,
+        "--tool-ratio",
+        tool_ratio,
+    ];
+    Proc::spawn(name, dir, &args)
+}
+
+/// A config whose default agent runs `steps` steps against the provider at `url` (of `kind`) and
+/// may call one HTTP tool, `lookup`, whose endpoint refuses connections: its failure is a result
+/// the model sees like any other.
+fn tool_loop_config(dir: &Path, kind: &str, url: &str, steps: u32) -> PathBuf {
+    let path = dir.join("agenthost.toml");
     let text = format!(
         r#"
 data_dir = "{data}"
-[providers.claude]
-kind = "anthropic"
+[providers.mock]
+kind = "{kind}"
 base_url = "{url}"
 [models.default]
-provider = "claude"
+provider = "mock"
 model = "mock-1"
 [agents.default]
 model = "default"
-steps = 2
+steps = {steps}
 [[tools]]
 name = "lookup"
 kind = "http"
 url = "http://127.0.0.1:9/lookup"
 timeout_ms = 2000
 "#,
-        data = d.join("data").display()
+        data = dir.join("data").display()
     );
     std::fs::write(&path, text).expect("config written");
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_wire_tool_loop_to_the_step_limit_and_generate_after_tools() {
+    // The mock provider's Anthropic route refuses every request the real Messages API would
+    // (tool blocks without tool definitions, unanswered tool calls, no max_tokens, ...).
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let mock = tool_mock(d, "anthropic-mock", "1000", "1");
+    // Two steps: the model calls a tool in the first, so the second, the step-limit step, carries
+    // tool blocks in its history.
+    let path = tool_loop_config(d, "anthropic", &mock.url(), 2);
     let cfg = path.to_str().expect("utf-8 path");
     let server = Proc::spawn(
         "serve-anthropic",
@@ -745,42 +753,8 @@ async fn serve_stopped_at_any_moment_of_a_mixed_workload_loses_no_turn() {
     };
     let dir = tempfile::tempdir().expect("temp dir");
     let d = dir.path();
-    let mock = Proc::spawn(
-        "workload-mock",
-        d,
-        &[
-            "mock-provider",
-            "--bind",
-            "127.0.0.1:0",
-            "--tokens-per-sec",
-            "60",
-            "--tool-ratio",
-            "0.5",
-        ],
-    );
-    let url = mock.url();
-    let path = d.join("agenthost.toml");
-    let text = format!(
-        r#"
-data_dir = "{data}"
-[providers.mock]
-kind = "openai"
-base_url = "{url}"
-[models.default]
-provider = "mock"
-model = "mock-1"
-[agents.default]
-model = "default"
-steps = 4
-[[tools]]
-name = "lookup"
-kind = "http"
-url = "http://127.0.0.1:9/lookup"
-timeout_ms = 2000
-"#,
-        data = d.join("data").display()
-    );
-    std::fs::write(&path, text).expect("config written");
+    let mock = tool_mock(d, "workload-mock", "60", "0.5");
+    let path = tool_loop_config(d, "openai", &mock.url(), 4);
     let cfg = path.to_str().expect("utf-8 path");
     let serve = |round: u64| {
         Proc::spawn(

@@ -325,20 +325,26 @@ fn sessions_resume_after_sigkill_without_repeating_tools() {
     assert_eq!(projections, replayed);
 }
 
-/// Leaves a session claimed, as a crashed process would, with `attempts` recoveries already
-/// counted.
-async fn crashed_session(path: &Path, attempts: u32) -> SessionId {
+/// Opens the store at `path` with session `s` of `agent` created.
+async fn store_with_session(path: &Path, s: &SessionId, agent: &str) -> RedbStore {
     let store = RedbStore::open(StoreConfig::new(path)).expect("store");
-    let s = SessionId::parse("ses_crashed").expect("id");
     store
         .create_session(NewSession {
             id: s.clone(),
-            agent: "default".into(),
+            agent: agent.into(),
             model: None,
             title: None,
         })
         .await
         .expect("created");
+    store
+}
+
+/// Leaves a session claimed, as a crashed process would, with `attempts` recoveries already
+/// counted.
+async fn crashed_session(path: &Path, attempts: u32) -> SessionId {
+    let s = SessionId::parse("ses_crashed").expect("id");
+    let store = store_with_session(path, &s, "default").await;
     store
         .admit(agenthost_store::Admission {
             session: s.clone(),
@@ -828,16 +834,7 @@ async fn a_manual_compaction_cut_by_a_crash_is_settled_without_a_model_call() {
     let s = SessionId::parse("ses_compacting").expect("id");
     let c = MessageId::parse("msg_compaction").expect("id");
     {
-        let store = RedbStore::open(StoreConfig::new(&path)).expect("store");
-        store
-            .create_session(NewSession {
-                id: s.clone(),
-                agent: "default".into(),
-                model: None,
-                title: None,
-            })
-            .await
-            .expect("created");
+        let store = store_with_session(&path, &s, "default").await;
         let events = vec![
             Event::ExecutionStarted { forced: false },
             Event::CompactionStarted {
@@ -865,16 +862,7 @@ async fn a_session_whose_agent_is_gone_fails_readably_once() {
     let path = dir.path().join("store.redb");
     let s = SessionId::parse("ses_orphan").expect("id");
     {
-        let store = RedbStore::open(StoreConfig::new(&path)).expect("store");
-        store
-            .create_session(NewSession {
-                id: s.clone(),
-                agent: "removed".into(),
-                model: None,
-                title: None,
-            })
-            .await
-            .expect("created");
+        let store = store_with_session(&path, &s, "removed").await;
         store
             .admit(agenthost_store::Admission {
                 session: s.clone(),
