@@ -157,6 +157,7 @@ impl Runtime {
             metrics: Metrics::default(),
             shutting_down: AtomicBool::new(false),
             stopping: Default::default(),
+            released: Default::default(),
         });
         let (registry, _) = Actor::spawn(None, Registry, shared.clone())
             .await
@@ -416,10 +417,13 @@ impl Runtime {
     }
 
     /// Graceful, bounded shutdown: stop accepting work, interrupt drains with reason
-    /// `shutdown` (their claims stay, so the next start resumes them), stop the actors and flush
-    /// the store.
+    /// `shutdown` (their claims stay, so the next start resumes them), stop the actors, flush
+    /// the store and release it. Every call, concurrent ones included, returns only once the store
+    /// is released, so the process may open it again at once.
     pub async fn shutdown(&self) {
         if self.shared.shutting_down.swap(true, Ordering::AcqRel) {
+            // Another caller runs the shutdown: return when it is complete, not before.
+            self.shared.released.cancelled().await;
             return;
         }
         self.shared.stopping.cancel();
@@ -452,6 +456,7 @@ impl Runtime {
         self.shared.active.clear();
         let store = self.shared.store.clone();
         let _ = tokio::task::spawn_blocking(move || store.close()).await;
+        self.shared.released.cancel();
     }
 
     /// Routes to the session's live actor: the concurrent map first, the registry only when no

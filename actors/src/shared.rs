@@ -48,6 +48,8 @@ pub(crate) struct Shared {
     pub shutting_down: AtomicBool,
     /// Cancelled by `Runtime::shutdown`, so background loops end at once.
     pub stopping: tokio_util::sync::CancellationToken,
+    /// Cancelled when `Runtime::shutdown` has released the store.
+    pub released: tokio_util::sync::CancellationToken,
 }
 
 impl Shared {

@@ -87,20 +87,23 @@ pub fn owed(row: &SessionRow, messages: &[Message], policy: &Policy) -> Owed {
 }
 
 /// Whether the history owes the model a call, ignoring pending input and attempts. `claimed`
-/// says whether the session's claim is still held (a shutdown or a crash, not a user interrupt
-/// or an explicit failure).
+/// says whether the session's claim is still held (a shutdown or a crash). Without it the last
+/// execution ended on its own terms (an answer, a user interrupt, an explicit failure), and
+/// whatever it left unanswered was ended with it: only pending input is owed then.
 pub fn turn(messages: &[Message], claimed: bool, max_steps: u32) -> Option<Why> {
-    let cut_compaction = claimed
-        && messages.iter().any(|m| {
-            matches!(
-                m,
-                Message::Compaction {
-                    auto: true,
-                    state: CompactionState::Running,
-                    ..
-                }
-            )
-        });
+    if !claimed {
+        return None;
+    }
+    let cut_compaction = messages.iter().any(|m| {
+        matches!(
+            m,
+            Message::Compaction {
+                auto: true,
+                state: CompactionState::Running,
+                ..
+            }
+        )
+    });
     // The newest message that speaks: system updates and compactions do not answer anything.
     let last = messages.iter().rev().find_map(|m| match m {
         Message::User { .. } => Some(None),
@@ -113,12 +116,10 @@ pub fn turn(messages: &[Message], claimed: bool, max_steps: u32) -> Option<Why> 
         Some(Some(a)) => match (&a.finish, &a.error) {
             // Unsettled: the process stopped while the model streamed or tools ran.
             (None, None) => Some(Why::CutStep),
-            (_, Some(error)) if claimed => Some(match error.kind {
+            (_, Some(error)) => Some(match error.kind {
                 FailureKind::Aborted | FailureKind::Restarted => Why::CutStep,
                 _ => Why::PendingRetry,
             }),
-            // Explicitly failed or interrupted by the user.
-            (_, Some(_)) => None,
             (Some(finish), None) => {
                 let called = a.parts.iter().any(|p| matches!(p, Part::Tool(_)));
                 // A filtered answer ends the turn; so does the last step, whose calls failed.
@@ -703,7 +704,7 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
         #[test]
-        fn never_nothing_while_an_input_is_unanswered(ops in proptest::collection::vec(op(), 1..12)) {
+        fn owed_exactly_while_an_input_is_unanswered(ops in proptest::collection::vec(op(), 1..12)) {
             let log = build(&ops);
             for end in 0..=log.events.len() {
                 let prefix = &log.events[..end];
@@ -712,6 +713,12 @@ mod tests {
                     prop_assert!(
                         decision != Owed::Nothing,
                         "prefix of {end} events owes an answer, decided {decision:?}\n{prefix:#?}"
+                    );
+                } else {
+                    // And nothing runs for an input already answered or explicitly ended.
+                    prop_assert!(
+                        matches!(decision, Owed::Nothing | Owed::Halted),
+                        "prefix of {end} events owes nothing, decided {decision:?}\n{prefix:#?}"
                     );
                 }
             }
@@ -785,6 +792,16 @@ mod tests {
         let mut log = Log::default();
         log.admit();
         log.cut(Shape::Text, 4, InterruptReason::User);
+        check(&log.events, Owed::Nothing);
+        // Nor after a step that called tools: the interrupt ended the turn, results and all.
+        let mut log = Log::default();
+        log.admit();
+        log.cut(Shape::Tools, 8, InterruptReason::User);
+        assert!(
+            matches!(log.events[log.events.len() - 2], Event::StepEnded { .. }),
+            "{:#?}",
+            log.events
+        );
         check(&log.events, Owed::Nothing);
     }
 

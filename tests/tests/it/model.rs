@@ -1,5 +1,6 @@
-//! A model-based test of the runtime: random sequences of prompt, wake,
-//! resume, interrupt, drain panic and runtime restart, checked against a reference of what was
+//! A model-based test of the runtime: random sequences of prompt (some answered with a call to
+//! a tool that panics), wake, resume, wait, interrupt, generate, drain panic, passivation and
+//! runtime restart, checked against a reference of what was
 //! admitted. Invariants: at most one drain per session at any moment, every admitted input is
 //! promoted exactly once, every resume is answered (never left hanging).
 
@@ -8,11 +9,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agenthost_actors::{
-    CreateSession, Extensions, Hook, Live, PromptRequest, RequestContext, Runtime,
+    Call, CreateSession, Executor, Extensions, Hook, Live, PromptRequest, RequestContext, Runtime,
+    Tool, Tools,
 };
 use agenthost_llm::scripted::{Script, Scripted};
 use agenthost_llm::{FinishReason, Request};
 use agenthost_model::{Delivery, Event, MessageId, Seq, SessionId};
+use futures::future::BoxFuture;
 use proptest::prelude::*;
 use tokio::task::JoinHandle;
 
@@ -24,9 +27,13 @@ enum Op {
         session: usize,
         queue: bool,
         resume: bool,
+        /// The model answers this input with a call to a tool that panics.
+        tool: bool,
     },
     Wake(usize),
     Resume(usize),
+    /// Waits for idle beside whatever runs, across restarts too.
+    Wait(usize),
     Interrupt(usize),
     Panic(usize),
     /// A transient call beside whatever runs.
@@ -37,16 +44,28 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (0usize..2, any::<bool>(), any::<bool>())
-            .prop_map(|(session, queue, resume)| Op::Prompt { session, queue, resume }),
+        6 => (0usize..2, any::<bool>(), any::<bool>(), prop::bool::weighted(0.2))
+            .prop_map(|(session, queue, resume, tool)| Op::Prompt { session, queue, resume, tool }),
         2 => (0usize..2).prop_map(Op::Wake),
         2 => (0usize..2).prop_map(Op::Resume),
+        2 => (0usize..2).prop_map(Op::Wait),
         2 => (0usize..2).prop_map(Op::Interrupt),
         1 => (0usize..2).prop_map(Op::Panic),
         1 => (0usize..2).prop_map(Op::Generate),
         1 => Just(Op::Restart),
         2 => Just(Op::Pause),
     ]
+}
+
+/// An input the model answers with a call to the `panics` tool.
+const PANIC_TOOL: &str = "use the tool with a bug";
+
+#[derive(Debug)]
+struct Panics;
+impl Executor for Panics {
+    fn execute(&self, _call: Call) -> BoxFuture<'static, Result<String, String>> {
+        Box::pin(async { panic!("injected tool panic") })
+    }
 }
 
 /// Panics in the next request prepared for an armed session.
@@ -132,22 +151,31 @@ async fn start(
     dir: tempfile::TempDir,
     hook: Arc<PanicOnce>,
 ) -> (Runtime, Monitor, tempfile::TempDir) {
-    // Every request gets a short answer after a little real time, so interrupts land mid-drain.
-    let provider = Arc::new(Scripted::from_fn(|_| {
-        Some(
-            Script::new()
-                .delay(Duration::from_millis(2))
-                .text("ok")
-                .finish(FinishReason::Stop),
-        )
+    // Every request gets a short answer after a little real time, so interrupts land mid-drain;
+    // a request whose newest message is a tool-asking input gets a call to a tool that panics.
+    let provider = Arc::new(Scripted::from_fn(|request: &Request| {
+        let script = Script::new().delay(Duration::from_millis(2));
+        Some(match request.messages.last() {
+            Some(agenthost_llm::Message::User { text, .. }) if text.contains(PANIC_TOOL) => script
+                .tool_call("p", "panics", "{}")
+                .finish(FinishReason::ToolCalls),
+            _ => script.text("ok").finish(FinishReason::Stop),
+        })
     }));
     let mut config = harness::config(dir.path(), provider);
     // Small enough that resumes and waits hit the waiter limit, and that idle actors passivate
     // between operations.
     config.limits.waiters_per_session = 3;
     config.passivate_after = Duration::from_millis(5);
+    let mut tools = Tools::default();
+    tools.register(Tool::new(
+        "panics",
+        "a tool with a bug",
+        serde_json::json!({"type": "object"}),
+        Arc::new(Panics),
+    ));
     let extensions = Extensions {
-        tools: Default::default(),
+        tools,
         hooks: vec![hook as Arc<dyn Hook>],
     };
     let runtime = Runtime::start_with(config, extensions)
@@ -188,9 +216,11 @@ async fn run(ops: Vec<Op>) {
                 session,
                 queue,
                 resume,
+                tool,
             } => {
                 let s = &w.sessions[session];
-                let mut request = PromptRequest::new(s, "work");
+                let text = if tool { PANIC_TOOL } else { "work" };
+                let mut request = PromptRequest::new(s, text);
                 request.delivery = if queue {
                     Delivery::Queue
                 } else {
@@ -204,6 +234,13 @@ async fn run(ops: Vec<Op>) {
             Op::Resume(session) => {
                 let (r, s) = (w.runtime.clone(), w.sessions[session].clone());
                 resumes.push(tokio::spawn(async move { r.resume(&s).await }));
+            }
+            Op::Wait(session) => {
+                let (r, s) = (w.runtime.clone(), w.sessions[session].clone());
+                others.push(tokio::spawn(async move {
+                    // Idle, over the waiter limit, or shut down: any answer, never a hang.
+                    let _ = r.wait_idle(&s, Duration::from_secs(5)).await;
+                }));
             }
             Op::Interrupt(session) => {
                 w.runtime
@@ -292,7 +329,12 @@ async fn run(ops: Vec<Op>) {
                 owed,
                 agenthost_model::Owed::Nothing | agenthost_model::Owed::Halted
             ),
-            "{s} still owes {owed:?}"
+            "{s} still owes {owed:?}; its log: {:#?}",
+            snap.events(s, Seq::ZERO, usize::MAX)
+                .expect("events")
+                .iter()
+                .map(|e| format!("{:?}", e.event))
+                .collect::<Vec<_>>()
         );
     }
     let mut promoted: BTreeMap<MessageId, usize> = BTreeMap::new();
@@ -318,7 +360,7 @@ async fn run(ops: Vec<Op>) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: std::env::var("MODEL_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(12), ..ProptestConfig::default() })]
     #[test]
     fn runtime_matches_the_reference(ops in proptest::collection::vec(op(), 1..25)) {
         tokio::runtime::Builder::new_multi_thread()

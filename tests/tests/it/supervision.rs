@@ -4,10 +4,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use agenthost_actors::{Extensions, Hook, RequestContext};
+use agenthost_actors::{CreateSession, Extensions, Hook, PromptRequest, RequestContext, Runtime};
 use agenthost_llm::Request;
+use agenthost_llm::scripted::Scripted;
 
-use crate::harness::{Harness, text};
+use crate::harness::{self, Harness, text};
 
 /// Panics in the first `times` request preparations.
 #[derive(Debug)]
@@ -424,4 +425,33 @@ async fn an_interrupt_ends_a_session_waiting_for_a_stream_permit() {
     assert_eq!(h.provider.calls(), 1, "b never streamed");
     gate.release();
     h.idle(&a).await;
+}
+
+/// Every caller of `shutdown` returns only once the store is released, even when another caller
+/// started the shutdown: the process can open the same store again as soon as any returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_shutdown_call_returns_once_the_store_is_released() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let provider = Arc::new(Scripted::new([text("a")]));
+    let runtime = Runtime::start(harness::config(dir.path(), provider.clone()))
+        .await
+        .expect("start");
+    let s = runtime
+        .create_session(CreateSession::default())
+        .await
+        .expect("session")
+        .id;
+    runtime
+        .prompt(PromptRequest::new(&s, "hi"))
+        .await
+        .expect("admitted");
+    let (a, b) = (runtime.clone(), runtime.clone());
+    let first = tokio::spawn(async move { a.shutdown().await });
+    let second = tokio::spawn(async move { b.shutdown().await });
+    // Whichever returns first, the store must be free by then.
+    futures::future::select(first, second).await;
+    let again = Runtime::start(harness::config(dir.path(), provider))
+        .await
+        .expect("the store was released");
+    again.shutdown().await;
 }

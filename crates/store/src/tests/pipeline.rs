@@ -145,3 +145,21 @@ async fn retries_and_promotions_see_the_batches_still_being_committed() {
     store.close();
     assert_eq!(contents(&open(dir.path())), kept);
 }
+
+/// Closing releases the file even while a reader still holds a snapshot on another thread: the
+/// close waits for it, so the same process can open the store again at once.
+#[test]
+fn close_waits_for_snapshots_and_releases_the_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = super::open(dir.path());
+    let snap = store.snapshot().expect("snapshot");
+    let reader = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        drop(snap);
+    });
+    store.close();
+    let reopened = super::open(dir.path());
+    reader.join().expect("reader");
+    assert!(matches!(store.snapshot(), Err(crate::Error::Closed)));
+    reopened.close();
+}
