@@ -38,6 +38,8 @@ pub enum DeltaKind {
     Text,
     Reasoning,
     ToolInput,
+    /// A compaction's summary as the model writes it (the compaction message's id).
+    Summary,
 }
 
 impl DeltaKind {
@@ -46,6 +48,7 @@ impl DeltaKind {
             DeltaKind::Text => "text",
             DeltaKind::Reasoning => "reasoning",
             DeltaKind::ToolInput => "tool_input",
+            DeltaKind::Summary => "summary",
         }
     }
 }

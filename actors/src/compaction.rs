@@ -2,9 +2,17 @@
 //! structured summary, keeping recent messages verbatim. The full transcript stays durable; only
 //! the active history (what the model sees) shrinks.
 //!
-//! Durable shape: `CompactionStarted` → exactly one summary request → `CompactionEnded`
-//! (summary, `kept_from`, usage) or `CompactionFailed`. With nothing older than the kept part
-//! there is nothing to compact: [`Error::NothingToCompact`], and no provider call.
+//! Durable shape: `CompactionStarted` → the summary call → `CompactionEnded` (summary,
+//! `kept_from`, usage) or `CompactionFailed`. With nothing older than the kept part there is
+//! nothing to compact: [`Error::NothingToCompact`], and no provider call.
+//!
+//! The kept window starts at any message boundary (so a long tool loop after one prompt
+//! compacts too), and the latest user request stays visible: in the kept window, or quoted in
+//! the summary by the runtime. The summary call sends older history serialized as text (tool
+//! output cut, the oldest dropped with a marker to fit the model), follows the step's retry
+//! policy, shrinks its request on a context overflow, and a reply that breaks the template gets
+//! one reminder before the compaction fails (`summary`). Its text streams live as `summary`
+//! deltas of the compaction message.
 //!
 //! A manual compaction is an execution of its own: it takes the claim with `CompactionStarted`
 //! and releases it with the compaction's end, so a compaction a crash or a shutdown cut is found
@@ -13,19 +21,19 @@
 
 use agenthost_llm as llm;
 use agenthost_model::history::{History, Mode};
-use agenthost_model::{Event, Message, Seq};
+use agenthost_model::{Event, Message, MessageId, Seq, SessionRow, Usage};
+use futures::StreamExt as _;
 
+use crate::bus::{DeltaKind, Live};
 use crate::drain::Drain;
 use crate::error::{Error, Result};
 use crate::hooks::Purpose;
 use crate::mint;
-use crate::prepare::{Inputs, convert, estimate, prepare};
+use crate::prepare::{Inputs, Prepared, convert, estimate, prepare};
+use crate::summary;
 
-/// The request that asks for the summary.
-pub const SUMMARY_PROMPT: &str = "Summarize the conversation above for a continuation of this \
-     session by someone who cannot see it. Use these sections: Goal; Decisions and facts \
-     established; Work done (including tool results that matter); Open questions; Next steps. Be \
-     specific (names, numbers, paths) and brief. Reply with the summary only.";
+/// Times a summary request is halved after the provider said it overflows.
+const SHRINKS: u32 = 3;
 
 /// The request's size limit before compaction kicks in: the context window minus a reserve for
 /// the answer (the model's output limit, or 20 000 tokens when unknown), and never more than half
@@ -54,16 +62,32 @@ pub(crate) async fn compact(d: &Drain, auto: bool) -> Result<Seq> {
             d.session
         )));
     }
-    let Some(split) = split(&history.messages, shared.compaction.keep_tokens) else {
+    let (_, model, _) = shared.catalog.resolve(&row.agent, row.model.as_deref())?;
+    let limit = threshold(model.context_window, model.max_output);
+    // What is kept must leave room to grow, or the next step compacts again at once.
+    let keep = shared.compaction.keep_tokens.min(limit / 2);
+    let sizes: Vec<u64> = history.messages.iter().map(tokens).collect();
+    let Some(split) = summary::split(&sizes, keep) else {
         return Err(Error::NothingToCompact);
     };
-    let kept_from = history.messages[split].seq();
-    let older = History {
-        summary: history.summary.clone(),
-        messages: history.messages[..split].to_vec(),
+    let (older, kept) = history.messages.split_at(split);
+    let kept_from = kept[0].seq();
+    let quote = match summary::latest_request(kept) {
+        Some(_) => None,
+        None => summary::latest_request(older)
+            .map(str::to_owned)
+            .or_else(|| history.summary.as_deref().and_then(summary::quoted_request)),
     };
-    let inputs = Inputs::of(shared, &row, &older, 1, Purpose::Compaction);
-    let prepared = prepare(inputs, Some(SUMMARY_PROMPT))?;
+    let entries: Vec<String> = older.iter().filter_map(summary::entry).collect();
+    // The request's own overhead (system, tool definitions) comes off the model's budget; a
+    // quarter of the rest stays free for the estimate's error and a reminder round.
+    let overhead = prepare(
+        Inputs::of(shared, &row, &History::default(), 1, Purpose::Compaction),
+        Some(""),
+    )?
+    .estimated_tokens;
+    let budget =
+        usize::try_from(limit.saturating_sub(overhead).saturating_mul(3)).unwrap_or(usize::MAX);
     let id = mint::message_id();
     let started = Event::CompactionStarted {
         id: id.clone(),
@@ -79,82 +103,165 @@ pub(crate) async fn compact(d: &Drain, auto: bool) -> Result<Seq> {
     };
     d.append(opening.into_iter().chain([started]).collect())
         .await?;
-    // The summary call takes a stream permit of its own (the step holds none while it compacts),
-    // and an interrupt or a shutdown ends the wait for it and the call itself.
-    let call = async {
+    let ask = Ask {
+        row: &row,
+        previous: history.summary.as_deref(),
+        entries: &entries,
+        budget,
+    };
+    let mut spent = llm::Usage::default();
+    let result = summarize(d, &id, &ask, &mut spent).await;
+    let usage = crate::step::cost(&spent, &model.price);
+    let mut events = match &result {
+        Ok(reply) => vec![Event::CompactionEnded {
+            id,
+            summary: summary::stored(reply, quote.as_deref()),
+            kept_from,
+            usage,
+        }],
+        Err(error) => {
+            let error = match error {
+                Error::Interrupted => "interrupted".to_owned(),
+                other => other.to_string(),
+            };
+            // Calls that did not end in a summary still cost what they cost.
+            let spent = (usage != Usage::default()).then_some(Event::UsageRecorded { usage });
+            [Event::CompactionFailed { id, error }]
+                .into_iter()
+                .chain(spent)
+                .collect()
+        }
+    };
+    events.extend(closing);
+    d.append(events).await?;
+    result.map(|_| kept_from)
+}
+
+/// What a summary request is built from.
+struct Ask<'a> {
+    row: &'a SessionRow,
+    previous: Option<&'a str>,
+    entries: &'a [String],
+    /// Bytes the request text may take.
+    budget: usize,
+}
+
+/// Asks for the summary until a reply follows the template: retryable failures back off as a
+/// step's do, an overflow halves the request, a reply off the template gets one reminder.
+/// `usage` sums every call's raw usage.
+async fn summarize(
+    d: &Drain,
+    id: &MessageId,
+    ask: &Ask<'_>,
+    usage: &mut llm::Usage,
+) -> Result<String> {
+    let (mut budget, mut shrinks, mut retries) = (ask.budget, 0, 0);
+    let mut reminded: Option<(String, String)> = None;
+    loop {
+        let text = summary::request(ask.previous, ask.entries, budget);
+        let mut prepared = prepare(
+            Inputs::of(
+                &d.shared,
+                ask.row,
+                &History::default(),
+                1,
+                Purpose::Compaction,
+            ),
+            Some(&text),
+        )?;
+        if let Some((reply, problem)) = &reminded {
+            let messages = &mut prepared.request.messages;
+            messages.push(llm::Message::assistant(reply.clone()));
+            messages.push(llm::Message::user(summary::reminder(problem)));
+        }
+        let error = match call(d, id, prepared).await? {
+            Ok(response) => {
+                add(usage, &response.usage);
+                match (summary::check(&response.text), &reminded) {
+                    (Ok(()), _) => return Ok(response.text),
+                    (Err(problem), None) => {
+                        reminded = Some((response.text, problem));
+                        continue;
+                    }
+                    (Err(problem), Some(_)) => {
+                        return Err(Error::Provider(llm::Error::invalid_output(format!(
+                            "the summary did not follow the template after a reminder: {problem}"
+                        ))));
+                    }
+                }
+            }
+            Err(error) => error,
+        };
+        if error.kind() == llm::ErrorKind::ContextOverflow && shrinks < SHRINKS {
+            shrinks += 1;
+            budget /= 2;
+            continue;
+        }
+        if !error.retryable() || retries >= crate::retry::MAX_RETRIES {
+            return Err(Error::Provider(error));
+        }
+        retries += 1;
+        let delay = crate::step::backoff(retries, &error);
+        tracing::warn!(session_id = %d.session, error = %error, ?delay, "summary call failed; retrying");
+        tokio::select! {
+            biased;
+            _ = d.cancel.cancelled() => return Err(Error::Interrupted),
+            _ = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+/// One summary call: it takes a stream permit of its own (the step holds none while it
+/// compacts), streams its text live, and an interrupt or a shutdown ends the wait for the permit
+/// and the call itself.
+async fn call(
+    d: &Drain,
+    id: &MessageId,
+    prepared: Prepared,
+) -> Result<std::result::Result<llm::Response, llm::Error>> {
+    let shared = &d.shared;
+    let run = async {
         let _permit = shared
             .streams
             .clone()
             .acquire_owned()
             .await
             .map_err(|_| Error::ShuttingDown)?;
-        Ok::<_, Error>(prepared.provider.generate(prepared.request).await)
+        let mut stream = prepared.provider.stream(prepared.request);
+        let mut collector = llm::Collector::new();
+        while let Some(item) = stream.next().await {
+            let event = match item {
+                Ok(event) => event,
+                Err(error) => return Ok(Err(error)),
+            };
+            if let llm::Event::TextDelta { part, delta } = &event {
+                shared.bus.publish(
+                    &d.session,
+                    Live::Delta {
+                        message: id.clone(),
+                        kind: DeltaKind::Summary,
+                        part: *part,
+                        delta: delta.clone(),
+                    },
+                );
+            }
+            collector.push(&event);
+        }
+        Ok(collector.finish())
     };
-    let response = tokio::select! {
+    tokio::select! {
         biased;
-        _ = d.cancel.cancelled() => None,
-        response = call => Some(response?),
-    };
-    let Some(response) = response else {
-        let failed = Event::CompactionFailed {
-            id,
-            error: "interrupted".into(),
-        };
-        d.append([failed].into_iter().chain(closing).collect())
-            .await?;
-        return Err(Error::Interrupted);
-    };
-    match response {
-        Ok(response) if !response.text.trim().is_empty() => {
-            let usage = &response.usage;
-            let ended = Event::CompactionEnded {
-                id,
-                summary: response.text.trim().to_owned(),
-                kept_from,
-                usage: crate::step::cost(usage, &prepared.model.price),
-            };
-            d.append([ended].into_iter().chain(closing).collect())
-                .await?;
-            Ok(kept_from)
-        }
-        Ok(_) => {
-            let error = "the summary came back empty".to_owned();
-            let failed = Event::CompactionFailed {
-                id,
-                error: error.clone(),
-            };
-            d.append([failed].into_iter().chain(closing).collect())
-                .await?;
-            Err(Error::Provider(llm::Error::invalid_output(error)))
-        }
-        Err(error) => {
-            let failed = Event::CompactionFailed {
-                id,
-                error: error.to_string(),
-            };
-            d.append([failed].into_iter().chain(closing).collect())
-                .await?;
-            Err(Error::Provider(error))
-        }
+        _ = d.cancel.cancelled() => Err(Error::Interrupted),
+        result = run => result,
     }
 }
 
-/// Where the verbatim part starts: walking back from the newest message until about
-/// `keep_tokens` are kept, then forward to a user message so the kept part opens a turn. `None`
-/// when that leaves nothing older to summarize.
-fn split(messages: &[Message], keep_tokens: u64) -> Option<usize> {
-    let mut kept = 0;
-    let mut at = messages.len();
-    while at > 0 {
-        let size = tokens(&messages[at - 1]);
-        if kept + size > keep_tokens {
-            break;
-        }
-        kept += size;
-        at -= 1;
-    }
-    let start = (at..messages.len()).find(|&i| matches!(messages[i], Message::User { .. }))?;
-    (start > 0).then_some(start)
+fn add(total: &mut llm::Usage, usage: &llm::Usage) {
+    total.input += usage.input;
+    total.output += usage.output;
+    total.reasoning += usage.reasoning;
+    total.cache_read += usage.cache_read;
+    total.cache_write += usage.cache_write;
 }
 
 fn tokens(message: &Message) -> u64 {
@@ -165,4 +272,23 @@ fn tokens(message: &Message) -> u64 {
     let mut request = llm::Request::new("");
     request.messages = convert(&history);
     estimate(&request)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::threshold;
+
+    #[test]
+    fn the_threshold_reserves_the_output_limit_up_to_half_the_window() {
+        // The model's output limit is reserved.
+        assert_eq!(threshold(200_000, Some(8_192)), 191_808);
+        // 20 000 when the limit is unknown.
+        assert_eq!(threshold(200_000, None), 180_000);
+        // Never more than half the window, known or not.
+        assert_eq!(threshold(32_000, None), 16_000);
+        assert_eq!(threshold(100_000, Some(64_000)), 50_000);
+        // An output limit that fills the window leaves half: no compaction before every step.
+        assert_eq!(threshold(8_192, Some(8_192)), 4_096);
+        assert_eq!(threshold(0, None), 0);
+    }
 }

@@ -32,6 +32,7 @@ mod session;
 mod settle;
 mod shared;
 mod step;
+mod summary;
 pub mod tools;
 mod writes;
 
@@ -40,7 +41,6 @@ mod writes;
 pub(crate) type IdMap<K, V> = dashmap::DashMap<K, V, foldhash::fast::RandomState>;
 
 pub use bus::{DeltaKind, Live};
-pub use compaction::SUMMARY_PROMPT;
 pub use config::{
     Agent, Compaction, Config, Limits, Model, Price, Recovery, RecoveryMode, Supervision,
 };
@@ -52,4 +52,5 @@ pub use recovery::RESTART_NOTE;
 pub use runtime::{CreateSession, Extensions, Metrics, PromptRequest, Runtime};
 pub use settle::STOPPED_TOOL;
 pub use step::{CONTINUE_NOTE, TRUNCATED};
+pub use summary::{SECTIONS as SUMMARY_SECTIONS, SUMMARY_REQUEST};
 pub use tools::{Call, Executor, Tool, Tools};

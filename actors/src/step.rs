@@ -411,7 +411,7 @@ fn report_step(d: &Drain, message: &MessageId, step: u32, error: Option<String>)
 }
 
 /// The wait before retry `attempt`, with ±20 % jitter (see [`retry::delay`]).
-fn backoff(attempt: u32, error: &llm::Error) -> Duration {
+pub(crate) fn backoff(attempt: u32, error: &llm::Error) -> Duration {
     retry::delay(
         attempt,
         error.retry_after(),

@@ -1007,6 +1007,8 @@ pub enum DeltaType {
     Text,
     Reasoning,
     ToolInput,
+    /// A compaction's summary; `message_id` is the compaction's.
+    Summary,
 }
 
 impl From<DeltaKind> for DeltaType {
@@ -1015,6 +1017,7 @@ impl From<DeltaKind> for DeltaType {
             DeltaKind::Text => DeltaType::Text,
             DeltaKind::Reasoning => DeltaType::Reasoning,
             DeltaKind::ToolInput => DeltaType::ToolInput,
+            DeltaKind::Summary => DeltaType::Summary,
         }
     }
 }

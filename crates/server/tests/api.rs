@@ -690,14 +690,19 @@ async fn generate_answers_and_refuses_bad_input() {
     );
 }
 
+/// A summary that follows the compaction template.
+fn summary_reply() -> Script {
+    let reply: String = agenthost_actors::SUMMARY_SECTIONS
+        .iter()
+        .map(|section| format!("## {section}\nthe summary\n\n"))
+        .collect();
+    text(&reply)
+}
+
 #[tokio::test]
 async fn compact_summarizes_older_history_or_says_there_is_nothing() {
     let h = harness_with(
-        vec![
-            text("first answer"),
-            text("second answer"),
-            text("the summary"),
-        ],
+        vec![text("first answer"), text("second answer"), summary_reply()],
         Options::default(),
         |c| c.compaction.keep_tokens = 10,
     )

@@ -73,8 +73,8 @@ fn respond(dir: &Path, request: &Request) -> Script {
         std::fs::write(&marker, b"").expect("marker");
         true
     };
-    if seen.contains(agenthost_actors::SUMMARY_PROMPT) {
-        return Script::new().text(SUMMARY).finish(FinishReason::Stop);
+    if seen.contains(agenthost_actors::SUMMARY_REQUEST) {
+        return crate::harness::summary(SUMMARY);
     }
     if !seen.contains(TURN) {
         return Script::new()

@@ -35,8 +35,16 @@ impl Harness {
         tweak: impl FnOnce(&mut Config),
         extensions: Extensions,
     ) -> Harness {
+        Harness::over(Arc::new(Scripted::new(scripts)), tweak, extensions).await
+    }
+
+    /// A runtime over `provider` (one that answers by function, say).
+    pub async fn over(
+        provider: Arc<Scripted>,
+        tweak: impl FnOnce(&mut Config),
+        extensions: Extensions,
+    ) -> Harness {
         let dir = tempfile::tempdir().expect("tempdir");
-        let provider = Arc::new(Scripted::new(scripts));
         let mut config = config(dir.path(), provider.clone());
         tweak(&mut config);
         let runtime = Runtime::start_with(config, extensions)
@@ -148,6 +156,17 @@ pub fn text(s: &str) -> Script {
 }
 
 /// The text of every user-side message of a request, in order.
+/// A compaction's summary reply that follows the template, each section saying `what`.
+pub fn summary(what: &str) -> Script {
+    let reply: String = agenthost_actors::SUMMARY_SECTIONS
+        .iter()
+        .map(|section| format!("## {section}\n{what}\n\n"))
+        .collect();
+    Script::new()
+        .text(reply)
+        .finish(agenthost_llm::FinishReason::Stop)
+}
+
 pub fn user_texts(request: &agenthost_llm::Request) -> Vec<String> {
     request
         .messages

@@ -2,6 +2,7 @@
 //! the scripted provider.
 
 mod agent_loop;
+mod compaction;
 mod crash_matrix;
 mod generate;
 mod harness;

@@ -213,7 +213,20 @@ pub(crate) fn plan(config: &Config, request: &Request) -> Plan {
             }
         }
         None => {
-            let tokens = text(config.reply_tokens.max(1), &mut random);
+            let tokens = match sections(request) {
+                // Asked for Markdown sections (a compaction's summary): each gets a few words.
+                sections if !sections.is_empty() => {
+                    let per = (config.reply_tokens / sections.len() as u32).max(1);
+                    let mut tokens = Vec::new();
+                    for section in sections {
+                        tokens.push(format!("## {section}\n"));
+                        tokens.extend(text(per, &mut random));
+                        tokens.push("\n\n".to_owned());
+                    }
+                    tokens
+                }
+                _ => text(config.reply_tokens.max(1), &mut random),
+            };
             Plan {
                 id: format!("mock-{hash:016x}"),
                 usage: Usage {
@@ -225,6 +238,18 @@ pub(crate) fn plan(config: &Config, request: &Request) -> Plan {
             }
         }
     }
+}
+
+/// The Markdown sections (`## Name` lines) the last user message asks the reply to have.
+fn sections(request: &Request) -> Vec<&str> {
+    let Some(Message::User { text, .. }) = request.messages.last() else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|line| line.strip_prefix("## "))
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+        .collect()
 }
 
 /// Splits tool arguments into up to three fragments at character boundaries, as providers do.
@@ -462,6 +487,24 @@ mod tests {
             collector.push(&item.expect("mock streams never fail"));
         }
         collector.finish().expect("mock streams finish")
+    }
+
+    #[tokio::test]
+    async fn a_requested_section_template_is_followed() {
+        let mock = Mock::new(Config::default());
+        let reply = run(
+            &mock,
+            request("Summarize. Reply with these sections:\n## Objective\n## Next Move\n"),
+        )
+        .await;
+        let objective = reply.text.find("## Objective\n").expect("objective");
+        let next = reply.text.find("## Next Move\n").expect("next move");
+        assert!(objective < next, "{}", reply.text);
+        assert!(
+            reply.text[objective + 13..next].trim().len() > 3,
+            "{}",
+            reply.text
+        );
     }
 
     #[tokio::test]
