@@ -8,6 +8,9 @@ use agenthost_model::{MessageId, SessionId};
 pub enum Error {
     #[error("session {0} not found")]
     SessionNotFound(SessionId),
+    /// Something inside a session that does not exist (a message, a tool call).
+    #[error("{0} not found")]
+    NotFound(String),
     #[error("prompt id {id} conflicts: {reason}")]
     PromptConflict { id: MessageId, reason: &'static str },
     #[error("invalid request: {0}")]

@@ -403,6 +403,28 @@ impl Runtime {
         self.shared.bus.subscribe_session(session)
     }
 
+    /// The whole output of tool call `call_id` of assistant message `message` (or its error), as
+    /// the tool returned it, even where history keeps only a preview. A call still running is
+    /// `Error::NotFound` too: it has no output yet.
+    pub async fn tool_output(
+        &self,
+        session: &SessionId,
+        message: &MessageId,
+        call_id: &str,
+    ) -> Result<ToolOutput> {
+        let (store, session, message, call_id) = (
+            self.shared.store.clone(),
+            session.clone(),
+            message.clone(),
+            call_id.to_owned(),
+        );
+        tokio::task::spawn_blocking(move || {
+            whole_output(&*store.snapshot()?, &session, &message, &call_id)
+        })
+        .await
+        .map_err(|e| Error::Panicked(e.to_string()))?
+    }
+
     /// A consistent read view of the store.
     pub fn snapshot(&self) -> Result<Box<dyn Snapshot>> {
         Ok(self.shared.store.snapshot()?)
@@ -552,5 +574,84 @@ async fn stopped(actor: &ActorRef<session::Msg>) -> bool {
             return false;
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// A tool call's whole output, read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolOutput {
+    /// The output, or the error when the call failed.
+    pub output: String,
+    pub failed: bool,
+    /// Whether history keeps only a preview of it.
+    pub cut: bool,
+}
+
+/// Reads a settled call's whole output: the events of its step from the message on, up to the
+/// call's settlement (a cut output's `ToolOutput` comes just before it, in the same commit).
+fn whole_output(
+    snap: &dyn Snapshot,
+    session: &SessionId,
+    message: &MessageId,
+    call_id: &str,
+) -> Result<ToolOutput> {
+    use agenthost_model::{Event, IndexEntry, Seq};
+    snap.session(session)?
+        .ok_or_else(|| Error::SessionNotFound(session.clone()))?;
+    let missing = || Error::NotFound(format!("tool call {call_id} of message {message}"));
+    let Some(IndexEntry::Message {
+        session: owner,
+        seq,
+    }) = snap.index(message)?
+    else {
+        return Err(missing());
+    };
+    if owner != *session {
+        return Err(missing());
+    }
+    const PAGE: usize = 256;
+    let mut from = seq;
+    let mut whole = None;
+    loop {
+        let events = snap.events(session, from, PAGE)?;
+        for stored in &events {
+            match &stored.event {
+                Event::ToolOutput {
+                    id,
+                    call_id: c,
+                    output,
+                } if id == message && c == call_id => {
+                    whole = Some(output.clone());
+                }
+                Event::ToolSucceeded {
+                    id,
+                    call_id: c,
+                    output,
+                    ..
+                } if id == message && c == call_id => {
+                    return Ok(ToolOutput {
+                        cut: whole.is_some(),
+                        output: whole.unwrap_or_else(|| output.clone()),
+                        failed: false,
+                    });
+                }
+                Event::ToolFailed {
+                    id,
+                    call_id: c,
+                    error,
+                } if id == message && c == call_id => {
+                    return Ok(ToolOutput {
+                        cut: whole.is_some(),
+                        output: whole.unwrap_or_else(|| error.clone()),
+                        failed: true,
+                    });
+                }
+                _ => {}
+            }
+        }
+        match events.last() {
+            Some(last) if events.len() == PAGE => from = Seq(last.seq.0 + 1),
+            _ => return Err(missing()),
+        }
     }
 }

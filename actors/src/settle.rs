@@ -154,6 +154,6 @@ pub(crate) async fn settle_orphaned_tool(
         }
         _ => Err(STOPPED_TOOL.to_owned()),
     };
-    let event = crate::step::settled(message, &tool.call_id, &result, d.shared.limits.tool_output);
-    d.append(vec![event]).await
+    let events = crate::step::settled(message, &tool.call_id, &result, d.shared.limits.tool_output);
+    d.append(events).await
 }

@@ -44,8 +44,8 @@ pub(crate) enum StepEnd {
     Failed(Error),
 }
 
-/// Marker appended to tool output cut at the configured bound.
-pub const TRUNCATED: &str = "\n[output truncated]";
+/// In the marker of a tool output history keeps a preview of: what follows names the whole.
+pub const CUT: &str = ": the whole output is stored as tool output ";
 
 /// The note that continues a response a broken stream cut off.
 pub const CONTINUE_NOTE: &str = "Your previous response was cut off by a network error. Continue \
@@ -714,7 +714,7 @@ async fn run_tools(
             .unwrap_or_default();
         let events = ids
             .iter()
-            .map(|call_id| settled(message, call_id, &result, limit))
+            .flat_map(|call_id| settled(message, call_id, &result, limit))
             .collect();
         d.append(events).await?;
         for call_id in ids {
@@ -740,41 +740,47 @@ fn agent_of(d: &Drain) -> Result<String> {
     Ok(row.agent)
 }
 
-/// The durable settlement of one call, with output bounded at `limit` bytes.
+/// The durable settlement of one call. Output (or an error) above `limit` bytes keeps a head and
+/// tail preview in history, with a marker saying how much was cut and where the whole is; the
+/// whole goes into a `ToolOutput` event of the same commit.
 pub(crate) fn settled(
     message: &MessageId,
     call_id: &str,
     result: &Result<String, String>,
     limit: usize,
-) -> Event {
-    match result {
-        Ok(output) => {
-            let (output, truncated) = bound(output, limit);
-            Event::ToolSucceeded {
-                id: message.clone(),
-                call_id: call_id.to_owned(),
-                output,
-                truncated,
-            }
-        }
-        Err(error) => Event::ToolFailed {
+) -> Vec<Event> {
+    let text = match result {
+        Ok(output) | Err(output) => output,
+    };
+    let (kept, cut) = match crate::summary::head_and_tail(text, limit) {
+        Some((head, tail, cut)) => (
+            format!(
+                "{head}\n[… {cut} of {} bytes cut{CUT}{message}/{call_id} …]\n{tail}",
+                text.len()
+            ),
+            true,
+        ),
+        None => (text.clone(), false),
+    };
+    let whole = cut.then(|| Event::ToolOutput {
+        id: message.clone(),
+        call_id: call_id.to_owned(),
+        output: text.clone(),
+    });
+    let settle = match result {
+        Ok(_) => Event::ToolSucceeded {
             id: message.clone(),
             call_id: call_id.to_owned(),
-            error: bound(error, limit).0,
+            output: kept,
+            truncated: cut,
         },
-    }
-}
-
-/// Cuts `text` to at most `limit` bytes on a character boundary, with a marker.
-pub(crate) fn bound(text: &str, limit: usize) -> (String, bool) {
-    if text.len() <= limit {
-        return (text.to_owned(), false);
-    }
-    let mut end = limit;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    (format!("{}{TRUNCATED}", &text[..end]), true)
+        Err(_) => Event::ToolFailed {
+            id: message.clone(),
+            call_id: call_id.to_owned(),
+            error: kept,
+        },
+    };
+    whole.into_iter().chain([settle]).collect()
 }
 
 fn lock(cache: &Arc<Mutex<HistoryCache>>) -> MutexGuard<'_, HistoryCache> {

@@ -103,10 +103,11 @@ pub fn cut_chars(text: &str, max: usize) -> String {
     )
 }
 
-/// `text` cut to at most about `max` bytes on character boundaries: head and tail with a marker.
-pub fn preview(text: &str, max: usize) -> String {
+/// The head (three quarters) and tail of `text` that fit in `max` bytes together, on character
+/// boundaries, with the bytes cut between them; `None` when `text` fits whole.
+pub fn head_and_tail(text: &str, max: usize) -> Option<(&str, &str, usize)> {
     if text.len() <= max {
-        return text.to_owned();
+        return None;
     }
     let mut head = max * 3 / 4;
     while !text.is_char_boundary(head) {
@@ -116,12 +117,15 @@ pub fn preview(text: &str, max: usize) -> String {
     while !text.is_char_boundary(tail) {
         tail += 1;
     }
-    format!(
-        "{}\n[… {} bytes cut …]\n{}",
-        &text[..head],
-        tail - head,
-        &text[tail..]
-    )
+    Some((&text[..head], &text[tail..], tail - head))
+}
+
+/// `text` cut to at most about `max` bytes on character boundaries: head and tail with a marker.
+pub fn preview(text: &str, max: usize) -> String {
+    match head_and_tail(text, max) {
+        Some((head, tail, cut)) => format!("{head}\n[… {cut} bytes cut …]\n{tail}"),
+        None => text.to_owned(),
+    }
 }
 
 /// One message as summary-request text; `None` for what the model never saw (compactions).

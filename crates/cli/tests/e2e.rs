@@ -223,6 +223,7 @@ impl Http {
         Sse {
             response,
             buffer: String::new(),
+            partial: Vec::new(),
         }
     }
 }
@@ -237,6 +238,8 @@ struct Frame {
 struct Sse {
     response: reqwest::Response,
     buffer: String,
+    /// The start of a character a chunk boundary split.
+    partial: Vec<u8>,
 }
 
 impl Sse {
@@ -265,8 +268,16 @@ impl Sse {
                 .expect("an event in time")
                 .expect("stream readable")
                 .expect("stream open");
+            self.partial.extend_from_slice(&chunk);
+            let valid = match std::str::from_utf8(&self.partial) {
+                Ok(text) => text.len(),
+                Err(e) if e.error_len().is_none() => e.valid_up_to(),
+                Err(e) => panic!("not UTF-8: {e}"),
+            };
+            let rest = self.partial.split_off(valid);
+            let text = std::mem::replace(&mut self.partial, rest);
             self.buffer
-                .push_str(std::str::from_utf8(&chunk).expect("utf-8"));
+                .push_str(std::str::from_utf8(&text).expect("checked"));
         }
     }
 
@@ -659,6 +670,11 @@ fn tool_mock(dir: &Path, name: &str, tokens_per_sec: &str, tool_ratio: &str) -> 
 /// may call one HTTP tool, `lookup`, whose endpoint refuses connections: its failure is a result
 /// the model sees like any other.
 fn tool_loop_config(dir: &Path, kind: &str, url: &str, steps: u32) -> PathBuf {
+    tool_loop_config_with(dir, kind, url, steps, "http://127.0.0.1:9/lookup")
+}
+
+/// [`tool_loop_config`] with the `lookup` tool served at `tool_url`.
+fn tool_loop_config_with(dir: &Path, kind: &str, url: &str, steps: u32, tool_url: &str) -> PathBuf {
     let path = dir.join("agenthost.toml");
     let text = format!(
         r#"
@@ -675,7 +691,7 @@ steps = {steps}
 [[tools]]
 name = "lookup"
 kind = "http"
-url = "http://127.0.0.1:9/lookup"
+url = "{tool_url}"
 timeout_ms = 2000
 "#,
         data = dir.join("data").display()
@@ -900,4 +916,102 @@ async fn prompts_from_clients_that_hang_up_at_once_are_all_answered() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// A tool that answers 1 MiB: history keeps a head-and-tail preview with a marker, and the whole
+/// output reads back intact through the API, after a SIGKILL and a restart too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_tool_output_is_previewed_in_history_and_read_back_whole_after_a_restart() {
+    let whole = format!("BEGIN{}END", "é".repeat(512 * 1024));
+    let answer = serde_json::to_string(&json!({ "output": whole })).expect("json");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let tool_url = format!("http://{}/lookup", listener.local_addr().expect("addr"));
+    let app = axum::Router::new().route(
+        "/lookup",
+        axum::routing::post(move || {
+            let answer = answer.clone();
+            async move { ([("content-type", "application/json")], answer) }
+        }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let mock = tool_mock(d, "big-tool-mock", "1000", "1");
+    let path = tool_loop_config_with(d, "openai", &mock.url(), 2, &tool_url);
+    let cfg = path.to_str().expect("utf-8 path");
+    let args = ["serve", "--config", cfg, "--bind", "127.0.0.1:0"];
+    let mut server = Proc::spawn("serve-big-tool", d, &args);
+    let mut http = Http::new(&server.url());
+    let s = http.session("default").await;
+    let mut stream = http.events(&s).await;
+    stream.until("synced").await;
+    http.post(
+        &format!("/api/session/{s}/prompt"),
+        Some(json!({"text": "look it up"})),
+    )
+    .await;
+    let live = stream
+        .until_any(&["execution_succeeded", "execution_failed"])
+        .await;
+    assert!(
+        live.iter().any(|f| f.event == "tool_output"),
+        "the whole output's event is on the stream: {live:?}"
+    );
+    let messages = http.get(&format!("/api/session/{s}/messages")).await;
+    let (message_id, call_id, preview) = messages["data"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .find_map(|m| {
+            let tool = m["content"]
+                .as_array()?
+                .iter()
+                .find(|p| p["type"] == "tool")?;
+            Some((
+                m["id"].as_str()?.to_owned(),
+                tool["call_id"].as_str()?.to_owned(),
+                tool["state"]["output"].as_str()?.to_owned(),
+            ))
+        })
+        .expect("a tool call");
+    assert!(
+        preview.starts_with("BEGIN") && preview.ends_with("END"),
+        "head and tail kept"
+    );
+    assert!(preview.len() < 33 * 1024, "{} bytes kept", preview.len());
+    assert!(
+        preview.contains("bytes cut") && preview.contains(&format!("{message_id}/{call_id}")),
+        "the marker says how much and where"
+    );
+    let url = format!("/api/session/{s}/tool-output/{message_id}/{call_id}");
+    for round in 0..2 {
+        let read = http.get(&url).await;
+        assert_eq!(read["data"]["output"], whole.as_str(), "round {round}");
+        assert_eq!(read["data"]["cut"], true);
+        assert_eq!(read["data"]["bytes"], whole.len() as u64);
+        if round == 0 {
+            server.sigkill();
+            server = Proc::spawn("serve-big-tool-2", d, &args);
+            http = Http::new(&server.url());
+        }
+    }
+    let (status, missing) = http
+        .call(
+            reqwest::Method::GET,
+            &format!("/api/session/{s}/tool-output/{message_id}/nope"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 404, "{missing}");
+    let (status, _) = http
+        .call(
+            reqwest::Method::GET,
+            &format!("/api/session/{s}/tool-output/not-an-id/{call_id}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 400);
 }

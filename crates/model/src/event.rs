@@ -142,6 +142,14 @@ pub enum Event {
         id: MessageId,
         usage: Usage,
     },
+    /// The whole output of tool call `call_id` when history keeps only a preview of it; written
+    /// with (just before) the call's settlement. Read back through the tool-output API, never
+    /// sent to the model.
+    ToolOutput {
+        id: MessageId,
+        call_id: String,
+        output: String,
+    },
 }
 
 impl Event {
@@ -171,6 +179,7 @@ impl Event {
             Event::CompactionFailed { .. } => "compaction_failed",
             Event::UsageRecorded { .. } => "usage_recorded",
             Event::StepUsage { .. } => "step_usage",
+            Event::ToolOutput { .. } => "tool_output",
         }
     }
 }

@@ -303,6 +303,22 @@ pub fn apply<P: Projection>(
             };
             settle_tool(p, session, id, call_id, state)?;
         }
+        Event::ToolOutput { id, call_id, .. } => {
+            // Only for a call still running: its settlement follows in the same commit.
+            let running = matches!(
+                message_by_id(p, session, id)?,
+                Some(Message::Assistant(a))
+                    if a.tool(call_id).is_some_and(|t| t.state == ToolState::Running)
+            );
+            if !running {
+                return Err(Violation::NoRunningTool {
+                    session: session.clone(),
+                    id: id.clone(),
+                    call_id: call_id.clone(),
+                }
+                .into());
+            }
+        }
         Event::ToolFailed { id, call_id, error } => {
             let state = ToolState::Error {
                 error: error.clone(),

@@ -134,7 +134,13 @@ impl Generator {
             16 => {
                 let (id, running) = open.unwrap_or_else(|| (self.mint(), Vec::new()));
                 let call_id = running.first().cloned().unwrap_or_else(|| "call_x".into());
-                if pick % 2 == 0 {
+                if pick % 5 == 4 {
+                    Event::ToolOutput {
+                        id,
+                        call_id,
+                        output: format!("the whole output {pick}"),
+                    }
+                } else if pick % 2 == 0 {
                     Event::ToolSucceeded {
                         id,
                         call_id,

@@ -13,7 +13,8 @@ use agenthost_model::{
     Delivery, FileAttachment, MessageId, Prompt, Seq, SessionId, SessionRow, Timestamp,
 };
 use axum::Router;
-use axum::extract::State;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
 use axum::http::{Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -47,6 +48,10 @@ pub(crate) fn routes() -> Router<Arc<Shared>> {
         .route("/api/session/{id}/compact", post(compact))
         .route("/api/session/{id}/messages", get(messages))
         .route("/api/session/{id}/inbox", get(inbox))
+        .route(
+            "/api/session/{id}/tool-output/{message_id}/{call_id}",
+            get(tool_output),
+        )
         .route("/api/session/{id}/events", get(crate::events::stream))
 }
 
@@ -466,6 +471,43 @@ pub(crate) async fn messages(
     Ok(data(
         messages.iter().map(wire::Message::from).collect::<Vec<_>>(),
     ))
+}
+
+/// The whole output of one tool call (or its error), as the tool returned it, even where
+/// history keeps only a head-and-tail preview.
+#[utoipa::path(get, path = "/api/session/{id}/tool-output/{message_id}/{call_id}", operation_id = "getToolOutput", tag = "session",
+    params(
+        ("id" = String, Path, description = "Session id, `ses_…`"),
+        ("message_id" = String, Path, description = "The assistant message that made the call, `msg_…`"),
+        ("call_id" = String, Path, description = "The call's id within that message"),
+    ),
+    responses(
+        (status = 200, description = "The whole output", body = Data<wire::ToolOutput>),
+        (status = 400, body = ErrorEnvelope),
+        (status = 401, body = ErrorEnvelope),
+        (status = 404, description = "No such session, message or settled call", body = ErrorEnvelope),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn tool_output(
+    State(shared): AppState,
+    path: Result<Path<(String, String, String)>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let Path((id, message_id, call_id)) =
+        path.map_err(|r| ApiError::invalid(format!("invalid path: {}", r.body_text())))?;
+    let id = SessionId::parse(&id)?;
+    let message_id = agenthost_model::MessageId::parse(&message_id)?;
+    let whole = shared
+        .runtime
+        .tool_output(&id, &message_id, &call_id)
+        .await?;
+    Ok(data(wire::ToolOutput {
+        message_id: message_id.to_string(),
+        call_id,
+        bytes: whole.output.len() as u64,
+        output: whole.output,
+        failed: whole.failed,
+        cut: whole.cut,
+    }))
 }
 
 /// Admitted inputs not yet promoted, in admission order.

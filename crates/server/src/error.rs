@@ -113,6 +113,7 @@ impl From<Error> for ApiError {
     fn from(error: Error) -> Self {
         let kind = match &error {
             Error::SessionNotFound(_) => ErrorType::SessionNotFound,
+            Error::NotFound(_) => ErrorType::NotFound,
             Error::PromptConflict { .. } => ErrorType::PromptConflict,
             Error::Invalid(_) | Error::NothingToCompact => ErrorType::InvalidRequest,
             Error::PromptTooLarge { .. } => ErrorType::PayloadTooLarge,

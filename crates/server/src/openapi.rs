@@ -37,6 +37,7 @@ use crate::{api, events, metrics, wire};
         api::generate,
         api::messages,
         api::inbox,
+        api::tool_output,
         events::stream,
     ),
     components(schemas(
@@ -48,6 +49,7 @@ use crate::{api, events, metrics, wire};
         wire::Prompt,
         wire::File,
         wire::Generate,
+        wire::ToolOutput,
         wire::Session,
         wire::Status,
         wire::StatusType,

@@ -368,6 +368,20 @@ pub struct Generated {
     pub text: String,
 }
 
+/// A tool call's whole output (`GET /api/session/{id}/tool-output/{message_id}/{call_id}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ToolOutput {
+    pub message_id: String,
+    pub call_id: String,
+    /// The output, or the error when the call failed.
+    pub output: String,
+    /// Its length in bytes.
+    pub bytes: u64,
+    pub failed: bool,
+    /// Whether history keeps only a preview of it.
+    pub cut: bool,
+}
+
 /// An admitted input not yet promoted (`GET /api/session/{id}/inbox`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct InboxItem {
@@ -814,6 +828,13 @@ pub enum EventBody {
         id: String,
         usage: Usage,
     },
+    /// The whole output of a call history keeps a preview of was stored (`bytes` long); read it
+    /// from `GET /api/session/{id}/tool-output/{message_id}/{call_id}`.
+    ToolOutput {
+        id: String,
+        call_id: String,
+        bytes: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -980,6 +1001,15 @@ impl From<&model::Stored> for Event {
                 id: id.to_string(),
                 usage: usage.into(),
             },
+            E::ToolOutput {
+                id,
+                call_id,
+                output,
+            } => EventBody::ToolOutput {
+                id: id.to_string(),
+                call_id: call_id.clone(),
+                bytes: output.len() as u64,
+            },
         };
         Event {
             seq: stored.seq.0,
@@ -1137,6 +1167,11 @@ mod tests {
             E::StepUsage {
                 id: MessageId::parse("msg_x").expect("id"),
                 usage: model::Usage::default(),
+            },
+            E::ToolOutput {
+                id: MessageId::parse("msg_x").expect("id"),
+                call_id: "c".into(),
+                output: "whole".into(),
             },
         ]
     }

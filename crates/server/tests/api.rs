@@ -831,6 +831,10 @@ const ROUTES: &[(&str, &str)] = &[
     ("post", "/api/session/{id}/compact"),
     ("get", "/api/session/{id}/messages"),
     ("get", "/api/session/{id}/inbox"),
+    (
+        "get",
+        "/api/session/{id}/tool-output/{message_id}/{call_id}",
+    ),
     ("get", "/api/session/{id}/events"),
 ];
 

@@ -798,7 +798,7 @@ impl Executor for Verbose {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tool_output_is_bounded_with_a_truncation_marker() {
+async fn tool_output_is_bounded_with_a_preview_and_the_whole_reads_back() {
     let mut tools = tools();
     tools.register(Tool::new(
         "verbose",
@@ -827,13 +827,35 @@ async fn tool_output_is_bounded_with_a_truncation_marker() {
         })
         .expect("settled");
     assert!(truncated);
-    assert!(output.ends_with(agenthost_actors::TRUNCATED));
-    assert!(output.len() <= 32 * 1024 + agenthost_actors::TRUNCATED.len());
-    let kept = &output[..output.len() - agenthost_actors::TRUNCATED.len()];
+    let (kept, marker) = output.split_once("\n[…").expect("a marker");
+    let tail = marker.split_once("…]\n").expect("a closed marker").1;
     assert!(
-        kept.chars().all(|c| c == 'é'),
-        "cut on a character boundary"
+        kept.chars().chain(tail.chars()).all(|c| c == 'é'),
+        "cut on character boundaries"
     );
+    assert!(kept.len() + tail.len() <= 32 * 1024);
+    assert!(
+        marker.contains(agenthost_actors::TOOL_OUTPUT_CUT),
+        "{marker}"
+    );
+    // The whole output reads back.
+    let message = h
+        .log(&s)
+        .into_iter()
+        .find_map(|e| match e {
+            Event::ToolSucceeded { id, .. } => Some(id),
+            _ => None,
+        })
+        .expect("settled");
+    let whole = h
+        .runtime
+        .tool_output(&s, &message, "c1")
+        .await
+        .expect("whole output");
+    assert_eq!(whole.output, "é".repeat(20_000));
+    assert!(whole.cut && !whole.failed);
+    let missing = h.runtime.tool_output(&s, &message, "c2").await;
+    assert!(matches!(missing, Err(Error::NotFound(_))), "{missing:?}");
     assert!(matches!(&requests[1].messages[2], Message::Tool(r) if r.output == output));
 }
 
