@@ -66,8 +66,8 @@ pub(crate) async fn compact(d: &Drain, auto: bool) -> Result<Seq> {
     let limit = threshold(model.context_window, model.max_output);
     // What is kept must leave room to grow, or the next step compacts again at once.
     let keep = shared.compaction.keep_tokens.min(limit / 2);
-    let sizes: Vec<u64> = history.messages.iter().map(tokens).collect();
-    let Some(split) = summary::split(&sizes, keep) else {
+    let messages = &history.messages;
+    let Some(split) = summary::split(messages.len(), keep, |i| tokens(&messages[i])) else {
         return Err(Error::NothingToCompact);
     };
     let (older, kept) = history.messages.split_at(split);
@@ -78,7 +78,6 @@ pub(crate) async fn compact(d: &Drain, auto: bool) -> Result<Seq> {
             .map(str::to_owned)
             .or_else(|| history.summary.as_deref().and_then(summary::quoted_request)),
     };
-    let entries: Vec<String> = older.iter().filter_map(summary::entry).collect();
     // The request's own overhead (system, tool definitions) comes off the model's budget; a
     // quarter of the rest stays free for the estimate's error and a reminder round.
     let overhead = prepare(
@@ -106,7 +105,7 @@ pub(crate) async fn compact(d: &Drain, auto: bool) -> Result<Seq> {
     let ask = Ask {
         row: &row,
         previous: history.summary.as_deref(),
-        entries: &entries,
+        older,
         budget,
     };
     let mut spent = llm::Usage::default();
@@ -141,7 +140,7 @@ pub(crate) async fn compact(d: &Drain, auto: bool) -> Result<Seq> {
 struct Ask<'a> {
     row: &'a SessionRow,
     previous: Option<&'a str>,
-    entries: &'a [String],
+    older: &'a [Message],
     /// Bytes the request text may take.
     budget: usize,
 }
@@ -158,7 +157,7 @@ async fn summarize(
     let (mut budget, mut shrinks, mut retries) = (ask.budget, 0, 0);
     let mut reminded: Option<(String, String)> = None;
     loop {
-        let text = summary::request(ask.previous, ask.entries, budget);
+        let text = summary::request(ask.previous, ask.older, budget);
         let mut prepared = prepare(
             Inputs::of(
                 &d.shared,

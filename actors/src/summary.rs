@@ -28,16 +28,16 @@ pub const TOOL_CHARS: usize = 2_000;
 /// Bytes of the quoted latest request kept in a summary.
 const QUOTE_BYTES: usize = 16 * 1024;
 
-/// Where the kept window starts: walking back from the newest message while the kept part stays
-/// within `keep_tokens` (always keeping the newest message), at any message boundary. Tool calls
-/// and their results live in one assistant message, so no boundary separates them. `None` when
-/// nothing older would be left to summarize.
-pub fn split(sizes: &[u64], keep_tokens: u64) -> Option<usize> {
+/// Where the kept window starts among `count` messages whose sizes `size(i)` gives: walking back
+/// from the newest message while the kept part stays within `keep_tokens` (always keeping the
+/// newest message), at any message boundary. Tool calls and their results live in one assistant
+/// message, so no boundary separates them. `None` when nothing older would be left to summarize.
+pub fn split(count: usize, keep_tokens: u64, size: impl Fn(usize) -> u64) -> Option<usize> {
     let mut kept = 0;
-    let mut at = sizes.len();
+    let mut at = count;
     while at > 0 {
-        let size = sizes[at - 1];
-        if at < sizes.len() && kept + size > keep_tokens {
+        let size = size(at - 1);
+        if at < count && kept + size > keep_tokens {
             break;
         }
         kept += size;
@@ -176,9 +176,19 @@ pub fn entry(message: &Message) -> Option<String> {
 }
 
 /// The summary request: the instructions, the previous summary to update (if any) and as much
-/// of the serialized older history as fits in `budget` bytes, newest kept, oldest dropped with a
-/// marker.
-pub fn request(previous: Option<&str>, entries: &[String], budget: usize) -> String {
+/// of `older` serialized as fits in `budget` bytes, newest kept, oldest dropped with a marker.
+/// Only what is sent is serialized.
+pub fn request(previous: Option<&str>, older: &[Message], budget: usize) -> String {
+    fit(previous, older.len(), |i| entry(&older[i]), budget)
+}
+
+/// [`request`] over `count` entries that `entry(i)` serializes (`None`: not sent at all).
+fn fit(
+    previous: Option<&str>,
+    count: usize,
+    entry: impl Fn(usize) -> Option<String>,
+    budget: usize,
+) -> String {
     let mut text = format!(
         "{SUMMARY_REQUEST} Keep every fact it needs to continue the work: the user's goal and \
          constraints, decisions made, what the tools returned that matters, what is done and \
@@ -195,24 +205,36 @@ pub fn request(previous: Option<&str>, entries: &[String], budget: usize) -> Str
     let template = template();
     let room = budget.saturating_sub(text.len() + template.len() + 64);
     // Newest first until the room is spent.
+    let mut sent: Vec<String> = Vec::new();
     let mut used = 0;
-    let mut from = entries.len();
-    while from > 0 && used + entries[from - 1].len() + 2 <= room {
-        used += entries[from - 1].len() + 2;
-        from -= 1;
+    let mut at = count;
+    let mut first = None;
+    while at > 0 {
+        let Some(entry) = entry(at - 1) else {
+            at -= 1;
+            continue;
+        };
+        if used + entry.len() + 2 > room {
+            first = Some(entry);
+            break;
+        }
+        used += entry.len() + 2;
+        sent.push(entry);
+        at -= 1;
     }
     text.push_str("\n<conversation>\n");
-    if from > 0 {
+    if let Some(first) = first {
+        // `at` counts the first one that did not fit too.
         text.push_str(&format!(
-            "[{from} earlier messages omitted: they did not fit this request]\n\n"
+            "[{at} earlier messages omitted: they did not fit this request]\n\n"
         ));
-        if from == entries.len() {
+        if sent.is_empty() {
             // Not even the newest fits whole: its head and tail do.
-            text.push_str(&preview(&entries[from - 1], room.saturating_sub(128)));
+            text.push_str(&preview(&first, room.saturating_sub(128)));
             text.push_str("\n\n");
         }
     }
-    for entry in &entries[from..] {
+    for entry in sent.iter().rev() {
         text.push_str(entry);
         text.push_str("\n\n");
     }
@@ -298,6 +320,7 @@ mod tests {
 
     #[test]
     fn the_kept_window_starts_at_any_boundary_and_keeps_the_newest_message() {
+        let split = |sizes: &[u64], keep| split(sizes.len(), keep, |i| sizes[i]);
         // Newest first: 3 + 3 fit in 6, the next does not.
         assert_eq!(split(&[5, 5, 3, 3], 6), Some(2));
         // The newest alone exceeds the budget: it is kept anyway.
@@ -345,6 +368,14 @@ mod tests {
 
     #[test]
     fn the_request_fits_its_budget_dropping_the_oldest() {
+        let request = |previous: Option<&str>, entries: &[String], budget| {
+            fit(
+                previous,
+                entries.len(),
+                |i| Some(entries[i].clone()),
+                budget,
+            )
+        };
         let entries: Vec<String> = (0..100)
             .map(|i| format!("{i:03}{}", "x".repeat(997)))
             .collect();

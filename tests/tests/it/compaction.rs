@@ -171,6 +171,13 @@ async fn a_long_tool_loop_compacts_inside_the_exchange_and_finishes() {
     assert_eq!(h.count(&s, "compaction_failed"), 0);
     let requests = provider.requests();
     assert_steps_see_their_tools(&requests);
+    // Every summary after the first updates the one before.
+    let summaries: Vec<&Request> = requests.iter().filter(|r| is_summary(r)).collect();
+    assert!(summaries.len() >= 2, "{} compactions", summaries.len());
+    for (n, request) in summaries.iter().enumerate() {
+        let updates = format!("{:?}", request.messages).contains("<previous-summary>");
+        assert_eq!(updates, n > 0, "summary request {n}");
+    }
     // No request the runtime sent outgrew the model.
     for request in &requests {
         assert!(
@@ -295,5 +302,120 @@ async fn a_summary_off_the_template_gets_one_reminder_then_fails_clearly() {
         assert!(summary.contains(&format!("## {section}")), "{summary}");
     }
     // Usage of every summary call, the failed ones included, is in the totals.
+    h.assert_replay_equal();
+}
+
+/// Manual compaction cuts inside a tool loop too, and `generate` then sees the summary and the
+/// kept window, not what was summarized.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manual_compaction_cuts_a_tool_loop_and_generate_sees_the_result() {
+    let provider = agent(None, Arc::default());
+    let h = Harness::over(
+        provider.clone(),
+        |c| {
+            for agent in c.agents.values_mut() {
+                agent.steps = CALLS as u32 + 5;
+            }
+            c.compaction.auto = false;
+            c.compaction.keep_tokens = 4_000;
+        },
+        extensions(),
+    )
+    .await;
+    let s = run(&h).await;
+    assert_eq!(h.count(&s, "compaction_started"), 0);
+    let kept_from = h.runtime.compact(&s).await.expect("compacted");
+    assert!(cut_inside(&h, &s) == 1, "{:?}", h.kinds(&s));
+    let summary = h
+        .log(&s)
+        .iter()
+        .find_map(|e| match e {
+            Event::CompactionEnded { summary, .. } => Some(summary.clone()),
+            _ => None,
+        })
+        .expect("ended");
+    // The prompt is no longer in the kept window: the runtime quoted it.
+    assert!(summary.contains(&format!("> {PROMPT}")), "{summary}");
+    h.runtime.generate(&s, "recap").await.expect("generated");
+    let request = provider.last_request().expect("generate request");
+    let seen = format!("{:?}", request.messages);
+    assert!(seen.contains("reading files one by one"), "the summary");
+    assert!(!seen.contains("\"c0\""), "a summarized call");
+    assert!(seen.contains(&format!("\"c{}\"", CALLS - 1)), "a kept call");
+    assert_eq!(h.row(&s).active_from, kept_from);
+}
+
+/// The summary call follows the step's retry policy (a rate limit waits and retries), a provider
+/// overflow halves the request, and the summary streams live as `summary` deltas.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn summary_calls_retry_shrink_after_an_overflow_and_stream_live() {
+    let answer = |t: String| Script::new().text(t).finish(FinishReason::Stop);
+    let h = Harness::start_with(
+        [
+            answer("a".repeat(20_000)),
+            answer("b".repeat(20_000)),
+            Script::new().error(agenthost_llm::Error::rate_limit(Some(
+                std::time::Duration::from_secs(30),
+            ))),
+            Script::new().error(agenthost_llm::Error::context_overflow("too long")),
+            harness::summary("carry on"),
+        ],
+        |c| {
+            c.compaction.auto = false;
+            c.compaction.keep_tokens = 100;
+            for model in c.models.values_mut() {
+                model.context_window = 8_000;
+                model.max_output = Some(1_000);
+            }
+        },
+        Extensions::default(),
+    )
+    .await;
+    let s = h.session().await;
+    for text in ["first", "second"] {
+        h.admit(&s, text).await;
+        h.runtime.resume(&s).await.expect("answered");
+    }
+    let mut live = h.runtime.subscribe_session(&s);
+    h.runtime.compact(&s).await.expect("compacted");
+    let requests: Vec<Request> = h.provider.requests().into_iter().skip(2).collect();
+    assert_eq!(requests.len(), 3, "refused, overflowed, answered");
+    let text = |r: &Request| match r.messages.last() {
+        Some(Message::User { text, .. }) => text.len(),
+        _ => 0,
+    };
+    assert_eq!(
+        text(&requests[0]),
+        text(&requests[1]),
+        "a retry sends the same"
+    );
+    assert!(
+        text(&requests[2]) < text(&requests[1]),
+        "the overflow halves the request: {} then {}",
+        text(&requests[1]),
+        text(&requests[2])
+    );
+    let compaction = h
+        .log(&s)
+        .iter()
+        .find_map(|e| match e {
+            Event::CompactionEnded { id, .. } => Some(id.clone()),
+            _ => None,
+        })
+        .expect("ended");
+    let mut streamed = String::new();
+    while let Ok(item) = live.try_recv() {
+        if let agenthost_actors::Live::Delta {
+            message,
+            kind: agenthost_actors::DeltaKind::Summary,
+            delta,
+            ..
+        } = &item.1
+        {
+            assert_eq!(message, &compaction);
+            streamed.push_str(delta);
+        }
+    }
+    assert!(streamed.contains("## Objective"), "{streamed:?}");
     h.assert_replay_equal();
 }
