@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use agenthost_model::{Delivery, InterruptReason, MessageId, Prompt, SessionId, SessionRow};
-use agenthost_store::{Admission, NewSession, Receipt, RedbStore, Snapshot, Store};
+use agenthost_store::{Admission, NewSession, Receipt, Snapshot, Store};
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef, RpcReplyPort};
 use tokio::sync::{Semaphore, broadcast};
@@ -133,10 +133,9 @@ impl Runtime {
                 }
             }
         }));
-        let store = tokio::task::spawn_blocking(move || RedbStore::open(store_config))
+        let store = tokio::task::spawn_blocking(move || agenthost_store::open(store_config))
             .await
             .map_err(|e| Error::Storage(e.to_string()))??;
-        let store: Arc<dyn Store> = Arc::new(store);
         let history_budget = crate::history_cache::Budget::new(config.limits.history_cache);
         let shared = Arc::new(Shared {
             store,

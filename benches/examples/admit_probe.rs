@@ -54,8 +54,8 @@ fn main() {
     let fold_stats = |store: &RedbStore| {
         let stats = store.stats();
         (
-            stats.folds.load(Ordering::Relaxed),
-            stats.fold_micros.load(Ordering::Relaxed),
+            stats.maintenance_runs.load(Ordering::Relaxed),
+            stats.maintenance_micros.load(Ordering::Relaxed),
         )
     };
     for round in 0..rounds {

@@ -1,18 +1,22 @@
-//! `agenthost inspect`: an offline look into a store. Without a session it lists every session,
-//! newest first; with one it dumps its row, messages, pending inputs and event log (events as
-//! the API's JSON). Either way it then verifies the store: the projections must equal a replay
-//! of every event log through the model's projector (`Projections::replay`).
+//! `agenthost inspect`: an offline, read-only look into a store. Without a session it lists every
+//! session, newest first; with one it dumps its row, messages, pending inputs and event log
+//! (events as the API's JSON). Either way it then verifies the store session by session: each
+//! log must be gap-free and replay through the model's projector into exactly what is stored
+//! (`agenthost_store::verify`). `--verify` only verifies; `--json` prints one JSON document.
 //!
-//! Offline means the server must not be running on the same data directory (redb takes a lock
-//! on the file); inspect never creates a store.
+//! The store is opened read-only and never changed: not upgraded, folded or recovered. A store
+//! a crash left needing recovery is inspected through a recovered copy in a temporary
+//! directory. Exit codes: 0 verified, 3 the verification failed, 2 a usage error (no store, an
+//! unknown session), 1 the store cannot be read (a server holds it, another format, damage).
 
 use std::path::PathBuf;
 
-use agenthost_model::{Projections, Seq, SessionId};
+use agenthost_model::{Seq, SessionId};
 use agenthost_server::wire;
-use agenthost_store::{RedbStore, Snapshot, Store};
+use agenthost_store::{ReadOnlyStore, Snapshot, Verified};
 use anyhow::{Context, anyhow};
 use clap::Parser;
+use serde_json::{Value, json};
 
 use crate::{Classify, Failure};
 
@@ -21,6 +25,12 @@ pub struct Args {
     /// The data directory holding `store.redb`.
     #[arg(long, default_value = crate::config::DEFAULT_DATA_DIR)]
     data_dir: PathBuf,
+    /// Only verify: one line (or one JSON object) and the exit code.
+    #[arg(long)]
+    verify: bool,
+    /// Print one JSON document instead of text.
+    #[arg(long)]
+    json: bool,
     /// A session to dump (`ses_…`).
     session: Option<String>,
 }
@@ -39,57 +49,102 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         .map(SessionId::parse)
         .transpose()
         .usage()?;
-    let store = RedbStore::open(agenthost_store::Config::new(&path))
-        .with_context(|| {
-            format!(
-                "cannot open {} (a server running on this data directory holds it)",
-                path.display()
-            )
-        })
-        .runtime()?;
-    let result = tokio::task::spawn_blocking(move || {
-        let out = report(&store, session.as_ref());
-        store.close();
-        out
-    })
-    .await
-    .context("inspect panicked")
-    .runtime()?;
-    let (text, verified) = result?;
+    let (text, verified) = tokio::task::spawn_blocking(move || inspect(&path, &args, session))
+        .await
+        .context("inspect panicked")
+        .runtime()??;
     print!("{text}");
-    verified.map_err(Failure::Check)
+    match verified.ok() {
+        true => Ok(()),
+        false => Err(Failure::Check(anyhow!(
+            "the store does not verify: {}",
+            verified.differences.join("; ")
+        ))),
+    }
 }
 
-/// The report, and the verification's verdict.
-fn report(
-    store: &RedbStore,
-    session: Option<&SessionId>,
-) -> Result<(String, Result<(), anyhow::Error>), Failure> {
+/// Opens the store read-only (through a recovered copy if a crash left it needing recovery),
+/// renders what was asked, and verifies.
+fn inspect(
+    path: &std::path::Path,
+    args: &Args,
+    session: Option<SessionId>,
+) -> Result<(String, Verified), Failure> {
+    let scratch;
+    let (store, recovered) = match ReadOnlyStore::open(path) {
+        Ok(store) => (store, false),
+        Err(agenthost_store::Error::NeedsRecovery) => {
+            scratch = tempfile::tempdir()
+                .context("cannot make a scratch directory")
+                .runtime()?;
+            let store = ReadOnlyStore::open_recovered_copy(path, scratch.path())
+                .with_context(|| format!("cannot recover a copy of {}", path.display()))
+                .runtime()?;
+            (store, true)
+        }
+        Err(e) => {
+            return Err(Failure::Runtime(
+                anyhow::Error::new(e).context(format!("cannot open {}", path.display())),
+            ));
+        }
+    };
     let snap = store.snapshot().runtime()?;
+    let mut doc = serde_json::Map::new();
     let mut out = String::new();
-    match session {
-        None => list(&*snap, &mut out)?,
-        Some(id) => dump(&*snap, id, &mut out)?,
+    if recovered {
+        out.push_str(
+            "note: the store was not closed cleanly; this is a recovered copy (the file itself \
+             was not changed)\n",
+        );
     }
-    let verdict = verify(&*snap).runtime()?;
-    match &verdict {
-        Ok(summary) => out.push_str(&format!("verified: {summary}\n")),
-        Err(e) => out.push_str(&format!("VERIFICATION FAILED: {e:#}\n")),
+    doc.insert("recovered_copy".into(), json!(recovered));
+    if !args.verify {
+        match &session {
+            None => list(&*snap, &mut out, &mut doc)?,
+            Some(id) => dump(&*snap, id, &mut out, &mut doc)?,
+        }
     }
-    Ok((out, verdict.map(|_| ())))
+    let verified = agenthost_store::verify(&*snap).runtime()?;
+    match verified.ok() {
+        true => out.push_str(&format!(
+            "verified: projections equal a replay of {} sessions and {} events\n",
+            verified.sessions, verified.events
+        )),
+        false => out.push_str(&format!(
+            "VERIFICATION FAILED: {}\n",
+            verified.differences.join("; ")
+        )),
+    }
+    doc.insert(
+        "verification".into(),
+        json!({
+            "ok": verified.ok(),
+            "sessions": verified.sessions,
+            "events": verified.events,
+            "differences": verified.differences,
+        }),
+    );
+    if args.json {
+        out = format!("{}\n", Value::Object(doc));
+    }
+    Ok((out, verified))
 }
 
-fn list(snap: &dyn Snapshot, out: &mut String) -> Result<(), Failure> {
+fn list(
+    snap: &dyn Snapshot,
+    out: &mut String,
+    doc: &mut serde_json::Map<String, Value>,
+) -> Result<(), Failure> {
     out.push_str(&format!(
         "{:<32} {:<12} {:>8} {:>7} {:>7} {:>10} {:>10}  {}\n",
         "session", "agent", "last_seq", "pending", "claimed", "input", "output", "halted"
     ));
     let mut cursor = None;
-    let mut count = 0;
+    let mut sessions = Vec::new();
     loop {
         let page = snap.sessions(cursor.clone(), 500).runtime()?;
         for row in &page {
-            count += 1;
+            sessions.push(json_value(&wire::Session::from_row(row, false)));
             out.push_str(&format!(
                 "{:<32} {:<12} {:>8} {:>7} {:>7} {:>10} {:>10}  {}\n",
                 row.id.to_string(),
@@ -107,90 +162,62 @@ fn list(snap: &dyn Snapshot, out: &mut String) -> Result<(), Failure> {
             _ => break,
         }
     }
-    out.push_str(&format!("{count} sessions\n"));
+    out.push_str(&format!("{} sessions\n", sessions.len()));
+    doc.insert("sessions".into(), Value::Array(sessions));
     Ok(())
 }
 
-fn dump(snap: &dyn Snapshot, id: &SessionId, out: &mut String) -> Result<(), Failure> {
+fn dump(
+    snap: &dyn Snapshot,
+    id: &SessionId,
+    out: &mut String,
+    doc: &mut serde_json::Map<String, Value>,
+) -> Result<(), Failure> {
     let row = snap
         .session(id)
         .runtime()?
         .ok_or_else(|| Failure::Usage(anyhow!("no session {id} in this store")))?;
-    out.push_str("session:\n");
-    out.push_str(&format!(
-        "  {}\n",
-        json(&wire::Session::from_row(&row, false))
-    ));
+    let session = json_value(&wire::Session::from_row(&row, false));
+    out.push_str(&format!("session:\n  {session}\n"));
+    doc.insert("session".into(), session);
+    let messages: Vec<Value> = snap
+        .messages(id, Seq::ZERO, usize::MAX)
+        .runtime()?
+        .iter()
+        .map(|m| json_value(&wire::Message::from(m)))
+        .collect();
     out.push_str("messages:\n");
-    for m in snap.messages(id, Seq::ZERO, usize::MAX).runtime()? {
-        out.push_str(&format!("  {}\n", json(&wire::Message::from(&m))));
+    for m in &messages {
+        out.push_str(&format!("  {m}\n"));
     }
+    doc.insert("messages".into(), Value::Array(messages));
+    let pending: Vec<Value> = snap
+        .pending(id)
+        .runtime()?
+        .iter()
+        .map(|p| json_value(&wire::InboxItem::from(p)))
+        .collect();
     out.push_str("pending:\n");
-    for p in snap.pending(id).runtime()? {
-        out.push_str(&format!("  {}\n", json(&wire::InboxItem::from(&p))));
+    for p in &pending {
+        out.push_str(&format!("  {p}\n"));
     }
+    doc.insert("pending".into(), Value::Array(pending));
     out.push_str("events:\n");
+    let mut events = Vec::new();
     for e in snap.events(id, Seq::ZERO, usize::MAX).runtime()? {
+        let value = json_value(&wire::Event::from(&e));
         out.push_str(&format!(
-            "  {:>6}  {:<22} {}\n",
+            "  {:>6}  {:<22} {value}\n",
             e.seq.0,
-            e.event.kind(),
-            json(&wire::Event::from(&e))
+            e.event.kind()
         ));
+        events.push(value);
     }
+    doc.insert("events".into(), Value::Array(events));
     Ok(())
 }
 
-/// Replays every log and compares with the stored projections.
-fn verify(snap: &dyn Snapshot) -> Result<Result<String, anyhow::Error>, agenthost_store::Error> {
-    let logs = snap.logs()?;
-    let stored = snap.projections()?;
-    let events: usize = logs.values().map(Vec::len).sum();
-    let replayed = match Projections::replay(logs.iter().map(|(id, log)| (id, log.as_slice()))) {
-        Ok(p) => p,
-        Err(v) => return Ok(Err(anyhow!("the event log does not replay: {v}"))),
-    };
-    if replayed == stored {
-        return Ok(Ok(format!(
-            "projections equal a replay of {} sessions and {events} events",
-            logs.len()
-        )));
-    }
-    let mut differences = Vec::new();
-    let mut diff = |what: &str, a: usize, b: usize| {
-        if a != b {
-            differences.push(format!("{what}: {a} stored, {b} replayed"));
-        }
-    };
-    diff("sessions", stored.sessions.len(), replayed.sessions.len());
-    diff("messages", stored.messages.len(), replayed.messages.len());
-    diff("inbox rows", stored.inbox.len(), replayed.inbox.len());
-    diff("index entries", stored.index.len(), replayed.index.len());
-    diff(
-        "instruction states",
-        stored.instructions.len(),
-        replayed.instructions.len(),
-    );
-    for (id, row) in &stored.sessions {
-        if replayed.sessions.get(id) != Some(row) {
-            differences.push(format!("session row {id} differs"));
-        }
-    }
-    for (key, message) in &stored.messages {
-        if replayed.messages.get(key) != Some(message) {
-            differences.push(format!("message {} of {} differs", key.1, key.0));
-        }
-    }
-    if differences.is_empty() {
-        differences.push("index, inbox or instruction rows differ".into());
-    }
-    Ok(Err(anyhow!(
-        "projections differ from a replay: {}",
-        differences.join("; ")
-    )))
-}
-
-/// A wire value as one JSON line.
-fn json<T: serde::Serialize>(value: &T) -> String {
-    serde_json::to_string(value).unwrap_or_else(|e| format!("<unrenderable: {e}>"))
+/// A wire value as JSON.
+fn json_value<T: serde::Serialize>(value: &T) -> Value {
+    serde_json::to_value(value).unwrap_or_else(|e| json!(format!("<unrenderable: {e}>")))
 }

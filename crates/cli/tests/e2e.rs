@@ -1015,3 +1015,62 @@ async fn a_large_tool_output_is_previewed_in_history_and_read_back_whole_after_a
         .await;
     assert_eq!(status, 400);
 }
+
+/// `inspect` opens the store read-only: it refuses a store a running server holds (saying so),
+/// inspects a store a SIGKILL left needing recovery through a recovered copy without changing a
+/// byte of it, and `--verify --json` gives scripts one object and an exit code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_is_read_only_and_scriptable() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let data = d.join("data");
+    let data = data.to_str().expect("utf-8 path").to_owned();
+    let mut server = Proc::spawn(
+        "serve-inspected",
+        d,
+        &["serve", "--data-dir", &data, "--bind", "127.0.0.1:0"],
+    );
+    let http = Http::new(&server.url());
+    let s = http.session("default").await;
+    http.post(
+        &format!("/api/session/{s}/prompt"),
+        Some(json!({"text": "hello"})),
+    )
+    .await;
+    let idle = http
+        .post(&format!("/api/session/{s}/wait?timeout_ms=30000"), None)
+        .await;
+    assert_eq!(idle["data"]["idle"], true, "{idle}");
+
+    let (status, out, err) = run(&["inspect", "--data-dir", &data]);
+    assert_eq!(status.code(), Some(1), "{out}\n{err}");
+    assert!(err.contains("open in another process"), "{err}");
+
+    server.sigkill();
+    let file = Path::new(&data).join("store.redb");
+    let before = std::fs::read(&file).expect("store bytes");
+    let (status, out, err) = run(&["inspect", "--data-dir", &data, &s]);
+    assert_eq!(status.code(), Some(0), "{out}\n{err}");
+    assert!(out.contains("recovered copy"), "{out}");
+    assert!(
+        out.contains("verified: projections equal a replay of 1 sessions"),
+        "{out}"
+    );
+    assert!(out.contains("execution_succeeded"), "{out}");
+    let (status, out, err) = run(&["inspect", "--data-dir", &data, "--verify", "--json"]);
+    assert_eq!(status.code(), Some(0), "{out}\n{err}");
+    let report: Value = serde_json::from_str(out.trim()).expect("one JSON document");
+    assert_eq!(report["verification"]["ok"], true, "{report}");
+    assert_eq!(report["verification"]["sessions"], 1);
+    assert_eq!(report["recovered_copy"], true);
+    assert!(report.get("sessions").is_none(), "--verify lists nothing");
+    assert!(
+        std::fs::read(&file).expect("store bytes") == before,
+        "inspect changed the store file"
+    );
+    let (status, out, _) = run(&["inspect", "--data-dir", &data, "--json", &s]);
+    assert_eq!(status.code(), Some(0));
+    let report: Value = serde_json::from_str(out.trim()).expect("one JSON document");
+    assert_eq!(report["session"]["id"], s.as_str(), "{report}");
+    assert!(report["events"].as_array().is_some_and(|e| e.len() > 3));
+}

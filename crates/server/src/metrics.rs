@@ -3,9 +3,8 @@
 //! Sources:
 //! - the runtime: live session actors, sessions with a drain in progress, drains, steps, actor
 //!   restarts and recovered sessions ([`agenthost_actors::Metrics`]);
-//! - the store writer: commits, operations, failed commits, the batch-size histogram, and the
-//!   folds of the front of the log (count, rows, time)
-//!   ([`agenthost_store::Stats`]);
+//! - the store: commits, operations, failed commits, the batch-size histogram, commit time and
+//!   the backend's maintenance inside commits (count, rows, time) ([`agenthost_store::Stats`]);
 //! - a listener on the runtime's bus, started with the [`crate::Api`]: durable events by kind;
 //! - the providers, when wrapped in [`Timed`]: requests, errors, time to the first event and
 //!   to the end of the stream.
@@ -140,23 +139,23 @@ pub(crate) async fn render(State(shared): State<Arc<Shared>>) -> Response {
         stats.failed_commits.load(Ordering::Relaxed),
     );
     out.counter(
-        "agenthost_store_folds_total",
-        "Folds of the front of the event log into the per-session tables.",
-        stats.folds.load(Ordering::Relaxed),
+        "agenthost_store_maintenance_total",
+        "Maintenance runs inside commits (the embedded store's folds of its log front).",
+        stats.maintenance_runs.load(Ordering::Relaxed),
     );
     out.counter(
-        "agenthost_store_folded_rows_total",
-        "Rows moved by folds.",
-        stats.folded_rows.load(Ordering::Relaxed),
+        "agenthost_store_maintenance_rows_total",
+        "Rows moved by maintenance.",
+        stats.maintenance_rows.load(Ordering::Relaxed),
     );
     out.counter_f64(
-        "agenthost_store_fold_seconds_total",
-        "Time folds took inside their transactions.",
-        stats.fold_micros.load(Ordering::Relaxed) as f64 / 1e6,
+        "agenthost_store_maintenance_seconds_total",
+        "Time maintenance took inside commits.",
+        stats.maintenance_micros.load(Ordering::Relaxed) as f64 / 1e6,
     );
     out.counter_f64(
         "agenthost_store_commit_seconds_total",
-        "Time spent in redb's commit: page writes and the fsync.",
+        "Time spent committing: page writes and the fsync.",
         stats.commit_micros.load(Ordering::Relaxed) as f64 / 1e6,
     );
     // Bucket i holds batches of 2^i ..= 2^(i+1)-1 operations; the last is open-ended.

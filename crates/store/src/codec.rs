@@ -15,14 +15,12 @@ use serde::de::DeserializeOwned;
 
 use crate::error::{Error, Result};
 
-/// The store format this build writes. Version 2 added the front tables of the event log and
-/// the inbox (`tiers`); version 3 keeps each session's row and inbox in one record (`record`)
-/// and replaced the inbox tables and the recovery sets (`upgrade`). Every other record is
-/// encoded as in version 1.
+/// The store format this build reads and writes: the first that shipped (versions 1 and 2 never
+/// did). A later format adds its upgrade from this one, and its own golden file.
 pub const FORMAT_VERSION: u16 = 3;
 
-/// The oldest format this build opens: opening an older store upgrades it in place.
-pub const OLDEST_READABLE: u16 = 1;
+/// The oldest format this build opens.
+pub const OLDEST_READABLE: u16 = FORMAT_VERSION;
 
 /// The largest record decoded; larger length prefixes are treated as corruption.
 pub const MAX_RECORD: usize = 64 * 1024 * 1024;

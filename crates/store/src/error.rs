@@ -26,6 +26,14 @@ pub enum Error {
     Storage(String),
     #[error("the store is closed")]
     Closed,
+    /// Another process has the store open for writing (a server running on it, say).
+    #[error("the store is open in another process (is a server running on this data directory?)")]
+    Locked,
+    /// A crash left the store needing recovery, which only a writer may run.
+    #[error(
+        "the store was not closed cleanly and needs recovery (the next `agenthost serve` runs it)"
+    )]
+    NeedsRecovery,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

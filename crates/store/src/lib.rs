@@ -12,15 +12,16 @@
 //! Main types: [`Store`], [`RedbStore`], [`Config`], [`Snapshot`], [`Action`], [`Admission`], [`Receipt`],
 //! [`NewSession`], [`Error`].
 
-pub mod codec;
+mod codec;
 mod error;
 mod ops;
+mod readonly;
 mod record;
 mod rows;
 mod snapshot;
-pub mod tables;
+mod tables;
 mod tiers;
-mod upgrade;
+mod verify;
 mod writer;
 
 use std::fmt;
@@ -37,12 +38,14 @@ use futures::future::BoxFuture;
 use redb::{Database, ReadableDatabase as _, ReadableTable as _};
 use tokio::sync::oneshot;
 
+pub use codec::FORMAT_VERSION;
 pub use error::{Error, Result};
 pub use ops::{Action, Admission, NewSession, Receipt};
+pub use readonly::ReadOnlyStore;
 pub use snapshot::Snapshot;
+pub use verify::{Verified, verify};
 pub use writer::{BUCKETS, Clock, CommitHook, Stats};
 
-use crate::codec::FORMAT_VERSION;
 use crate::error::storage;
 use crate::ops::{Op, Outcome};
 use crate::writer::{Committer, Inbox, Msg, Planner, Request};
@@ -84,11 +87,14 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     fn snapshot(&self) -> Result<Box<dyn Snapshot>>;
     /// Writer counters (commits, operations, batch sizes).
     fn stats(&self) -> &Stats;
-    /// The largest prompt admitted, in bytes.
-    fn prompt_limit(&self) -> usize;
     /// Stops accepting writes, returns once everything already submitted is durable, and
     /// releases the storage. Later operations fail with [`Error::Closed`].
     fn close(&self);
+}
+
+/// Opens the embedded store `config` describes, creating it when missing.
+pub fn open(config: Config) -> Result<Arc<dyn Store>> {
+    Ok(Arc::new(RedbStore::open(config)?))
 }
 
 /// How to open a [`RedbStore`].
@@ -281,6 +287,24 @@ impl RedbStore {
     }
 }
 
+impl RedbStore {
+    /// The largest prompt admitted, in bytes.
+    pub fn prompt_limit(&self) -> usize {
+        self.prompt_limit
+    }
+
+    pub(crate) fn redb_snapshot(&self) -> Result<snapshot::RedbSnapshot> {
+        let db = self
+            .db
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or(Error::Closed)?;
+        let txn = db.begin_read().map_err(storage)?;
+        Ok(snapshot::RedbSnapshot { txn })
+    }
+}
+
 impl Drop for RedbStore {
     fn drop(&mut self) {
         self.close_writer();
@@ -317,12 +341,7 @@ fn init(db: &Database) -> Result<()> {
                     supported: FORMAT_VERSION,
                 });
             }
-            if found < 3 {
-                upgrade::into_records(&txn)?;
-            }
         }
-        // A version-1 store has no front table of the log; creating it (below) is all that
-        // upgrade takes. From here on only this version or a later one may open the file.
         meta.insert(tables::FORMAT_KEY, FORMAT_VERSION.to_le_bytes().as_slice())
             .map_err(storage)?;
         // Start with an empty front: what a previous process left there is folded now, so the
@@ -373,22 +392,11 @@ impl Store for RedbStore {
     }
 
     fn snapshot(&self) -> Result<Box<dyn Snapshot>> {
-        let db = self
-            .db
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-            .ok_or(Error::Closed)?;
-        let txn = db.begin_read().map_err(storage)?;
-        Ok(Box::new(snapshot::RedbSnapshot { txn }))
+        Ok(Box::new(self.redb_snapshot()?))
     }
 
     fn stats(&self) -> &Stats {
         &self.stats
-    }
-
-    fn prompt_limit(&self) -> usize {
-        self.prompt_limit
     }
 
     fn close(&self) {

@@ -2,12 +2,10 @@
 //! however long it is held; redb's MVCC means it never blocks the writer and the writer never
 //! blocks it.
 
-use std::collections::BTreeMap;
-
 use agenthost_model::history::{self, History, Mode};
 use agenthost_model::{
-    InboxRow, IndexEntry, InstructionState, Message, MessageId, Projections, Seq, SessionId,
-    SessionRow, Stored, Timestamp,
+    InboxRow, IndexEntry, InstructionState, Message, MessageId, Seq, SessionId, SessionRow, Stored,
+    Timestamp,
 };
 use redb::{ReadTransaction, ReadableTable};
 use serde::de::DeserializeOwned;
@@ -42,10 +40,6 @@ pub trait Snapshot: Send {
     fn claimed(&self) -> Result<Vec<SessionId>>;
     /// Sessions with pending input.
     fn with_pending(&self) -> Result<Vec<SessionId>>;
-    /// Every projection row, for verification against a replay.
-    fn projections(&self) -> Result<Projections>;
-    /// Every session's whole log.
-    fn logs(&self) -> Result<BTreeMap<SessionId, Vec<Stored>>>;
 
     /// The session with its active history: reads only from the latest compaction on, so the
     /// cost follows the active history, not the log.
@@ -94,6 +88,7 @@ impl RedbSnapshot {
     }
 
     /// Every row of a two-tier table.
+    #[cfg(test)]
     fn all_tiers<T: DeserializeOwned>(
         &self,
         tiered: Tiered,
@@ -151,6 +146,7 @@ impl RedbSnapshot {
         Ok(out)
     }
 
+    #[cfg(test)]
     fn all<K: redb::Key + 'static, T: DeserializeOwned>(
         &self,
         table: redb::TableDefinition<'_, K, &[u8]>,
@@ -254,9 +250,13 @@ impl Snapshot for RedbSnapshot {
     fn with_pending(&self) -> Result<Vec<SessionId>> {
         self.working(|row| row.pending > 0)
     }
+}
 
-    fn projections(&self) -> Result<Projections> {
-        let mut p = Projections::default();
+#[cfg(test)]
+impl RedbSnapshot {
+    /// Every projection row of the whole store, for its own tests.
+    pub(crate) fn projections(&self) -> Result<agenthost_model::Projections> {
+        let mut p = agenthost_model::Projections::default();
         let mut inboxes = Vec::new();
         self.all(SESSIONS, "session record", |_, record: SessionRecord| {
             if !record.inbox.is_empty() {
@@ -293,8 +293,9 @@ impl Snapshot for RedbSnapshot {
         Ok(p)
     }
 
-    fn logs(&self) -> Result<BTreeMap<SessionId, Vec<Stored>>> {
-        let mut logs: BTreeMap<SessionId, Vec<Stored>> = BTreeMap::new();
+    /// Every session's whole log, for the store's own tests.
+    pub(crate) fn logs(&self) -> Result<std::collections::BTreeMap<SessionId, Vec<Stored>>> {
+        let mut logs: std::collections::BTreeMap<SessionId, Vec<Stored>> = Default::default();
         self.all_tiers(EVENT_TIERS, |s, _, stored: Stored| {
             logs.entry(s).or_default().push(stored);
         })?;

@@ -149,6 +149,7 @@ pub(crate) fn find(
 
 /// Calls `each` with every record of both tiers: the base in key order, then the front
 /// generation by generation, so each session's records come in seq order.
+#[cfg(test)]
 pub(crate) fn for_all(
     base: &impl ReadableTable<BaseKey, Bytes>,
     front: &impl ReadableTable<FrontKey, Bytes>,

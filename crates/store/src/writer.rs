@@ -91,13 +91,12 @@ pub struct Stats {
     pub failed_commits: AtomicU64,
     /// Histogram of operations per commit by power of two.
     pub batch_sizes: [AtomicU64; BUCKETS],
-    /// Folds of the front of the log into the per-session tables, the rows they moved, and the
-    /// time they took inside their transactions, in microseconds.
-    pub folds: AtomicU64,
-    pub folded_rows: AtomicU64,
-    pub fold_micros: AtomicU64,
-    /// Time the commit thread spent in redb's commit (page writes and the fsync), in
-    /// microseconds.
+    /// Background work a backend does inside its commits (the embedded store folds the front
+    /// of its log into per-session tables): runs, rows moved, and time in microseconds.
+    pub maintenance_runs: AtomicU64,
+    pub maintenance_rows: AtomicU64,
+    pub maintenance_micros: AtomicU64,
+    /// Time spent committing (page writes and the fsync), in microseconds.
     pub commit_micros: AtomicU64,
 }
 
@@ -527,12 +526,12 @@ impl Committer {
         }
         writes.apply(&txn)?;
         if let Some((rows, took)) = folded {
-            self.stats.folds.fetch_add(1, Ordering::Relaxed);
+            self.stats.maintenance_runs.fetch_add(1, Ordering::Relaxed);
             self.stats
-                .folded_rows
+                .maintenance_rows
                 .fetch_add(rows as u64, Ordering::Relaxed);
             self.stats
-                .fold_micros
+                .maintenance_micros
                 .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
         }
         // The planner may hand over the next batch while this one syncs.

@@ -305,12 +305,8 @@ fn check(dir: &Path, stop: Stop) {
     for (key, n) in Journal::starts(&dir.join("charge")) {
         assert_eq!(n, 1, "the charge {key} ran {n} times; {}", context());
     }
-    let projections = snap.projections().expect("rows");
-    let logs = snap.logs().expect("logs");
-    let replayed =
-        agenthost_model::Projections::replay(logs.iter().map(|(s, l)| (s, l.as_slice())))
-            .expect("replay");
-    assert_eq!(projections, replayed, "{}", context());
+    let verified = agenthost_store::verify(&*snap).expect("readable");
+    assert!(verified.ok(), "{:?}; {}", verified.differences, context());
     store.close();
 }
 

@@ -64,12 +64,22 @@ async fn setup(scripts: Vec<Script>) -> Setup {
     Setup { h, counter, tagger }
 }
 
-fn contents(h: &Harness) -> (agenthost_model::Projections, String) {
+/// Everything the store holds for every session, as read through the snapshot.
+fn contents(h: &Harness) -> String {
     let snap = h.runtime.snapshot().expect("snapshot");
-    (
-        snap.projections().expect("rows"),
-        format!("{:?}", snap.logs().expect("logs")),
-    )
+    let mut out = String::new();
+    for row in snap.sessions(None, usize::MAX).expect("sessions") {
+        let s = &row.id;
+        let all = agenthost_model::Seq::ZERO;
+        out.push_str(&format!(
+            "{row:?}\n{:?}\n{:?}\n{:?}\n{:?}\n",
+            snap.messages(s, all, usize::MAX).expect("messages"),
+            snap.pending(s).expect("pending"),
+            snap.instructions(s).expect("instructions"),
+            snap.events(s, all, usize::MAX).expect("events"),
+        ));
+    }
+    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

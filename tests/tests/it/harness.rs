@@ -141,11 +141,8 @@ impl Harness {
     /// Checks that projections equal a replay of the log.
     pub fn assert_replay_equal(&self) {
         let snap = self.runtime.snapshot().expect("snapshot");
-        let logs = snap.logs().expect("logs");
-        let replayed =
-            agenthost_model::Projections::replay(logs.iter().map(|(s, l)| (s, l.as_slice())))
-                .expect("replays");
-        assert_eq!(snap.projections().expect("projections"), replayed);
+        let verified = agenthost_store::verify(&*snap).expect("readable");
+        assert!(verified.ok(), "{:#?}", verified.differences);
     }
 }
 

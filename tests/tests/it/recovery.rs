@@ -292,7 +292,7 @@ fn sessions_resume_after_sigkill_without_repeating_tools() {
         .filter_map(|l| l.strip_prefix("end "))
         .collect();
     let store = RedbStore::open(StoreConfig::new(dir.path().join("store.redb"))).expect("reopen");
-    let projections = store.snapshot().expect("snap").projections().expect("rows");
+    let snap = store.snapshot().expect("snap");
     for key in starts.keys().filter(|k| !ended.contains(k.as_str())) {
         let mut parts = key.splitn(3, '/');
         let (s, m, call) = (
@@ -300,11 +300,13 @@ fn sessions_resume_after_sigkill_without_repeating_tools() {
             parts.next().expect("m"),
             parts.next().expect("c"),
         );
-        let state = projections
-            .messages
-            .iter()
-            .find_map(|((session, _), message)| match message {
-                Message::Assistant(a) if session.as_str() == s && a.id.as_str() == m => {
+        let session = SessionId::parse(s).expect("session id");
+        let state = snap
+            .messages(&session, agenthost_model::Seq::ZERO, usize::MAX)
+            .expect("messages")
+            .into_iter()
+            .find_map(|message| match message {
+                Message::Assistant(a) if a.id.as_str() == m => {
                     a.tool(call).map(|t| t.state.clone())
                 }
                 _ => None,
@@ -318,11 +320,8 @@ fn sessions_resume_after_sigkill_without_repeating_tools() {
             "{key}"
         );
     }
-    let logs = store.snapshot().expect("snap").logs().expect("logs");
-    let replayed =
-        agenthost_model::Projections::replay(logs.iter().map(|(s, l)| (s, l.as_slice())))
-            .expect("replay");
-    assert_eq!(projections, replayed);
+    let verified = agenthost_store::verify(&*snap).expect("readable");
+    assert!(verified.ok(), "{:#?}", verified.differences);
 }
 
 /// Opens the store at `path` with session `s` of `agent` created.

@@ -527,8 +527,18 @@ async fn write_runs_its_actions_in_one_transaction() {
     // The test store folds every few rows: these writes went through folds, and were read back
     // across them.
     let stats = store.stats();
-    assert!(stats.folds.load(std::sync::atomic::Ordering::Relaxed) > 0);
-    assert!(stats.folded_rows.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    assert!(
+        stats
+            .maintenance_runs
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    );
+    assert!(
+        stats
+            .maintenance_rows
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    );
 }
 
 #[tokio::test]

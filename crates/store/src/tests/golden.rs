@@ -19,7 +19,7 @@ fn testdata(name: &str) -> PathBuf {
 }
 
 /// A session that touches every table and most event kinds.
-async fn scenario(store: &RedbStore) {
+pub(super) async fn scenario(store: &RedbStore) {
     let s = sid("golden");
     store
         .create_session(new_session(&s))
@@ -110,7 +110,7 @@ async fn scenario(store: &RedbStore) {
     store.append(s, events).await.expect("appended");
 }
 
-fn render(store: &dyn Store) -> String {
+fn render(store: &RedbStore) -> String {
     let (projections, logs) = contents(store);
     format!("{projections:#?}\n{logs}\n")
 }
@@ -148,7 +148,7 @@ async fn golden_store_opens_with_identical_content() {
         assert_eq!(snap.with_pending().expect("pending"), [sid("golden")]);
         assert_eq!(snap.claimed().expect("claimed"), []);
         drop(snap);
-        // Opening upgraded it: a build of that version would now refuse the file.
+        // Opening it kept its version.
         store.close();
         drop(store);
         let db = redb::Database::create(dir.path().join("store.redb")).expect("raw open");

@@ -84,14 +84,14 @@ async fn a_failed_commit_fails_its_batch_and_the_planner_starts_over() {
     assert_answers_hold(&store, &before);
     assert_answers_hold(&store, &during);
     // Seqs stay gap-free: nothing was planned on seqs the failed batch had taken.
-    assert_replay_equal(&*store);
+    assert_replay_equal(&store);
 
     let after = admit_all(&store, &sessions, 5, "c").await;
     assert!(after.iter().all(|(_, _, r)| r.is_ok()));
     assert_answers_hold(&store, &after);
-    assert_replay_equal(&*store);
+    assert_replay_equal(&store);
 
-    let kept = contents(&*store);
+    let kept = contents(&store);
     store.close();
     let reopened = open(dir.path());
     assert_eq!(
@@ -139,9 +139,9 @@ async fn retries_and_promotions_see_the_batches_still_being_committed() {
         for promoted in promotions.join_all().await {
             promoted.expect("promoted");
         }
-        assert_replay_equal(&*store);
+        assert_replay_equal(&store);
     }
-    let kept = contents(&*store);
+    let kept = contents(&store);
     store.close();
     assert_eq!(contents(&open(dir.path())), kept);
 }
