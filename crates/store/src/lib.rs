@@ -1,7 +1,7 @@
 //! The agenthost store: the durable event log of every session, its projections, and the
 //! group-commit writer, on redb.
 //!
-//! It owns the on-disk format ([`codec`], [`tables`]) and nothing above it sees a redb type:
+//! It owns the on-disk format (`codec`, `tables`) and nothing above it sees a redb type:
 //! callers use the [`Store`] trait, whose every write is one whole transaction (create a session,
 //! admit a prompt, promote inputs, append events), and [`Snapshot`] for consistent reads. Events
 //! are applied through `agenthost_model::apply`, the same projector replay uses.
@@ -13,6 +13,8 @@
 //! [`NewSession`], [`Error`].
 
 mod codec;
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
 mod error;
 mod ops;
 mod readonly;
@@ -51,10 +53,23 @@ use crate::ops::{Op, Outcome};
 use crate::writer::{Committer, Inbox, Msg, Planner, Request};
 
 /// Every durable operation of agenthost, each one whole transaction. redb is the
-/// embedded backend; a second backend implements this trait without touching callers.
+/// embedded backend; a second backend implements this trait without touching callers, and
+/// passes the conformance suite (`conformance`, feature `conformance`) unchanged.
 ///
-/// Write methods submit their operation before returning the future, so an operation, once
-/// called, completes even if the caller stops waiting: nothing is ever half-admitted.
+/// The contract every backend keeps:
+/// - **Atomicity.** Each call is one transaction: every event it writes and every projection
+///   those events update (session row, messages, inbox, index, instruction state) commit
+///   together, or nothing does. A refused event refuses its whole call.
+/// - **Ordering.** A session's events get consecutive seqs from 0, without gaps, in the order
+///   the calls were made; each operation sees every operation acknowledged before it.
+/// - **Idempotency.** Creating an existing session returns it unchanged; admitting an id again
+///   with the same session, prompt and delivery returns the original receipt and writes nothing,
+///   even when the retries run concurrently; any other reuse of an id is a `PromptConflict`. An
+///   input is promoted at most once.
+/// - **Durability at return.** A future resolves `Ok` only once its transaction is durable (it
+///   survives a crash of the process or the machine); a write, once called, completes even if
+///   the caller stops waiting, so nothing is ever half-admitted.
+/// - **Isolation.** A [`Snapshot`] sees exactly the transactions durable when it was taken.
 pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Creates a session, or returns the existing session with that id unchanged.
     fn create_session(&self, new: NewSession) -> BoxFuture<'static, Result<SessionRow>>;

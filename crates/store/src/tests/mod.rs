@@ -2,6 +2,7 @@
 //! the projector through real tables, concurrency, crashes, the on-disk format and bad input.
 
 mod admission;
+mod conformance;
 mod crash;
 mod golden;
 mod pipeline;
