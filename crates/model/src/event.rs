@@ -1,7 +1,7 @@
 //! The durable events of a session's log.
 //!
-//! Variants are encoded by position: new variants go at the end, and existing ones never change
-//! shape, or the on-disk format version must be bumped (the store's golden-file test catches it).
+//! The store persists these through its own record types (`agenthost-store`'s codec): a new
+//! variant or field fails to compile there until the store decides how to keep it.
 //! Ephemeral events (deltas, tool progress) are not here; they are broadcast live only.
 
 use serde::{Deserialize, Serialize};

@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 
 /// A session's record. Invariant: `inbox` holds exactly the seqs of the inputs admitted and not
-/// promoted, so it holds `row.pending` of them.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// promoted, so it holds `row.pending` of them. Stored as `codec`'s record of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SessionRecord {
     pub(crate) row: SessionRow,
     pub(crate) inbox: Inbox,
@@ -27,7 +27,9 @@ impl SessionRecord {
     }
 }
 
-/// The admitted seqs of pending inputs, as sorted, disjoint, non-adjacent spans.
+/// The admitted seqs of pending inputs, as sorted, disjoint, non-adjacent spans. The store's own
+/// type, so the session record stores it as it is: changing its shape (or [`Span`]'s) is a
+/// change of the record format (see `codec`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Inbox {
     spans: Vec<Span>,

@@ -27,7 +27,7 @@ use redb::{ReadOnlyTable, ReadTransaction, ReadableTable, WriteTransaction};
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
-use crate::codec::{self, decode, encode};
+use crate::codec::{self, Record, decode, encode};
 use crate::error::{Error, Result, storage};
 use crate::record::{self, SessionRecord};
 use crate::tables::*;
@@ -49,7 +49,7 @@ impl Pair {
         })
     }
 
-    fn get<T: serde::de::DeserializeOwned>(
+    fn get<T: Record>(
         &self,
         generations: &[u64],
         session: &SessionId,

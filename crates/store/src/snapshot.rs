@@ -8,9 +8,8 @@ use agenthost_model::{
     Timestamp,
 };
 use redb::{ReadTransaction, ReadableTable};
-use serde::de::DeserializeOwned;
 
-use crate::codec::decode;
+use crate::codec::{Record, decode};
 use crate::error::{Result, storage};
 use crate::record::{self, Inbox, SessionRecord};
 use crate::tables::*;
@@ -59,7 +58,7 @@ pub(crate) struct RedbSnapshot {
 
 impl RedbSnapshot {
     /// A session's rows of a two-tier table with `seq >= from`, in seq order, at most `limit`.
-    fn session_range<T: DeserializeOwned>(
+    fn session_range<T: Record>(
         &self,
         tiered: Tiered,
         id: &SessionId,
@@ -89,7 +88,7 @@ impl RedbSnapshot {
 
     /// Every row of a two-tier table.
     #[cfg(test)]
-    fn all_tiers<T: DeserializeOwned>(
+    fn all_tiers<T: Record>(
         &self,
         tiered: Tiered,
         mut each: impl FnMut(SessionId, Seq, T),
@@ -147,7 +146,7 @@ impl RedbSnapshot {
     }
 
     #[cfg(test)]
-    fn all<K: redb::Key + 'static, T: DeserializeOwned>(
+    fn all<K: redb::Key + 'static, T: Record>(
         &self,
         table: redb::TableDefinition<'_, K, &[u8]>,
         what: &str,

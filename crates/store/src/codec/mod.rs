@@ -1,19 +1,36 @@
 //! The on-disk record format, owned here and nowhere else.
 //!
+//! **Records are the store's own, versioned types.** The store never encodes a model type: each
+//! persisted model type (events, messages, the session record, index entries, instruction state)
+//! implements [`Record`], which converts it to its record in the current format (`v3`) and back.
+//! A record mirrors its model type field for field as that type was when its format shipped,
+//! and never changes after; the conversions are written out by hand, so that a change to a model
+//! type fails to compile here instead of silently changing the bytes on disk.
+//!
+//! - A model change that the current records can still express (a renamed field, a new
+//!   derived value) needs only a conversion change here; the format stays.
+//! - A change of a record's shape (a new event variant, a new field, a new encoding) needs a
+//!   [`FORMAT_VERSION`] bump, a new `vN` module with the new records, an upgrade from the previous
+//!   version's records (opening an older store runs it), and its own golden file under
+//!   `testdata/` (the golden-file test in `tests/` fails until all of that is done).
+//!
 //! Every value stored is `[FORMAT_VERSION as u16 little-endian][bincode 2 standard encoding]`,
-//! or, in the event log, a [`run`] of such records.
+//! or, in the event log, a [`run`] of such records. bincode is named nowhere else in the crate.
 //! The version is also written once in the `meta` table; opening a store of a version this build
 //! cannot read fails with [`Error::FormatVersion`] naming both, so a build never misreads
 //! another's data. Opening an older readable store rewrites the `meta` version, so older builds
 //! then refuse the file instead of missing what they do not know.
 //! Decoding is bounded ([`MAX_RECORD`]) so a corrupt length prefix cannot allocate unbounded
-//! memory. Bump [`FORMAT_VERSION`] whenever a stored type changes shape; the golden-file test in
-//! `tests/` fails until you do.
+//! memory.
 
+mod v3;
+
+use agenthost_model::{IndexEntry, InstructionState, Message, Stored};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::{Error, Result};
+use crate::record::SessionRecord;
 
 /// The store format this build reads and writes: the first that shipped (versions 1 and 2 never
 /// did). A later format adds its upgrade from this one, and its own golden file.
@@ -29,17 +46,88 @@ fn config() -> impl bincode::config::Config {
     bincode::config::standard().with_limit::<MAX_RECORD>()
 }
 
-pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+/// A value the store persists, through its record in the current format.
+pub(crate) trait Record: Sized + 'static {
+    /// The record: borrows from the value it encodes, owns what it decodes.
+    type Stored<'a>: Serialize + DeserializeOwned;
+
+    fn to_stored(&self) -> Self::Stored<'_>;
+
+    /// Fails when the record holds what the model refuses (an invalid id).
+    fn from_stored(stored: Self::Stored<'static>) -> Result<Self, agenthost_model::Error>;
+}
+
+impl Record for Stored {
+    type Stored<'a> = v3::Stored<'a>;
+
+    fn to_stored(&self) -> v3::Stored<'_> {
+        self.into()
+    }
+
+    fn from_stored(stored: v3::Stored<'static>) -> Result<Self, agenthost_model::Error> {
+        stored.try_into()
+    }
+}
+
+impl Record for Message {
+    type Stored<'a> = v3::Message<'a>;
+
+    fn to_stored(&self) -> v3::Message<'_> {
+        self.into()
+    }
+
+    fn from_stored(stored: v3::Message<'static>) -> Result<Self, agenthost_model::Error> {
+        stored.try_into()
+    }
+}
+
+impl Record for SessionRecord {
+    type Stored<'a> = v3::SessionRecord<'a>;
+
+    fn to_stored(&self) -> v3::SessionRecord<'_> {
+        self.into()
+    }
+
+    fn from_stored(stored: v3::SessionRecord<'static>) -> Result<Self, agenthost_model::Error> {
+        stored.try_into()
+    }
+}
+
+impl Record for IndexEntry {
+    type Stored<'a> = v3::IndexEntry<'a>;
+
+    fn to_stored(&self) -> v3::IndexEntry<'_> {
+        self.into()
+    }
+
+    fn from_stored(stored: v3::IndexEntry<'static>) -> Result<Self, agenthost_model::Error> {
+        stored.try_into()
+    }
+}
+
+impl Record for InstructionState {
+    type Stored<'a> = v3::InstructionState<'a>;
+
+    fn to_stored(&self) -> v3::InstructionState<'_> {
+        self.into()
+    }
+
+    fn from_stored(stored: v3::InstructionState<'static>) -> Result<Self, agenthost_model::Error> {
+        Ok(stored.into())
+    }
+}
+
+pub(crate) fn encode<T: Record>(value: &T) -> Vec<u8> {
     let mut out = Vec::with_capacity(64);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    // Writing into a Vec cannot fail for I/O reasons, and model types are plain serde data that
+    // Writing into a Vec cannot fail for I/O reasons, and records are plain serde data that
     // bincode can express (no `deserialize_any` types).
-    bincode::serde::encode_into_std_write(value, &mut out, config())
-        .expect("invariant: model types are plain serde data that bincode can encode");
+    bincode::serde::encode_into_std_write(value.to_stored(), &mut out, config())
+        .expect("invariant: records are plain serde data that bincode can encode");
     out
 }
 
-pub fn decode<T: DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T> {
+pub(crate) fn decode<T: Record>(what: &str, bytes: &[u8]) -> Result<T> {
     let corrupt = |reason: String| Error::Corrupt {
         what: what.to_owned(),
         reason,
@@ -54,12 +142,12 @@ pub fn decode<T: DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T> {
             supported: FORMAT_VERSION,
         });
     }
-    let (value, read) =
+    let (stored, read): (T::Stored<'static>, usize) =
         bincode::serde::decode_from_slice(body, config()).map_err(|e| corrupt(e.to_string()))?;
     if read != body.len() {
         return Err(corrupt(format!("{} trailing bytes", body.len() - read)));
     }
-    Ok(value)
+    T::from_stored(stored).map_err(|e| corrupt(e.to_string()))
 }
 
 /// Marks a value that holds a run of records: a record begins with its format version, and no
@@ -165,77 +253,4 @@ pub(crate) fn records<'a>(what: &str, bytes: &'a [u8]) -> Result<Vec<&'a [u8]>> 
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use agenthost_model::{Event, Seq, Stored, Timestamp};
-
-    #[test]
-    fn round_trip_and_version_check() {
-        let stored = Stored {
-            seq: Seq(3),
-            time: Timestamp(9),
-            event: Event::ExecutionStarted { forced: true },
-        };
-        let bytes = encode(&stored);
-        assert_eq!(decode::<Stored>("event", &bytes).expect("decodes"), stored);
-
-        let mut future = bytes.clone();
-        future[..2].copy_from_slice(&7u16.to_le_bytes());
-        assert!(matches!(
-            decode::<Stored>("event", &future),
-            Err(Error::FormatVersion {
-                found: 7,
-                supported: FORMAT_VERSION
-            })
-        ));
-        assert!(matches!(
-            decode::<Stored>("event", &bytes[..1]),
-            Err(Error::Corrupt { .. })
-        ));
-        let mut trailing = bytes;
-        trailing.push(0);
-        assert!(matches!(
-            decode::<Stored>("event", &trailing),
-            Err(Error::Corrupt { .. })
-        ));
-    }
-
-    #[test]
-    fn runs_frame_records_and_a_bare_record_is_a_run_of_one() {
-        let a = encode(&Stored {
-            seq: Seq(1),
-            time: Timestamp(2),
-            event: Event::ExecutionSucceeded,
-        });
-        let b = encode(&Stored {
-            seq: Seq(2),
-            time: Timestamp(2),
-            event: Event::ExecutionStarted { forced: false },
-        });
-        let framed = run(&[&a, &b]);
-        assert_eq!(records("run", &framed).expect("run"), [&a[..], &b[..]]);
-        assert_eq!(run(&[&a]), a);
-        assert_eq!(records("run", &a).expect("bare"), [&a[..]]);
-        for cut in 1..framed.len() {
-            assert!(
-                matches!(records("run", &framed[..cut]), Err(Error::Corrupt { .. })),
-                "cut at {cut}"
-            );
-        }
-        let mut builder = RunBuilder::default();
-        for records in [&[&a[..], &b[..]][..], &[&a[..]], &[&b[..], &a[..], &b[..]]] {
-            for record in records {
-                builder.push(record);
-            }
-            assert_eq!(builder.count(), records.len());
-            assert_eq!(
-                builder.bytes(),
-                records.iter().map(|r| r.len()).sum::<usize>()
-            );
-            assert_eq!(builder.finish(), run(records), "built as run() frames it");
-        }
-        let mut long = framed;
-        long.push(7);
-        assert!(matches!(records("run", &long), Err(Error::Corrupt { .. })));
-    }
-}
+mod tests;

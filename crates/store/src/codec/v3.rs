@@ -1,0 +1,1431 @@
+//! Format 3: the records this version stores, and their conversions from and to the model.
+//!
+//! Each type mirrors the model type of the same name as it was when format 3 shipped: the same
+//! variants in the same order, the same fields in the same order with the same encodings, so
+//! bincode writes exactly the bytes of `testdata/golden-v3.redb`. Never change a type here; a
+//! new shape is a new format (see the module docs of `codec`).
+//!
+//! Strings are `Cow`s: encoding borrows them from the model value, decoding owns them, so
+//! neither copies a string twice. The conversions destructure every struct and match every
+//! variant without wildcards, so a model change fails to compile here until the store decides
+//! how to store it. Ids are validated again as they are decoded, as the model's own
+//! `Deserialize` did.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use agenthost_model as model;
+use agenthost_model::message::Claim as ModelClaim;
+use serde::{Deserialize, Serialize};
+
+use crate::record::{self, Inbox};
+
+/// The model's conversions fail only on an invalid id.
+type Result<T> = std::result::Result<T, model::Error>;
+
+fn borrowed(s: &str) -> Cow<'_, str> {
+    Cow::Borrowed(s)
+}
+
+fn borrowed_opt(s: &Option<String>) -> Option<Cow<'_, str>> {
+    s.as_deref().map(Cow::Borrowed)
+}
+
+fn owned_opt(s: Option<Cow<'_, str>>) -> Option<String> {
+    s.map(Cow::into_owned)
+}
+
+/// A session id: its text, as the model's `#[serde(into = "String")]` writes it.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+pub(crate) struct SessionId<'a>(Cow<'a, str>);
+
+impl<'a> From<&'a model::SessionId> for SessionId<'a> {
+    fn from(id: &'a model::SessionId) -> Self {
+        SessionId(borrowed(id.as_str()))
+    }
+}
+
+impl TryFrom<SessionId<'_>> for model::SessionId {
+    type Error = model::Error;
+    fn try_from(id: SessionId<'_>) -> Result<Self> {
+        model::SessionId::try_from(id.0.into_owned())
+    }
+}
+
+/// A message id: its text, as the model's `#[serde(into = "String")]` writes it.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+pub(crate) struct MessageId<'a>(Cow<'a, str>);
+
+impl<'a> From<&'a model::MessageId> for MessageId<'a> {
+    fn from(id: &'a model::MessageId) -> Self {
+        MessageId(borrowed(id.as_str()))
+    }
+}
+
+impl TryFrom<MessageId<'_>> for model::MessageId {
+    type Error = model::Error;
+    fn try_from(id: MessageId<'_>) -> Result<Self> {
+        model::MessageId::try_from(id.0.into_owned())
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(transparent)]
+pub(crate) struct Seq(u64);
+
+impl From<model::Seq> for Seq {
+    fn from(model::Seq(seq): model::Seq) -> Self {
+        Seq(seq)
+    }
+}
+
+impl From<Seq> for model::Seq {
+    fn from(Seq(seq): Seq) -> Self {
+        model::Seq(seq)
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(transparent)]
+pub(crate) struct Timestamp(u64);
+
+impl From<model::Timestamp> for Timestamp {
+    fn from(model::Timestamp(ms): model::Timestamp) -> Self {
+        Timestamp(ms)
+    }
+}
+
+impl From<Timestamp> for model::Timestamp {
+    fn from(Timestamp(ms): Timestamp) -> Self {
+        model::Timestamp(ms)
+    }
+}
+
+/// An event of the log, with its seq and time.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Stored<'a> {
+    seq: Seq,
+    time: Timestamp,
+    event: Event<'a>,
+}
+
+impl<'a> From<&'a model::Stored> for Stored<'a> {
+    fn from(stored: &'a model::Stored) -> Self {
+        let model::Stored { seq, time, event } = stored;
+        Stored {
+            seq: (*seq).into(),
+            time: (*time).into(),
+            event: event.into(),
+        }
+    }
+}
+
+impl TryFrom<Stored<'_>> for model::Stored {
+    type Error = model::Error;
+    fn try_from(stored: Stored<'_>) -> Result<Self> {
+        let Stored { seq, time, event } = stored;
+        Ok(model::Stored {
+            seq: seq.into(),
+            time: time.into(),
+            event: event.try_into()?,
+        })
+    }
+}
+
+/// Encoded by position, like every enum here: variants are never reordered or removed.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum Event<'a> {
+    SessionCreated {
+        agent: Cow<'a, str>,
+        model: Option<Cow<'a, str>>,
+        title: Option<Cow<'a, str>>,
+    },
+    PromptAdmitted {
+        id: MessageId<'a>,
+        delivery: Delivery,
+        prompt: Prompt<'a>,
+    },
+    PromptPromoted {
+        id: MessageId<'a>,
+    },
+    InstructionsUpdated {
+        id: MessageId<'a>,
+        changed: Cow<'a, [(String, String)]>,
+        text: Cow<'a, str>,
+    },
+    ExecutionStarted {
+        forced: bool,
+    },
+    ExecutionSucceeded,
+    ExecutionFailed {
+        error: Cow<'a, str>,
+        halted: bool,
+    },
+    ExecutionInterrupted {
+        reason: InterruptReason,
+    },
+    RecoveryAttempted {
+        attempt: u32,
+    },
+    StepStarted {
+        id: MessageId<'a>,
+        step: u32,
+        agent: Cow<'a, str>,
+        model: Cow<'a, str>,
+    },
+    TextEnded {
+        id: MessageId<'a>,
+        text: Cow<'a, str>,
+        incomplete: bool,
+    },
+    ReasoningEnded {
+        id: MessageId<'a>,
+        text: Cow<'a, str>,
+        metadata: Option<Cow<'a, str>>,
+        incomplete: bool,
+    },
+    ToolCalled {
+        id: MessageId<'a>,
+        call_id: Cow<'a, str>,
+        name: Cow<'a, str>,
+        input: Cow<'a, str>,
+    },
+    ToolSucceeded {
+        id: MessageId<'a>,
+        call_id: Cow<'a, str>,
+        output: Cow<'a, str>,
+        truncated: bool,
+    },
+    ToolFailed {
+        id: MessageId<'a>,
+        call_id: Cow<'a, str>,
+        error: Cow<'a, str>,
+    },
+    StepEnded {
+        id: MessageId<'a>,
+        finish: Finish<'a>,
+        usage: Usage,
+    },
+    StepFailed {
+        id: MessageId<'a>,
+        error: StepError<'a>,
+    },
+    RetryScheduled {
+        id: MessageId<'a>,
+        attempt: u32,
+        delay_ms: u64,
+        error: StepError<'a>,
+    },
+    CompactionStarted {
+        id: MessageId<'a>,
+        auto: bool,
+    },
+    CompactionEnded {
+        id: MessageId<'a>,
+        summary: Cow<'a, str>,
+        kept_from: Seq,
+        usage: Usage,
+    },
+    CompactionFailed {
+        id: MessageId<'a>,
+        error: Cow<'a, str>,
+    },
+    UsageRecorded {
+        usage: Usage,
+    },
+    StepUsage {
+        id: MessageId<'a>,
+        usage: Usage,
+    },
+    ToolOutput {
+        id: MessageId<'a>,
+        call_id: Cow<'a, str>,
+        output: Cow<'a, str>,
+    },
+}
+
+impl<'a> From<&'a model::Event> for Event<'a> {
+    fn from(event: &'a model::Event) -> Self {
+        use model::Event as M;
+        match event {
+            M::SessionCreated {
+                agent,
+                model,
+                title,
+            } => Event::SessionCreated {
+                agent: borrowed(agent),
+                model: borrowed_opt(model),
+                title: borrowed_opt(title),
+            },
+            M::PromptAdmitted {
+                id,
+                delivery,
+                prompt,
+            } => Event::PromptAdmitted {
+                id: id.into(),
+                delivery: (*delivery).into(),
+                prompt: prompt.into(),
+            },
+            M::PromptPromoted { id } => Event::PromptPromoted { id: id.into() },
+            M::InstructionsUpdated { id, changed, text } => Event::InstructionsUpdated {
+                id: id.into(),
+                changed: Cow::Borrowed(changed.as_slice()),
+                text: borrowed(text),
+            },
+            M::ExecutionStarted { forced } => Event::ExecutionStarted { forced: *forced },
+            M::ExecutionSucceeded => Event::ExecutionSucceeded,
+            M::ExecutionFailed { error, halted } => Event::ExecutionFailed {
+                error: borrowed(error),
+                halted: *halted,
+            },
+            M::ExecutionInterrupted { reason } => Event::ExecutionInterrupted {
+                reason: (*reason).into(),
+            },
+            M::RecoveryAttempted { attempt } => Event::RecoveryAttempted { attempt: *attempt },
+            M::StepStarted {
+                id,
+                step,
+                agent,
+                model,
+            } => Event::StepStarted {
+                id: id.into(),
+                step: *step,
+                agent: borrowed(agent),
+                model: borrowed(model),
+            },
+            M::TextEnded {
+                id,
+                text,
+                incomplete,
+            } => Event::TextEnded {
+                id: id.into(),
+                text: borrowed(text),
+                incomplete: *incomplete,
+            },
+            M::ReasoningEnded {
+                id,
+                text,
+                metadata,
+                incomplete,
+            } => Event::ReasoningEnded {
+                id: id.into(),
+                text: borrowed(text),
+                metadata: borrowed_opt(metadata),
+                incomplete: *incomplete,
+            },
+            M::ToolCalled {
+                id,
+                call_id,
+                name,
+                input,
+            } => Event::ToolCalled {
+                id: id.into(),
+                call_id: borrowed(call_id),
+                name: borrowed(name),
+                input: borrowed(input),
+            },
+            M::ToolSucceeded {
+                id,
+                call_id,
+                output,
+                truncated,
+            } => Event::ToolSucceeded {
+                id: id.into(),
+                call_id: borrowed(call_id),
+                output: borrowed(output),
+                truncated: *truncated,
+            },
+            M::ToolFailed { id, call_id, error } => Event::ToolFailed {
+                id: id.into(),
+                call_id: borrowed(call_id),
+                error: borrowed(error),
+            },
+            M::StepEnded { id, finish, usage } => Event::StepEnded {
+                id: id.into(),
+                finish: finish.into(),
+                usage: usage.into(),
+            },
+            M::StepFailed { id, error } => Event::StepFailed {
+                id: id.into(),
+                error: error.into(),
+            },
+            M::RetryScheduled {
+                id,
+                attempt,
+                delay_ms,
+                error,
+            } => Event::RetryScheduled {
+                id: id.into(),
+                attempt: *attempt,
+                delay_ms: *delay_ms,
+                error: error.into(),
+            },
+            M::CompactionStarted { id, auto } => Event::CompactionStarted {
+                id: id.into(),
+                auto: *auto,
+            },
+            M::CompactionEnded {
+                id,
+                summary,
+                kept_from,
+                usage,
+            } => Event::CompactionEnded {
+                id: id.into(),
+                summary: borrowed(summary),
+                kept_from: (*kept_from).into(),
+                usage: usage.into(),
+            },
+            M::CompactionFailed { id, error } => Event::CompactionFailed {
+                id: id.into(),
+                error: borrowed(error),
+            },
+            M::UsageRecorded { usage } => Event::UsageRecorded {
+                usage: usage.into(),
+            },
+            M::StepUsage { id, usage } => Event::StepUsage {
+                id: id.into(),
+                usage: usage.into(),
+            },
+            M::ToolOutput {
+                id,
+                call_id,
+                output,
+            } => Event::ToolOutput {
+                id: id.into(),
+                call_id: borrowed(call_id),
+                output: borrowed(output),
+            },
+        }
+    }
+}
+
+impl TryFrom<Event<'_>> for model::Event {
+    type Error = model::Error;
+    fn try_from(event: Event<'_>) -> Result<Self> {
+        use model::Event as M;
+        Ok(match event {
+            Event::SessionCreated {
+                agent,
+                model,
+                title,
+            } => M::SessionCreated {
+                agent: agent.into_owned(),
+                model: owned_opt(model),
+                title: owned_opt(title),
+            },
+            Event::PromptAdmitted {
+                id,
+                delivery,
+                prompt,
+            } => M::PromptAdmitted {
+                id: id.try_into()?,
+                delivery: delivery.into(),
+                prompt: prompt.into(),
+            },
+            Event::PromptPromoted { id } => M::PromptPromoted { id: id.try_into()? },
+            Event::InstructionsUpdated { id, changed, text } => M::InstructionsUpdated {
+                id: id.try_into()?,
+                changed: changed.into_owned(),
+                text: text.into_owned(),
+            },
+            Event::ExecutionStarted { forced } => M::ExecutionStarted { forced },
+            Event::ExecutionSucceeded => M::ExecutionSucceeded,
+            Event::ExecutionFailed { error, halted } => M::ExecutionFailed {
+                error: error.into_owned(),
+                halted,
+            },
+            Event::ExecutionInterrupted { reason } => M::ExecutionInterrupted {
+                reason: reason.into(),
+            },
+            Event::RecoveryAttempted { attempt } => M::RecoveryAttempted { attempt },
+            Event::StepStarted {
+                id,
+                step,
+                agent,
+                model,
+            } => M::StepStarted {
+                id: id.try_into()?,
+                step,
+                agent: agent.into_owned(),
+                model: model.into_owned(),
+            },
+            Event::TextEnded {
+                id,
+                text,
+                incomplete,
+            } => M::TextEnded {
+                id: id.try_into()?,
+                text: text.into_owned(),
+                incomplete,
+            },
+            Event::ReasoningEnded {
+                id,
+                text,
+                metadata,
+                incomplete,
+            } => M::ReasoningEnded {
+                id: id.try_into()?,
+                text: text.into_owned(),
+                metadata: owned_opt(metadata),
+                incomplete,
+            },
+            Event::ToolCalled {
+                id,
+                call_id,
+                name,
+                input,
+            } => M::ToolCalled {
+                id: id.try_into()?,
+                call_id: call_id.into_owned(),
+                name: name.into_owned(),
+                input: input.into_owned(),
+            },
+            Event::ToolSucceeded {
+                id,
+                call_id,
+                output,
+                truncated,
+            } => M::ToolSucceeded {
+                id: id.try_into()?,
+                call_id: call_id.into_owned(),
+                output: output.into_owned(),
+                truncated,
+            },
+            Event::ToolFailed { id, call_id, error } => M::ToolFailed {
+                id: id.try_into()?,
+                call_id: call_id.into_owned(),
+                error: error.into_owned(),
+            },
+            Event::StepEnded { id, finish, usage } => M::StepEnded {
+                id: id.try_into()?,
+                finish: finish.into(),
+                usage: usage.into(),
+            },
+            Event::StepFailed { id, error } => M::StepFailed {
+                id: id.try_into()?,
+                error: error.into(),
+            },
+            Event::RetryScheduled {
+                id,
+                attempt,
+                delay_ms,
+                error,
+            } => M::RetryScheduled {
+                id: id.try_into()?,
+                attempt,
+                delay_ms,
+                error: error.into(),
+            },
+            Event::CompactionStarted { id, auto } => M::CompactionStarted {
+                id: id.try_into()?,
+                auto,
+            },
+            Event::CompactionEnded {
+                id,
+                summary,
+                kept_from,
+                usage,
+            } => M::CompactionEnded {
+                id: id.try_into()?,
+                summary: summary.into_owned(),
+                kept_from: kept_from.into(),
+                usage: usage.into(),
+            },
+            Event::CompactionFailed { id, error } => M::CompactionFailed {
+                id: id.try_into()?,
+                error: error.into_owned(),
+            },
+            Event::UsageRecorded { usage } => M::UsageRecorded {
+                usage: usage.into(),
+            },
+            Event::StepUsage { id, usage } => M::StepUsage {
+                id: id.try_into()?,
+                usage: usage.into(),
+            },
+            Event::ToolOutput {
+                id,
+                call_id,
+                output,
+            } => M::ToolOutput {
+                id: id.try_into()?,
+                call_id: call_id.into_owned(),
+                output: output.into_owned(),
+            },
+        })
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Prompt<'a> {
+    text: Cow<'a, str>,
+    files: Vec<FileAttachment<'a>>,
+}
+
+impl<'a> From<&'a model::Prompt> for Prompt<'a> {
+    fn from(prompt: &'a model::Prompt) -> Self {
+        let model::Prompt { text, files } = prompt;
+        Prompt {
+            text: borrowed(text),
+            files: files.iter().map(Into::into).collect(),
+        }
+    }
+}
+
+impl From<Prompt<'_>> for model::Prompt {
+    fn from(prompt: Prompt<'_>) -> Self {
+        let Prompt { text, files } = prompt;
+        model::Prompt {
+            text: text.into_owned(),
+            files: files.into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct FileAttachment<'a> {
+    mime: Cow<'a, str>,
+    url: Cow<'a, str>,
+    filename: Option<Cow<'a, str>>,
+}
+
+impl<'a> From<&'a model::FileAttachment> for FileAttachment<'a> {
+    fn from(file: &'a model::FileAttachment) -> Self {
+        let model::FileAttachment {
+            mime,
+            url,
+            filename,
+        } = file;
+        FileAttachment {
+            mime: borrowed(mime),
+            url: borrowed(url),
+            filename: borrowed_opt(filename),
+        }
+    }
+}
+
+impl From<FileAttachment<'_>> for model::FileAttachment {
+    fn from(file: FileAttachment<'_>) -> Self {
+        let FileAttachment {
+            mime,
+            url,
+            filename,
+        } = file;
+        model::FileAttachment {
+            mime: mime.into_owned(),
+            url: url.into_owned(),
+            filename: owned_opt(filename),
+        }
+    }
+}
+
+/// Renamed as the model's is; bincode writes the position, not the name.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Delivery {
+    Steer,
+    Queue,
+}
+
+impl From<model::Delivery> for Delivery {
+    fn from(delivery: model::Delivery) -> Self {
+        match delivery {
+            model::Delivery::Steer => Delivery::Steer,
+            model::Delivery::Queue => Delivery::Queue,
+        }
+    }
+}
+
+impl From<Delivery> for model::Delivery {
+    fn from(delivery: Delivery) -> Self {
+        match delivery {
+            Delivery::Steer => model::Delivery::Steer,
+            Delivery::Queue => model::Delivery::Queue,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub(crate) enum InterruptReason {
+    User,
+    Shutdown,
+}
+
+impl From<model::InterruptReason> for InterruptReason {
+    fn from(reason: model::InterruptReason) -> Self {
+        match reason {
+            model::InterruptReason::User => InterruptReason::User,
+            model::InterruptReason::Shutdown => InterruptReason::Shutdown,
+        }
+    }
+}
+
+impl From<InterruptReason> for model::InterruptReason {
+    fn from(reason: InterruptReason) -> Self {
+        match reason {
+            InterruptReason::User => model::InterruptReason::User,
+            InterruptReason::Shutdown => model::InterruptReason::Shutdown,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum Finish<'a> {
+    Stop,
+    Length,
+    ToolCalls,
+    ContentFilter,
+    Other(Cow<'a, str>),
+}
+
+impl<'a> From<&'a model::Finish> for Finish<'a> {
+    fn from(finish: &'a model::Finish) -> Self {
+        match finish {
+            model::Finish::Stop => Finish::Stop,
+            model::Finish::Length => Finish::Length,
+            model::Finish::ToolCalls => Finish::ToolCalls,
+            model::Finish::ContentFilter => Finish::ContentFilter,
+            model::Finish::Other(other) => Finish::Other(borrowed(other)),
+        }
+    }
+}
+
+impl From<Finish<'_>> for model::Finish {
+    fn from(finish: Finish<'_>) -> Self {
+        match finish {
+            Finish::Stop => model::Finish::Stop,
+            Finish::Length => model::Finish::Length,
+            Finish::ToolCalls => model::Finish::ToolCalls,
+            Finish::ContentFilter => model::Finish::ContentFilter,
+            Finish::Other(other) => model::Finish::Other(other.into_owned()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub(crate) struct Usage {
+    input: u64,
+    output: u64,
+    reasoning: u64,
+    cache_read: u64,
+    cache_write: u64,
+    cost_nanos: u64,
+}
+
+impl From<&model::Usage> for Usage {
+    fn from(usage: &model::Usage) -> Self {
+        let model::Usage {
+            input,
+            output,
+            reasoning,
+            cache_read,
+            cache_write,
+            cost_nanos,
+        } = *usage;
+        Usage {
+            input,
+            output,
+            reasoning,
+            cache_read,
+            cache_write,
+            cost_nanos,
+        }
+    }
+}
+
+impl From<Usage> for model::Usage {
+    fn from(usage: Usage) -> Self {
+        let Usage {
+            input,
+            output,
+            reasoning,
+            cache_read,
+            cache_write,
+            cost_nanos,
+        } = usage;
+        model::Usage {
+            input,
+            output,
+            reasoning,
+            cache_read,
+            cache_write,
+            cost_nanos,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct StepError<'a> {
+    kind: FailureKind,
+    message: Cow<'a, str>,
+}
+
+impl<'a> From<&'a model::StepError> for StepError<'a> {
+    fn from(error: &'a model::StepError) -> Self {
+        let model::StepError { kind, message } = error;
+        StepError {
+            kind: (*kind).into(),
+            message: borrowed(message),
+        }
+    }
+}
+
+impl From<StepError<'_>> for model::StepError {
+    fn from(error: StepError<'_>) -> Self {
+        let StepError { kind, message } = error;
+        model::StepError {
+            kind: kind.into(),
+            message: message.into_owned(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub(crate) enum FailureKind {
+    Aborted,
+    Restarted,
+    Provider,
+    ContextOverflow,
+    Internal,
+}
+
+impl From<model::FailureKind> for FailureKind {
+    fn from(kind: model::FailureKind) -> Self {
+        match kind {
+            model::FailureKind::Aborted => FailureKind::Aborted,
+            model::FailureKind::Restarted => FailureKind::Restarted,
+            model::FailureKind::Provider => FailureKind::Provider,
+            model::FailureKind::ContextOverflow => FailureKind::ContextOverflow,
+            model::FailureKind::Internal => FailureKind::Internal,
+        }
+    }
+}
+
+impl From<FailureKind> for model::FailureKind {
+    fn from(kind: FailureKind) -> Self {
+        match kind {
+            FailureKind::Aborted => model::FailureKind::Aborted,
+            FailureKind::Restarted => model::FailureKind::Restarted,
+            FailureKind::Provider => model::FailureKind::Provider,
+            FailureKind::ContextOverflow => model::FailureKind::ContextOverflow,
+            FailureKind::Internal => model::FailureKind::Internal,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum Message<'a> {
+    User {
+        id: MessageId<'a>,
+        seq: Seq,
+        admitted_seq: Seq,
+        delivery: Delivery,
+        prompt: Prompt<'a>,
+        time: Timestamp,
+    },
+    Assistant(AssistantMessage<'a>),
+    System {
+        id: MessageId<'a>,
+        seq: Seq,
+        text: Cow<'a, str>,
+        time: Timestamp,
+    },
+    Compaction {
+        id: MessageId<'a>,
+        seq: Seq,
+        auto: bool,
+        state: CompactionState<'a>,
+        time: Timestamp,
+    },
+}
+
+impl<'a> From<&'a model::Message> for Message<'a> {
+    fn from(message: &'a model::Message) -> Self {
+        use model::Message as M;
+        match message {
+            M::User {
+                id,
+                seq,
+                admitted_seq,
+                delivery,
+                prompt,
+                time,
+            } => Message::User {
+                id: id.into(),
+                seq: (*seq).into(),
+                admitted_seq: (*admitted_seq).into(),
+                delivery: (*delivery).into(),
+                prompt: prompt.into(),
+                time: (*time).into(),
+            },
+            M::Assistant(assistant) => Message::Assistant(assistant.into()),
+            M::System {
+                id,
+                seq,
+                text,
+                time,
+            } => Message::System {
+                id: id.into(),
+                seq: (*seq).into(),
+                text: borrowed(text),
+                time: (*time).into(),
+            },
+            M::Compaction {
+                id,
+                seq,
+                auto,
+                state,
+                time,
+            } => Message::Compaction {
+                id: id.into(),
+                seq: (*seq).into(),
+                auto: *auto,
+                state: state.into(),
+                time: (*time).into(),
+            },
+        }
+    }
+}
+
+impl TryFrom<Message<'_>> for model::Message {
+    type Error = model::Error;
+    fn try_from(message: Message<'_>) -> Result<Self> {
+        use model::Message as M;
+        Ok(match message {
+            Message::User {
+                id,
+                seq,
+                admitted_seq,
+                delivery,
+                prompt,
+                time,
+            } => M::User {
+                id: id.try_into()?,
+                seq: seq.into(),
+                admitted_seq: admitted_seq.into(),
+                delivery: delivery.into(),
+                prompt: prompt.into(),
+                time: time.into(),
+            },
+            Message::Assistant(assistant) => M::Assistant(assistant.try_into()?),
+            Message::System {
+                id,
+                seq,
+                text,
+                time,
+            } => M::System {
+                id: id.try_into()?,
+                seq: seq.into(),
+                text: text.into_owned(),
+                time: time.into(),
+            },
+            Message::Compaction {
+                id,
+                seq,
+                auto,
+                state,
+                time,
+            } => M::Compaction {
+                id: id.try_into()?,
+                seq: seq.into(),
+                auto,
+                state: state.into(),
+                time: time.into(),
+            },
+        })
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum CompactionState<'a> {
+    Running,
+    Completed {
+        summary: Cow<'a, str>,
+        kept_from: Seq,
+    },
+    Failed {
+        error: Cow<'a, str>,
+    },
+}
+
+impl<'a> From<&'a model::CompactionState> for CompactionState<'a> {
+    fn from(state: &'a model::CompactionState) -> Self {
+        match state {
+            model::CompactionState::Running => CompactionState::Running,
+            model::CompactionState::Completed { summary, kept_from } => {
+                CompactionState::Completed {
+                    summary: borrowed(summary),
+                    kept_from: (*kept_from).into(),
+                }
+            }
+            model::CompactionState::Failed { error } => CompactionState::Failed {
+                error: borrowed(error),
+            },
+        }
+    }
+}
+
+impl From<CompactionState<'_>> for model::CompactionState {
+    fn from(state: CompactionState<'_>) -> Self {
+        match state {
+            CompactionState::Running => model::CompactionState::Running,
+            CompactionState::Completed { summary, kept_from } => {
+                model::CompactionState::Completed {
+                    summary: summary.into_owned(),
+                    kept_from: kept_from.into(),
+                }
+            }
+            CompactionState::Failed { error } => model::CompactionState::Failed {
+                error: error.into_owned(),
+            },
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct AssistantMessage<'a> {
+    id: MessageId<'a>,
+    seq: Seq,
+    step: u32,
+    agent: Cow<'a, str>,
+    model: Cow<'a, str>,
+    parts: Vec<Part<'a>>,
+    finish: Option<Finish<'a>>,
+    error: Option<StepError<'a>>,
+    usage: Usage,
+    retries: u32,
+    created: Timestamp,
+    completed: Option<Timestamp>,
+}
+
+impl<'a> From<&'a model::AssistantMessage> for AssistantMessage<'a> {
+    fn from(message: &'a model::AssistantMessage) -> Self {
+        let model::AssistantMessage {
+            id,
+            seq,
+            step,
+            agent,
+            model,
+            parts,
+            finish,
+            error,
+            usage,
+            retries,
+            created,
+            completed,
+        } = message;
+        AssistantMessage {
+            id: id.into(),
+            seq: (*seq).into(),
+            step: *step,
+            agent: borrowed(agent),
+            model: borrowed(model),
+            parts: parts.iter().map(Into::into).collect(),
+            finish: finish.as_ref().map(Into::into),
+            error: error.as_ref().map(Into::into),
+            usage: usage.into(),
+            retries: *retries,
+            created: (*created).into(),
+            completed: completed.map(Into::into),
+        }
+    }
+}
+
+impl TryFrom<AssistantMessage<'_>> for model::AssistantMessage {
+    type Error = model::Error;
+    fn try_from(message: AssistantMessage<'_>) -> Result<Self> {
+        let AssistantMessage {
+            id,
+            seq,
+            step,
+            agent,
+            model,
+            parts,
+            finish,
+            error,
+            usage,
+            retries,
+            created,
+            completed,
+        } = message;
+        Ok(model::AssistantMessage {
+            id: id.try_into()?,
+            seq: seq.into(),
+            step,
+            agent: agent.into_owned(),
+            model: model.into_owned(),
+            parts: parts.into_iter().map(Into::into).collect(),
+            finish: finish.map(Into::into),
+            error: error.map(Into::into),
+            usage: usage.into(),
+            retries,
+            created: created.into(),
+            completed: completed.map(Into::into),
+        })
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum Part<'a> {
+    Text {
+        text: Cow<'a, str>,
+        incomplete: bool,
+    },
+    Reasoning {
+        text: Cow<'a, str>,
+        metadata: Option<Cow<'a, str>>,
+        incomplete: bool,
+    },
+    Tool(ToolPart<'a>),
+}
+
+impl<'a> From<&'a model::Part> for Part<'a> {
+    fn from(part: &'a model::Part) -> Self {
+        match part {
+            model::Part::Text { text, incomplete } => Part::Text {
+                text: borrowed(text),
+                incomplete: *incomplete,
+            },
+            model::Part::Reasoning {
+                text,
+                metadata,
+                incomplete,
+            } => Part::Reasoning {
+                text: borrowed(text),
+                metadata: borrowed_opt(metadata),
+                incomplete: *incomplete,
+            },
+            model::Part::Tool(tool) => Part::Tool(tool.into()),
+        }
+    }
+}
+
+impl From<Part<'_>> for model::Part {
+    fn from(part: Part<'_>) -> Self {
+        match part {
+            Part::Text { text, incomplete } => model::Part::Text {
+                text: text.into_owned(),
+                incomplete,
+            },
+            Part::Reasoning {
+                text,
+                metadata,
+                incomplete,
+            } => model::Part::Reasoning {
+                text: text.into_owned(),
+                metadata: owned_opt(metadata),
+                incomplete,
+            },
+            Part::Tool(tool) => model::Part::Tool(tool.into()),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct ToolPart<'a> {
+    call_id: Cow<'a, str>,
+    name: Cow<'a, str>,
+    input: Cow<'a, str>,
+    state: ToolState<'a>,
+}
+
+impl<'a> From<&'a model::ToolPart> for ToolPart<'a> {
+    fn from(tool: &'a model::ToolPart) -> Self {
+        let model::ToolPart {
+            call_id,
+            name,
+            input,
+            state,
+        } = tool;
+        ToolPart {
+            call_id: borrowed(call_id),
+            name: borrowed(name),
+            input: borrowed(input),
+            state: state.into(),
+        }
+    }
+}
+
+impl From<ToolPart<'_>> for model::ToolPart {
+    fn from(tool: ToolPart<'_>) -> Self {
+        let ToolPart {
+            call_id,
+            name,
+            input,
+            state,
+        } = tool;
+        model::ToolPart {
+            call_id: call_id.into_owned(),
+            name: name.into_owned(),
+            input: input.into_owned(),
+            state: state.into(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum ToolState<'a> {
+    Running,
+    Completed {
+        output: Cow<'a, str>,
+        truncated: bool,
+    },
+    Error {
+        error: Cow<'a, str>,
+    },
+}
+
+impl<'a> From<&'a model::ToolState> for ToolState<'a> {
+    fn from(state: &'a model::ToolState) -> Self {
+        match state {
+            model::ToolState::Running => ToolState::Running,
+            model::ToolState::Completed { output, truncated } => ToolState::Completed {
+                output: borrowed(output),
+                truncated: *truncated,
+            },
+            model::ToolState::Error { error } => ToolState::Error {
+                error: borrowed(error),
+            },
+        }
+    }
+}
+
+impl From<ToolState<'_>> for model::ToolState {
+    fn from(state: ToolState<'_>) -> Self {
+        match state {
+            ToolState::Running => model::ToolState::Running,
+            ToolState::Completed { output, truncated } => model::ToolState::Completed {
+                output: output.into_owned(),
+                truncated,
+            },
+            ToolState::Error { error } => model::ToolState::Error {
+                error: error.into_owned(),
+            },
+        }
+    }
+}
+
+/// A session's record: its row and its inbox (the inbox is the store's own type already).
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct SessionRecord<'a> {
+    row: SessionRow<'a>,
+    inbox: Cow<'a, Inbox>,
+}
+
+impl<'a> From<&'a record::SessionRecord> for SessionRecord<'a> {
+    fn from(record: &'a record::SessionRecord) -> Self {
+        let record::SessionRecord { row, inbox } = record;
+        SessionRecord {
+            row: row.into(),
+            inbox: Cow::Borrowed(inbox),
+        }
+    }
+}
+
+impl TryFrom<SessionRecord<'_>> for record::SessionRecord {
+    type Error = model::Error;
+    fn try_from(record: SessionRecord<'_>) -> Result<Self> {
+        let SessionRecord { row, inbox } = record;
+        Ok(record::SessionRecord {
+            row: row.try_into()?,
+            inbox: inbox.into_owned(),
+        })
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct SessionRow<'a> {
+    id: SessionId<'a>,
+    agent: Cow<'a, str>,
+    model: Option<Cow<'a, str>>,
+    title: Option<Cow<'a, str>>,
+    created: Timestamp,
+    updated: Timestamp,
+    last_seq: Seq,
+    usage: Usage,
+    claim: Option<Claim>,
+    resume_attempts: u32,
+    halted: Option<Cow<'a, str>>,
+    active_from: Seq,
+    compaction: Option<Seq>,
+    pending: u32,
+}
+
+impl<'a> From<&'a model::SessionRow> for SessionRow<'a> {
+    fn from(row: &'a model::SessionRow) -> Self {
+        let model::SessionRow {
+            id,
+            agent,
+            model,
+            title,
+            created,
+            updated,
+            last_seq,
+            usage,
+            claim,
+            resume_attempts,
+            halted,
+            active_from,
+            compaction,
+            pending,
+        } = row;
+        SessionRow {
+            id: id.into(),
+            agent: borrowed(agent),
+            model: borrowed_opt(model),
+            title: borrowed_opt(title),
+            created: (*created).into(),
+            updated: (*updated).into(),
+            last_seq: (*last_seq).into(),
+            usage: usage.into(),
+            claim: claim.as_ref().map(Into::into),
+            resume_attempts: *resume_attempts,
+            halted: borrowed_opt(halted),
+            active_from: (*active_from).into(),
+            compaction: compaction.map(Into::into),
+            pending: *pending,
+        }
+    }
+}
+
+impl TryFrom<SessionRow<'_>> for model::SessionRow {
+    type Error = model::Error;
+    fn try_from(row: SessionRow<'_>) -> Result<Self> {
+        let SessionRow {
+            id,
+            agent,
+            model,
+            title,
+            created,
+            updated,
+            last_seq,
+            usage,
+            claim,
+            resume_attempts,
+            halted,
+            active_from,
+            compaction,
+            pending,
+        } = row;
+        Ok(model::SessionRow {
+            id: id.try_into()?,
+            agent: agent.into_owned(),
+            model: owned_opt(model),
+            title: owned_opt(title),
+            created: created.into(),
+            updated: updated.into(),
+            last_seq: last_seq.into(),
+            usage: usage.into(),
+            claim: claim.map(Into::into),
+            resume_attempts,
+            halted: owned_opt(halted),
+            active_from: active_from.into(),
+            compaction: compaction.map(Into::into),
+            pending,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub(crate) struct Claim {
+    seq: Seq,
+    forced: bool,
+}
+
+impl From<&ModelClaim> for Claim {
+    fn from(claim: &ModelClaim) -> Self {
+        let ModelClaim { seq, forced } = *claim;
+        Claim {
+            seq: seq.into(),
+            forced,
+        }
+    }
+}
+
+impl From<Claim> for ModelClaim {
+    fn from(claim: Claim) -> Self {
+        let Claim { seq, forced } = claim;
+        ModelClaim {
+            seq: seq.into(),
+            forced,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum IndexEntry<'a> {
+    Prompt {
+        session: SessionId<'a>,
+        admitted_seq: Seq,
+        promoted_seq: Option<Seq>,
+    },
+    Message {
+        session: SessionId<'a>,
+        seq: Seq,
+    },
+}
+
+impl<'a> From<&'a model::IndexEntry> for IndexEntry<'a> {
+    fn from(entry: &'a model::IndexEntry) -> Self {
+        match entry {
+            model::IndexEntry::Prompt {
+                session,
+                admitted_seq,
+                promoted_seq,
+            } => IndexEntry::Prompt {
+                session: session.into(),
+                admitted_seq: (*admitted_seq).into(),
+                promoted_seq: promoted_seq.map(Into::into),
+            },
+            model::IndexEntry::Message { session, seq } => IndexEntry::Message {
+                session: session.into(),
+                seq: (*seq).into(),
+            },
+        }
+    }
+}
+
+impl TryFrom<IndexEntry<'_>> for model::IndexEntry {
+    type Error = model::Error;
+    fn try_from(entry: IndexEntry<'_>) -> Result<Self> {
+        Ok(match entry {
+            IndexEntry::Prompt {
+                session,
+                admitted_seq,
+                promoted_seq,
+            } => model::IndexEntry::Prompt {
+                session: session.try_into()?,
+                admitted_seq: admitted_seq.into(),
+                promoted_seq: promoted_seq.map(Into::into),
+            },
+            IndexEntry::Message { session, seq } => model::IndexEntry::Message {
+                session: session.try_into()?,
+                seq: seq.into(),
+            },
+        })
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct InstructionState<'a> {
+    sources: Cow<'a, BTreeMap<String, String>>,
+}
+
+impl<'a> From<&'a model::InstructionState> for InstructionState<'a> {
+    fn from(state: &'a model::InstructionState) -> Self {
+        let model::InstructionState { sources } = state;
+        InstructionState {
+            sources: Cow::Borrowed(sources),
+        }
+    }
+}
+
+impl From<InstructionState<'_>> for model::InstructionState {
+    fn from(state: InstructionState<'_>) -> Self {
+        let InstructionState { sources } = state;
+        model::InstructionState {
+            sources: sources.into_owned(),
+        }
+    }
+}
