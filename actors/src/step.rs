@@ -44,6 +44,11 @@ pub(crate) enum StepEnd {
     Failed(Error),
 }
 
+/// The most one attempt of a step may stream (text, reasoning and tool inputs together), in
+/// bytes. Real answers are far below it; past it the provider is broken or hostile, and the step
+/// fails with invalid output instead of growing a message without bound.
+pub const MAX_STEP_OUTPUT: usize = 8 * 1024 * 1024;
+
 /// In the marker of a tool output history keeps a preview of: what follows names the whole.
 pub const CUT: &str = ": the whole output is stored as tool output ";
 
@@ -244,7 +249,15 @@ pub(crate) async fn run(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<St
             };
             match next {
                 None => break false,
-                Some(Ok(event)) => a.on_event(d, &message, event).await?,
+                Some(Ok(event)) => {
+                    a.on_event(d, &message, event).await?;
+                    if a.streamed > MAX_STEP_OUTPUT {
+                        a.error = Some(llm::Error::invalid_output(format!(
+                            "the model's answer passed {MAX_STEP_OUTPUT} bytes"
+                        )));
+                        break false;
+                    }
+                }
                 Some(Err(error)) => {
                     a.error = Some(error);
                     break false;
@@ -493,6 +506,8 @@ struct Attempt {
     error: Option<llm::Error>,
     /// Whether any part of this attempt is durable; retrying would then duplicate output.
     durable_output: bool,
+    /// Bytes streamed so far (text, reasoning, tool inputs), against [`MAX_STEP_OUTPUT`].
+    streamed: usize,
 }
 
 impl Attempt {
@@ -501,6 +516,12 @@ impl Attempt {
     fn has_output(&self) -> bool {
         let open = |part: &Option<(u32, String)>| part.as_ref().is_some_and(|(_, t)| !t.is_empty());
         self.durable_output || open(&self.text) || open(&self.reasoning)
+    }
+
+    /// Counts `delta` against [`MAX_STEP_OUTPUT`]; `true` (and nothing kept) once past it.
+    fn over(&mut self, delta: &str) -> bool {
+        self.streamed = self.streamed.saturating_add(delta.len());
+        self.streamed > MAX_STEP_OUTPUT
     }
 
     async fn on_event(&mut self, d: &Drain, message: &MessageId, event: llm::Event) -> Result<()> {
@@ -522,6 +543,9 @@ impl Attempt {
             llm::Event::StepStart { .. } => {}
             llm::Event::TextStart { part } => self.text = Some((part, String::new())),
             llm::Event::TextDelta { part, delta: text } => {
+                if self.over(&text) {
+                    return Ok(());
+                }
                 grow(&mut self.text, part, &text);
                 delta(DeltaKind::Text, part, text);
             }
@@ -537,6 +561,9 @@ impl Attempt {
             }
             llm::Event::ReasoningStart { part } => self.reasoning = Some((part, String::new())),
             llm::Event::ReasoningDelta { part, delta: text } => {
+                if self.over(&text) {
+                    return Ok(());
+                }
                 grow(&mut self.reasoning, part, &text);
                 delta(DeltaKind::Reasoning, part, text);
             }
@@ -552,7 +579,9 @@ impl Attempt {
             }
             llm::Event::ToolInputStart { .. } | llm::Event::ToolInputEnd { .. } => {}
             llm::Event::ToolInputDelta { part, delta: text } => {
-                delta(DeltaKind::ToolInput, part, text)
+                if !self.over(&text) {
+                    delta(DeltaKind::ToolInput, part, text)
+                }
             }
             llm::Event::ToolCall { call, .. } => {
                 // Recorded before anything runs it: tools start only after the

@@ -74,6 +74,11 @@ struct Server {
     token_env: Option<String>,
     /// Largest request body in bytes.
     body_limit_bytes: Option<usize>,
+    /// How long a connection may take to send a request head, and a request body.
+    header_timeout_ms: Option<u64>,
+    body_timeout_ms: Option<u64>,
+    /// Connections open at once.
+    max_connections: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -209,6 +214,9 @@ pub struct Settings {
     pub token_env: String,
     pub token: Option<Token>,
     pub body_limit: Option<usize>,
+    pub header_timeout: Option<Duration>,
+    pub body_timeout: Option<Duration>,
+    pub max_connections: Option<usize>,
     /// No provider was configured: the built-in mock answers.
     pub builtin_mock: bool,
     pub providers: BTreeMap<String, Arc<dyn llm::Provider>>,
@@ -280,11 +288,27 @@ pub fn resolve(
             format!("environment variable {token_env} is not set (or empty)"),
         ));
     }
-    if file.server.body_limit_bytes == Some(0) {
-        return Err(invalid(
+    for (key, zero) in [
+        (
             "server.body_limit_bytes",
-            "must be at least 1".into(),
-        ));
+            file.server.body_limit_bytes == Some(0),
+        ),
+        (
+            "server.header_timeout_ms",
+            file.server.header_timeout_ms == Some(0),
+        ),
+        (
+            "server.body_timeout_ms",
+            file.server.body_timeout_ms == Some(0),
+        ),
+        (
+            "server.max_connections",
+            file.server.max_connections == Some(0),
+        ),
+    ] {
+        if zero {
+            return Err(invalid(key, "must be at least 1".into()));
+        }
     }
 
     let builtin_mock = file.providers.is_empty();
@@ -655,6 +679,9 @@ pub fn resolve(
         token_env,
         token,
         body_limit: file.server.body_limit_bytes,
+        header_timeout: file.server.header_timeout_ms.map(Duration::from_millis),
+        body_timeout: file.server.body_timeout_ms.map(Duration::from_millis),
+        max_connections: file.server.max_connections,
         builtin_mock,
         providers,
         models,

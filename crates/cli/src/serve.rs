@@ -103,6 +103,15 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     if let Some(limit) = settings.body_limit {
         options.body_limit = limit;
     }
+    if let Some(timeout) = settings.header_timeout {
+        options.header_timeout = timeout;
+    }
+    if let Some(timeout) = settings.body_timeout {
+        options.body_timeout = timeout;
+    }
+    if let Some(max) = settings.max_connections {
+        options.max_connections = max;
+    }
     let api = Api::new(runtime, options);
     tracing::info!(
         %addr,

@@ -1074,3 +1074,107 @@ async fn inspect_is_read_only_and_scriptable() {
     assert_eq!(report["session"]["id"], s.as_str(), "{report}");
     assert!(report["events"].as_array().is_some_and(|e| e.len() > 3));
 }
+
+/// Starts `serve` on the built-in mock with `server` as the `[server]` section.
+fn serve_with(dir: &Path, name: &str, server: &str) -> Proc {
+    let path = dir.join(format!("{name}.toml"));
+    let text = format!(
+        "data_dir = \"{}\"\n[server]\n{server}\n",
+        dir.join(name).display()
+    );
+    std::fs::write(&path, text).expect("config written");
+    let cfg = path.to_str().expect("utf-8 path");
+    Proc::spawn(
+        name,
+        dir,
+        &["serve", "--config", cfg, "--bind", "127.0.0.1:0"],
+    )
+}
+
+/// Reads until the peer closes or `limit` passes; what arrived, and whether it closed.
+async fn read_to_close(stream: &mut tokio::net::TcpStream, limit: Duration) -> (String, bool) {
+    use tokio::io::AsyncReadExt as _;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (String::from_utf8_lossy(&got).into_owned(), true),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => return (String::from_utf8_lossy(&got).into_owned(), false),
+        }
+    }
+}
+
+/// Slow and greedy clients: a connection whose head never completes is closed after the header
+/// timeout, a body that trickles gets 408 after the body timeout, and connections beyond the cap
+/// get 503 at once; the server keeps answering everyone else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_and_greedy_clients_are_cut_off() {
+    use tokio::io::AsyncWriteExt as _;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let server = serve_with(d, "slow", "header_timeout_ms = 300\nbody_timeout_ms = 300");
+    let url = server.url();
+    let addr = url.trim_start_matches("http://").to_owned();
+    let mut slow = Vec::new();
+    for _ in 0..20 {
+        let mut stream = tokio::net::TcpStream::connect(&addr)
+            .await
+            .expect("connect");
+        stream
+            .write_all(b"POST /api/session HTTP/1.1\r\nhost: x\r\n")
+            .await
+            .expect("partial head");
+        slow.push(stream);
+    }
+    let http = Http::new(&url);
+    assert_eq!(http.get("/healthz").await["status"], "ok");
+    for stream in &mut slow {
+        let (_, closed) = read_to_close(stream, Duration::from_secs(10)).await;
+        assert!(closed, "a connection with an unfinished head stayed open");
+    }
+    let mut trickle = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    trickle
+        .write_all(
+            b"POST /api/session HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{",
+        )
+        .await
+        .expect("head and a byte");
+    let (answer, _) = read_to_close(&mut trickle, Duration::from_secs(10)).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("request_timeout"), "{answer}");
+    let sessions = http.get("/api/session").await;
+    assert_eq!(
+        sessions["data"]["sessions"].as_array().map(Vec::len),
+        Some(0),
+        "nothing was created: {sessions}"
+    );
+    drop(server);
+
+    let server = serve_with(d, "greedy", "max_connections = 8");
+    let url = server.url();
+    let addr = url.trim_start_matches("http://").to_owned();
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        held.push(
+            tokio::net::TcpStream::connect(&addr)
+                .await
+                .expect("connect"),
+        );
+    }
+    // Accepted in order: the ninth finds every slot taken.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut extra = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    let (answer, closed) = read_to_close(&mut extra, Duration::from_secs(10)).await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(closed);
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let http = Http::new(&url);
+    assert_eq!(http.get("/healthz").await["status"], "ok");
+}

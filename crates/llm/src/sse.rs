@@ -8,6 +8,9 @@
 //! skipped. Lines are decoded only once complete, so a UTF-8 character split across network
 //! chunks is reassembled. Unlike a browser, [`Decoder::finish`] dispatches a final frame that
 //! lacks its blank line, as some servers end that way.
+//!
+//! A line or a frame longer than [`MAX_FRAME`] bytes stops the decoder ([`Decoder::overflowed`]):
+//! what a hostile or broken server sends is never buffered without bound.
 
 /// One dispatched event.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -31,9 +34,15 @@ pub struct Decoder {
     data: String,
     /// At least one `data` line arrived for the pending frame (an empty `data:` still counts).
     has_data: bool,
+    /// A line or a frame passed [`MAX_FRAME`]: nothing more is decoded.
+    overflowed: bool,
 }
 
 const BOM: &[u8] = "\u{feff}".as_bytes();
+
+/// The longest line, and the most `data` one frame may carry, in bytes. Real frames are a few
+/// hundred bytes; a whole tool input in one frame stays far below this.
+pub const MAX_FRAME: usize = 8 * 1024 * 1024;
 
 impl Default for Decoder {
     fn default() -> Self {
@@ -51,7 +60,23 @@ impl Decoder {
             event: String::new(),
             data: String::new(),
             has_data: false,
+            overflowed: false,
         }
+    }
+
+    /// Whether a line or a frame passed [`MAX_FRAME`]; the decoder then ignores the rest of the
+    /// stream, and the caller should fail it.
+    pub fn overflowed(&self) -> bool {
+        self.overflowed
+    }
+
+    fn overflow(&mut self) {
+        self.overflowed = true;
+        // Give the memory back at once.
+        self.line = Vec::new();
+        self.data = String::new();
+        self.event = String::new();
+        self.has_data = false;
     }
 
     /// Decodes `chunk`, appending every completed frame to `out`.
@@ -77,6 +102,9 @@ impl Decoder {
     /// Decodes `chunk`, calling `on_frame(event, data)` for every completed frame. The strings
     /// are lent from the decoder's reused buffers, so decoding allocates nothing per frame.
     pub fn feed_with(&mut self, mut chunk: &[u8], mut on_frame: impl FnMut(&str, &str)) {
+        if self.overflowed {
+            return;
+        }
         if self.skip_lf && !chunk.is_empty() {
             self.skip_lf = false;
             if chunk[0] == b'\n' {
@@ -122,6 +150,12 @@ impl Decoder {
                 }
             }
             chunk = &chunk[next..];
+            if self.overflowed {
+                return;
+            }
+        }
+        if self.line.len() + chunk.len() > MAX_FRAME {
+            return self.overflow();
         }
         self.line.extend_from_slice(chunk);
     }
@@ -129,6 +163,9 @@ impl Decoder {
     /// Ends the input: a trailing line without its line ending is processed, and a pending
     /// frame without its blank line is dispatched.
     pub fn finish_with(&mut self, mut on_frame: impl FnMut(&str, &str)) {
+        if self.overflowed {
+            return;
+        }
         self.at_start = false;
         if !self.line.is_empty() {
             let line = std::mem::take(&mut self.line);
@@ -154,6 +191,9 @@ impl Decoder {
         };
         match field {
             b"data" => {
+                if self.data.len() + value.len() + 1 > MAX_FRAME {
+                    return self.overflow();
+                }
                 if self.has_data {
                     self.data.push('\n');
                 }
@@ -183,6 +223,37 @@ impl Decoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_line_or_a_frame_over_the_bound_stops_the_decoder() {
+        // One endless line, fed in chunks: never buffered past the bound.
+        let mut decoder = Decoder::new();
+        let mut out = Vec::new();
+        decoder.feed(b"data: ", &mut out);
+        let chunk = vec![b'x'; 1024 * 1024];
+        for _ in 0..(MAX_FRAME / chunk.len() + 2) {
+            decoder.feed(&chunk, &mut out);
+        }
+        assert!(decoder.overflowed());
+        assert!(decoder.line.capacity() <= MAX_FRAME);
+        decoder.feed(b"\n\ndata: after\n\n", &mut out);
+        decoder.finish(&mut out);
+        assert!(out.is_empty(), "nothing after the overflow is decoded");
+        // Many short data lines adding up to too much for one frame.
+        let mut decoder = Decoder::new();
+        let line = format!("data: {}\n", "y".repeat(64 * 1024));
+        for _ in 0..(MAX_FRAME / line.len() + 2) {
+            decoder.feed(line.as_bytes(), &mut out);
+        }
+        assert!(decoder.overflowed());
+        assert!(out.is_empty());
+        // Just under the bound is fine.
+        let mut decoder = Decoder::new();
+        let big = format!("data: {}\n\n", "z".repeat(MAX_FRAME - 16));
+        decoder.feed(big.as_bytes(), &mut out);
+        assert!(!decoder.overflowed());
+        assert_eq!(out.len(), 1);
+    }
 
     fn frames(input: &[u8]) -> Vec<Frame> {
         let mut decoder = Decoder::new();

@@ -49,6 +49,13 @@ impl<F: Frames + Send + 'static> Wire for Framed<F> {
         let frames = &mut self.frames;
         self.sse
             .feed_with(bytes, |event, data| deliver(frames, event, data, out));
+        if self.sse.overflowed() && !self.is_done() {
+            let error = Error::invalid_output(format!(
+                "the provider sent an event stream line or event over {} bytes",
+                crate::sse::MAX_FRAME
+            ));
+            self.fail(error, out);
+        }
     }
 
     fn finish(&mut self, out: &mut Output) {

@@ -226,3 +226,30 @@ fn anthropic_endings() {
     let (error, _) = failed(anthropic_items(&format!("{start}data: {{oops\n\n")));
     assert_eq!(error.kind(), ErrorKind::InvalidOutput);
 }
+
+/// A parser's `feed`, whichever format.
+type Feed<'a> = dyn FnMut(&[u8], &mut Vec<Result<Event, Error>>) + 'a;
+
+#[test]
+fn a_line_over_the_bound_fails_the_stream_as_invalid_output() {
+    let start_openai = chunk(r#"{"role":"assistant","content":"hi"}"#, None);
+    let start_anthropic = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"model\":\"x\",\"usage\":{\"input_tokens\":1,\"output_tokens\":0}}}\n\n";
+    let mut openai = openai::Parser::new();
+    let mut anthropic = anthropic::Parser::new();
+    let feeds: [(&str, &mut Feed<'_>); 2] = [
+        (&start_openai, &mut |b, out| openai.feed(b, out)),
+        (start_anthropic, &mut |b, out| anthropic.feed(b, out)),
+    ];
+    let huge = vec![b'a'; 1024 * 1024];
+    for (start, feed) in feeds {
+        let mut out = Vec::new();
+        feed(start.as_bytes(), &mut out);
+        feed(b"data: ", &mut out);
+        for _ in 0..(agenthost_llm::sse::MAX_FRAME / huge.len() + 2) {
+            feed(&huge, &mut out);
+        }
+        let (error, _) = failed(out);
+        assert_eq!(error.kind(), ErrorKind::InvalidOutput, "{error}");
+        assert!(error.to_string().contains("bytes"), "{error}");
+    }
+}

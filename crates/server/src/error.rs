@@ -23,6 +23,8 @@ pub enum ErrorType {
     PayloadTooLarge,
     /// 415: a body sent with a content type other than JSON.
     UnsupportedMediaType,
+    /// 408: the request body did not arrive in time.
+    RequestTimeout,
     /// 422: the session's history does not fit the model's context window.
     ContextOverflow,
     /// 401: a token is configured and the request lacks it or has another one.
@@ -48,6 +50,7 @@ impl ErrorType {
             ErrorType::InvalidRequest => StatusCode::BAD_REQUEST,
             ErrorType::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorType::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ErrorType::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ErrorType::ContextOverflow => StatusCode::UNPROCESSABLE_ENTITY,
             ErrorType::Unauthorized => StatusCode::UNAUTHORIZED,
             ErrorType::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -65,6 +68,7 @@ impl ErrorType {
             ErrorType::InvalidRequest => "invalid_request",
             ErrorType::PayloadTooLarge => "payload_too_large",
             ErrorType::UnsupportedMediaType => "unsupported_media_type",
+            ErrorType::RequestTimeout => "request_timeout",
             ErrorType::ContextOverflow => "context_overflow",
             ErrorType::Unauthorized => "unauthorized",
             ErrorType::NotFound => "not_found",

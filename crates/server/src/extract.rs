@@ -54,8 +54,18 @@ impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalJ
     }
 }
 
-/// Parses a JSON body, naming what is wrong and where.
+/// Parses a JSON body, naming what is wrong and where. Every body is a JSON object: serde would
+/// also build a struct from an array of its fields in order, which no client means.
 pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => {}
+        Some(b'[' | b'"' | b'-' | b'0'..=b'9' | b't' | b'f' | b'n') => {
+            return Err(ApiError::invalid(
+                "invalid request body: expected a JSON object (`{...}`)",
+            ));
+        }
+        _ => {}
+    }
     serde_json::from_slice(bytes).map_err(|e| {
         use serde_json::error::Category;
         match e.classify() {
@@ -85,8 +95,31 @@ fn check_content_type(headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
     }
 }
 
+/// The longest a request body may take to arrive, whole (`Options::body_timeout`, put on every
+/// request by the router): a client that trickles its body cannot hold a connection and a
+/// handler forever.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyTimeout(pub std::time::Duration);
+
+/// Without the router's extension (a handler driven directly), the default.
+const DEFAULT_BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 async fn body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
-    Bytes::from_request(req, state).await.map_err(|rejection| {
+    let limit = req
+        .extensions()
+        .get::<BodyTimeout>()
+        .map_or(DEFAULT_BODY_TIMEOUT, |t| t.0);
+    let read = tokio::time::timeout(limit, Bytes::from_request(req, state));
+    let Ok(read) = read.await else {
+        return Err(ApiError::new(
+            ErrorType::RequestTimeout,
+            format!(
+                "the request body did not arrive within {} ms",
+                limit.as_millis()
+            ),
+        ));
+    };
+    read.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(
                 ErrorType::PayloadTooLarge,

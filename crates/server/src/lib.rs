@@ -22,6 +22,7 @@ pub mod client;
 mod error;
 mod events;
 pub mod extract;
+mod listen;
 pub mod metrics;
 pub mod openapi;
 pub mod tools;
@@ -60,6 +61,12 @@ pub struct Options {
     pub max_wait: Duration,
     /// How long a graceful shutdown waits for in-flight requests after the runtime stopped.
     pub drain_timeout: Duration,
+    /// How long a connection may take to send a request's head; slower ones are closed.
+    pub header_timeout: Duration,
+    /// How long a request body may take to arrive, whole; slower ones get `408`.
+    pub body_timeout: Duration,
+    /// Connections open at once; one more gets `503` and is closed.
+    pub max_connections: usize,
     /// Provider timings, when the providers were wrapped in [`metrics::Timed`].
     pub providers: Option<Arc<metrics::Providers>>,
 }
@@ -72,6 +79,9 @@ impl Default for Options {
             keep_alive: Duration::from_secs(15),
             max_wait: Duration::from_secs(600),
             drain_timeout: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            max_connections: 10_000,
             providers: None,
         }
     }
@@ -134,6 +144,9 @@ impl Api {
             .fallback(api::not_found)
             .method_not_allowed_fallback(api::method_not_allowed)
             .layer(DefaultBodyLimit::max(self.shared.options.body_limit))
+            .layer(axum::Extension(extract::BodyTimeout(
+                self.shared.options.body_timeout,
+            )))
     }
 
     /// Serves until `shutdown` resolves, then shuts down gracefully and boundedly: SSE streams
@@ -147,31 +160,33 @@ impl Api {
     ) -> std::io::Result<()> {
         let router = self.router();
         let shared = self.shared.clone();
-        let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
-        let graceful = async move {
+        let stop = CancellationToken::new();
+        let limits = listen::Limits {
+            header_timeout: shared.options.header_timeout,
+            max_connections: shared.options.max_connections,
+        };
+        let mut server = std::pin::pin!(listen::serve(listener, router, limits, stop.clone()));
+        let graceful = async {
             shutdown.await;
             tracing::info!("shutting down");
             shared.closing.cancel();
             shared.runtime.shutdown().await;
             shared.tasks.close();
             let _ = tokio::time::timeout(shared.options.drain_timeout, shared.tasks.wait()).await;
-            let _ = stopped_tx.send(());
         };
-        let server = axum::serve(listener, router).with_graceful_shutdown(graceful);
-        let drain_timeout = self.shared.options.drain_timeout;
-        let server = std::pin::pin!(server.into_future());
+        tokio::select! {
+            () = &mut server => return Ok(()),
+            () = graceful => stop.cancel(),
+        }
         // Bound the wait for open connections once shutdown has begun: a client holding a
         // keep-alive connection must not keep the process alive.
-        tokio::select! {
-            result = server => result,
-            () = async {
-                let _ = stopped_rx.await;
-                tokio::time::sleep(drain_timeout).await;
-            } => {
-                tracing::warn!("connections still open after the drain timeout; closing them");
-                Ok(())
-            }
+        if tokio::time::timeout(shared.options.drain_timeout, server)
+            .await
+            .is_err()
+        {
+            tracing::warn!("connections still open after the drain timeout; closing them");
         }
+        Ok(())
     }
 }
 

@@ -1243,3 +1243,41 @@ async fn post_routes_take_their_options_as_a_json_body_or_as_query_parameters() 
         .await;
     assert_error(&reply, 400, "invalid_request");
 }
+
+/// A JSON value that is not an object is refused where an object belongs, and changes nothing:
+/// no session is created, no provider is called, nothing is admitted.
+#[tokio::test]
+async fn bodies_must_be_json_objects() {
+    let h = harness(vec![text("never")]).await;
+    let s = h.session().await;
+    for (uri, body) in [
+        ("/api/session".to_owned(), "[]"),
+        ("/api/session".to_owned(), r#"["ses_array"]"#),
+        ("/api/session".to_owned(), "null"),
+        (format!("/api/session/{s}/generate"), r#"["text"]"#),
+        (format!("/api/session/{s}/prompt"), r#"["hello"]"#),
+        (format!("/api/session/{s}/prompt"), r#""hello""#),
+        (format!("/api/session/{s}/resume"), "[true]"),
+        (format!("/api/session/{s}/wait"), "[1000]"),
+    ] {
+        let reply = h.post(&uri, Some(body)).await;
+        assert_error(&reply, 400, "invalid_request");
+        assert!(
+            reply.json["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("JSON object")),
+            "{uri} {body}: {}",
+            reply.json
+        );
+    }
+    assert_eq!(h.provider.calls(), 0);
+    let sessions = h.get("/api/session").await;
+    assert_eq!(
+        sessions.json["data"]["sessions"].as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        sessions.json
+    );
+    let inbox = h.get(&format!("/api/session/{s}/inbox")).await;
+    assert_eq!(inbox.json["data"], serde_json::json!([]));
+}

@@ -1111,3 +1111,47 @@ async fn a_retry_backoff_holds_no_stream_permit() {
         .collect();
     assert_eq!(order, [a.to_string(), b.to_string(), a.to_string()]);
 }
+
+/// A provider that streams without end (a hostile or broken server) fails the step once its
+/// answer passes the output bound: the message stays readable, and the session takes the next
+/// prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_answer_fails_the_step_at_the_output_bound() {
+    let chunk = "x".repeat(64 * 1024);
+    let mut endless = Script::new();
+    for _ in 0..(agenthost_actors::MAX_STEP_OUTPUT / chunk.len() + 8) {
+        endless = endless.text(chunk.clone());
+    }
+    // The kept partial answer is far over the window: the next prompt compacts first.
+    let h = harness(vec![
+        endless.finish(FinishReason::Stop),
+        harness::summary("talked too much"),
+        text("fine again"),
+    ])
+    .await;
+    let s = h.session().await;
+    h.prompt(&s, "talk").await;
+    h.idle(&s).await;
+    let kinds = h.kinds(&s);
+    assert!(kinds.contains(&"step_failed"), "{kinds:?}");
+    assert!(kinds.contains(&"execution_failed"), "{kinds:?}");
+    let snap = h.runtime.snapshot().expect("snapshot");
+    let messages = snap
+        .messages(&s, agenthost_model::Seq::ZERO, usize::MAX)
+        .expect("messages stay readable");
+    let stored: usize = messages
+        .iter()
+        .map(|m| match m {
+            agenthost_model::Message::Assistant(a) => format!("{:?}", a.parts).len(),
+            _ => 0,
+        })
+        .sum();
+    assert!(
+        stored <= agenthost_actors::MAX_STEP_OUTPUT + 4096,
+        "{stored} bytes kept"
+    );
+    h.prompt(&s, "again").await;
+    h.idle(&s).await;
+    assert_eq!(h.kinds(&s).last(), Some(&"execution_succeeded"));
+    h.assert_replay_equal();
+}
