@@ -60,6 +60,8 @@ impl From<agenthost_store::Error> for Error {
             S::Invalid(e) => Error::from(e),
             S::Closed => Error::ShuttingDown,
             full @ S::Full { .. } => Error::Unavailable(full.to_string()),
+            // Nothing was written: the caller may retry once the disk is back.
+            io @ (S::DiskFull(_) | S::Io(_) | S::Stopped(_)) => Error::Unavailable(io.to_string()),
             other => Error::Storage(other.to_string()),
         }
     }

@@ -88,29 +88,34 @@ async fn row(shared: &Shared, id: &SessionId) -> Result<SessionRow, ApiError> {
     .await
 }
 
-/// Liveness: `ok`, or 503 `shutting_down` once shutdown began. Not under `/api`, never needs
-/// the token, and is not wrapped in `data`.
+/// Liveness: `ok`; `disk_full` while the disk refuses writes (reads work); 503 `store_failed`
+/// once an I/O error stopped writes until a restart; 503 `shutting_down` once shutdown began.
+/// Not under `/api`, never needs the token, and is not wrapped in `data`.
 #[utoipa::path(get, path = "/healthz", operation_id = "health", tag = "meta",
     responses(
-        (status = 200, description = "Serving", body = wire::Health),
-        (status = 503, description = "Shutting down", body = wire::Health),
+        (status = 200, description = "Serving (`ok`, or `disk_full` with reads only)", body = wire::Health),
+        (status = 503, description = "Shutting down, or writes stopped by an I/O error", body = wire::Health),
     ))]
 pub(crate) async fn healthz(State(shared): AppState) -> Response {
-    if shared.closing.is_cancelled() {
-        json_response(
+    let (status, state, reason) = match shared.runtime.store().health() {
+        _ if shared.closing.is_cancelled() => {
+            (StatusCode::SERVICE_UNAVAILABLE, "shutting_down", None)
+        }
+        agenthost_store::Health::Ok => (StatusCode::OK, "ok", None),
+        agenthost_store::Health::DiskFull(reason) => (StatusCode::OK, "disk_full", Some(reason)),
+        agenthost_store::Health::Failed(reason) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            &wire::Health {
-                status: "shutting_down".into(),
-            },
-        )
-    } else {
-        json_response(
-            StatusCode::OK,
-            &wire::Health {
-                status: "ok".into(),
-            },
-        )
-    }
+            "store_failed",
+            Some(reason),
+        ),
+    };
+    json_response(
+        status,
+        &wire::Health {
+            status: state.into(),
+            reason,
+        },
+    )
 }
 
 /// Creates a session, or returns the existing session when `id` names one.

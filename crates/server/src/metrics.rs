@@ -122,6 +122,17 @@ pub(crate) async fn render(State(shared): State<Arc<Shared>>) -> Response {
         m.recovered.load(Ordering::Relaxed),
     );
 
+    let health = match runtime.store().health() {
+        agenthost_store::Health::Ok => 0.0,
+        agenthost_store::Health::DiskFull(_) => 1.0,
+        agenthost_store::Health::Failed(_) => 2.0,
+    };
+    out.gauge(
+        "agenthost_store_health",
+        "0: writes work; 1: the disk is full (writes refused until there is space); 2: an I/O \
+         error stopped writes until a restart.",
+        health,
+    );
     let stats = runtime.store().stats();
     out.counter(
         "agenthost_store_commits_total",

@@ -39,8 +39,13 @@ pub struct ErrorBody {
 /// `GET /healthz`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Health {
-    /// `ok`, or `shutting_down` (with status 503).
+    /// `ok`; `disk_full` (status 200: reads work, writes are refused until there is space, then
+    /// resume by themselves); `store_failed` (503: an I/O error stopped writes until a restart);
+    /// or `shutting_down` (503).
     pub status: String,
+    /// Why, when not `ok`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 // ---------------------------------------------------------------------------------------------

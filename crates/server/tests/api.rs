@@ -1281,3 +1281,78 @@ async fn bodies_must_be_json_objects() {
     let inbox = h.get(&format!("/api/session/{s}/inbox")).await;
     assert_eq!(inbox.json["data"], serde_json::json!([]));
 }
+
+/// Storage faults, through the API: a full disk refuses prompts with 503 and a clear message
+/// while reads go on and `/healthz` says `disk_full`, and prompts work again once there is space,
+/// without a restart; a failed sync stops writes until a restart and `/healthz` answers 503.
+#[tokio::test]
+async fn storage_faults_answer_503_and_healthz_tells() {
+    use agenthost_store::faults::{Fault, Faults};
+    let faults = Arc::new(Faults::default());
+    let armed = faults.clone();
+    let h = harness_with(
+        vec![text("one"), text("two")],
+        Options::default(),
+        move |c| c.store.faults = Some(armed),
+    )
+    .await;
+    let s = h.session().await;
+    let prompt = |text: &str| format!(r#"{{"text": "{text}", "resume": false}}"#);
+    let uri = format!("/api/session/{s}/prompt");
+    assert_eq!(
+        h.post(&uri, Some(&prompt("first"))).await.status,
+        StatusCode::OK
+    );
+
+    faults.fail_writes(Fault::NoSpace);
+    let refused = h.post(&uri, Some(&prompt("refused"))).await;
+    assert_error(&refused, 503, "unavailable");
+    assert!(
+        refused.json["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("disk is full")),
+        "{}",
+        refused.json
+    );
+    let health = h.get("/healthz").await;
+    assert_eq!(health.status, StatusCode::OK);
+    assert_eq!(health.json["status"], "disk_full", "{}", health.json);
+    let inbox = h.get(&format!("/api/session/{s}/inbox")).await;
+    assert_eq!(inbox.status, StatusCode::OK, "reads go on: {}", inbox.json);
+    assert_eq!(inbox.json["data"].as_array().map(Vec::len), Some(1));
+    let metrics = h.get("/metrics").await;
+    let text = metrics.json.as_str().expect("plain text");
+    assert!(text.contains("agenthost_store_health 1"), "{text}");
+
+    faults.clear();
+    assert_eq!(
+        h.post(&uri, Some(&prompt("second"))).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(h.get("/healthz").await.json["status"], "ok");
+
+    faults.fail_syncs(Fault::Io);
+    assert_error(
+        &h.post(&uri, Some(&prompt("lost"))).await,
+        503,
+        "unavailable",
+    );
+    faults.clear();
+    let stopped = h.post(&uri, Some(&prompt("after"))).await;
+    assert_error(&stopped, 503, "unavailable");
+    assert!(
+        stopped.json["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("restart")),
+        "{}",
+        stopped.json
+    );
+    let health = h.get("/healthz").await;
+    assert_eq!(health.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(health.json["status"], "store_failed", "{}", health.json);
+    assert!(
+        health.json["reason"]
+            .as_str()
+            .is_some_and(|r| !r.is_empty())
+    );
+}

@@ -24,6 +24,19 @@ pub enum Error {
     Corrupt { what: String, reason: String },
     #[error("storage failure: {0}")]
     Storage(String),
+    /// The disk is full. Nothing of the operation was written; writes resume by themselves once
+    /// there is space again.
+    #[error("the disk is full: {0}")]
+    DiskFull(String),
+    /// The device failed (an I/O error, a failed sync). Nothing of the operation was written.
+    #[error("storage I/O error: {0}")]
+    Io(String),
+    /// An I/O error made the store stop accepting writes (a failed sync may have dropped pages,
+    /// so carrying on could lose data); reads go on where they can, writes wait for a restart.
+    #[error(
+        "the store stopped accepting writes after an I/O error ({0}); check the disk and restart"
+    )]
+    Stopped(String),
     #[error("the store is closed")]
     Closed,
     /// Another process has the store open for writing (a server running on it, say).
@@ -38,7 +51,31 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Converts any redb error into [`Error::Storage`], keeping its message and dropping its type.
+/// Converts any redb error into ours, keeping its message and dropping its type: a full disk is
+/// [`Error::DiskFull`], another I/O failure (or redb refusing to go on after one) [`Error::Io`],
+/// anything else [`Error::Storage`].
 pub(crate) fn storage(e: impl Into<redb::Error>) -> Error {
-    Error::Storage(e.into().to_string())
+    let e = e.into();
+    let message = e.to_string();
+    match &e {
+        // A failed sync stops writes, whatever its code (see `backend`).
+        redb::Error::Io(io) if crate::backend::sync_failed(io) => Error::Io(message),
+        redb::Error::Io(io) if full(io) => Error::DiskFull(message),
+        redb::Error::Io(_) | redb::Error::PreviousIo => Error::Io(message),
+        _ => Error::Storage(message),
+    }
+}
+
+fn full(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+    )
+}
+
+impl Error {
+    /// Whether the error says the storage failed (not the request): the store's health follows.
+    pub fn is_io(&self) -> bool {
+        matches!(self, Error::DiskFull(_) | Error::Io(_) | Error::Stopped(_))
+    }
 }

@@ -12,14 +12,18 @@
 //! Main types: [`Store`], [`RedbStore`], [`Config`], [`Snapshot`], [`Action`], [`Admission`], [`Receipt`],
 //! [`NewSession`], [`Error`].
 
+mod backend;
 mod codec;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 mod error;
+#[cfg(any(test, feature = "faults"))]
+pub mod faults;
 mod ops;
 mod readonly;
 mod record;
 mod rows;
+mod slot;
 mod snapshot;
 mod tables;
 mod tiers;
@@ -44,6 +48,7 @@ pub use codec::FORMAT_VERSION;
 pub use error::{Error, Result};
 pub use ops::{Action, Admission, NewSession, Receipt};
 pub use readonly::ReadOnlyStore;
+pub use slot::Health;
 pub use snapshot::Snapshot;
 pub use verify::{Verified, verify};
 pub use writer::{BUCKETS, Clock, CommitHook, Stats};
@@ -102,6 +107,10 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     fn snapshot(&self) -> Result<Box<dyn Snapshot>>;
     /// Writer counters (commits, operations, batch sizes).
     fn stats(&self) -> &Stats;
+    /// Whether the store takes writes (see [`Health`]).
+    fn health(&self) -> Health {
+        Health::Ok
+    }
     /// Stops accepting writes, returns once everything already submitted is durable, and
     /// releases the storage. Later operations fail with [`Error::Closed`].
     fn close(&self);
@@ -134,6 +143,9 @@ pub struct Config {
     pub fold_rows: usize,
     pub clock: Clock,
     pub on_commit: Option<CommitHook>,
+    /// Tests: the storage faults to inject (see `faults`).
+    #[cfg(any(test, feature = "faults"))]
+    pub faults: Option<Arc<faults::Faults>>,
 }
 
 impl Config {
@@ -148,6 +160,8 @@ impl Config {
             fold_rows: 16_384,
             clock: Arc::new(system_clock),
             on_commit: None,
+            #[cfg(any(test, feature = "faults"))]
+            faults: None,
         }
     }
 }
@@ -177,8 +191,8 @@ pub fn system_clock() -> Timestamp {
 /// The redb store. Cheap to share behind an `Arc`; dropping the last handle (or
 /// [`Store::close`]) lets the writer commit what is queued and stop.
 pub struct RedbStore {
-    /// `None` once closed: closing releases the file, so another store can open it.
-    db: std::sync::RwLock<Option<Arc<Database>>>,
+    /// The database, shared with the writer's threads (see `slot`).
+    db: Arc<slot::Slot>,
     tx: Mutex<Option<mpsc::Sender<Msg>>>,
     /// The planner's and the committer's threads.
     writer: Mutex<Vec<JoinHandle<()>>>,
@@ -209,19 +223,10 @@ impl RedbStore {
             std::fs::create_dir_all(parent)
                 .map_err(|e| Error::Storage(format!("cannot create {}: {e}", parent.display())))?;
         }
-        let mut builder = Database::builder();
-        if let Some(bytes) = config.cache_size {
-            builder.set_cache_size(bytes);
-        }
-        let db = builder.create(&config.path).map_err(|e| {
-            Error::Storage(format!(
-                "cannot open store {}: {}",
-                config.path.display(),
-                redb::Error::from(e)
-            ))
-        })?;
+        let open = opener(&config);
+        let db = open()?;
         init(&db)?;
-        let db = Arc::new(db);
+        let db = Arc::new(slot::Slot::new(db, open, prober(&config)));
         let stats = Arc::new(Stats::default());
         let (tx, requests) = mpsc::channel();
         let (signal, signals) = mpsc::channel();
@@ -261,7 +266,7 @@ impl RedbStore {
             spawn("store-planner", Box::new(move || planner.run(inbox, plans)))?,
         ];
         Ok(RedbStore {
-            db: std::sync::RwLock::new(Some(db)),
+            db,
             tx: Mutex::new(Some(tx)),
             writer: Mutex::new(threads),
             stats,
@@ -284,7 +289,7 @@ impl RedbStore {
                 tracing::error!("a store writer thread panicked");
             }
         }
-        drop(self.db.write().unwrap_or_else(|e| e.into_inner()).take());
+        self.db.close();
     }
 
     fn submit(&self, op: Op) -> BoxFuture<'static, Result<Outcome>> {
@@ -309,13 +314,7 @@ impl RedbStore {
     }
 
     pub(crate) fn redb_snapshot(&self) -> Result<snapshot::RedbSnapshot> {
-        let db = self
-            .db
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-            .ok_or(Error::Closed)?;
-        let txn = db.begin_read().map_err(storage)?;
+        let txn = self.db.get()?.begin_read().map_err(storage)?;
         Ok(snapshot::RedbSnapshot { txn })
     }
 }
@@ -335,6 +334,66 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Writes the format version into a new store, checks it in an existing one (upgrading an
 /// older readable format), creates every table so that readers never meet a missing one, folds
 /// the front and prunes the working set.
+/// Opens (or creates) the database file `config` names, over the fault-injecting backend when a
+/// test armed one.
+fn opener(config: &Config) -> slot::Opener {
+    let path = config.path.clone();
+    let cache = config.cache_size;
+    #[cfg(any(test, feature = "faults"))]
+    let faults = config.faults.clone();
+    Box::new(move || {
+        let mut builder = Database::builder();
+        if let Some(bytes) = cache {
+            builder.set_cache_size(bytes);
+        }
+        // A full disk stays a full disk; anything else about opening is the file's problem.
+        let cannot = |e: redb::Error| match storage(e) {
+            full @ Error::DiskFull(_) => full,
+            Error::Storage(message) | Error::Io(message) => {
+                Error::Storage(format!("cannot open store {}: {message}", path.display()))
+            }
+            other => Error::Storage(format!("cannot open store {}: {other}", path.display())),
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| Error::Storage(format!("cannot open {}: {e}", path.display())))?;
+        let storage = backend::Storage::new(
+            file,
+            #[cfg(any(test, feature = "faults"))]
+            faults.clone(),
+        )
+        .map_err(|e| cannot(e.into()))?;
+        builder
+            .create_with_backend(storage)
+            .map_err(|e| cannot(e.into()))
+    })
+}
+
+/// Writes and syncs a scratch file beside the store: whether the disk takes writes again.
+fn prober(config: &Config) -> slot::Probe {
+    let scratch = config.path.with_extension("space");
+    #[cfg(any(test, feature = "faults"))]
+    let faults = config.faults.clone();
+    Box::new(move || {
+        #[cfg(any(test, feature = "faults"))]
+        if let Some(faults) = &faults {
+            faults.check_write()?;
+        }
+        let written = (|| {
+            use std::io::Write as _;
+            let mut file = std::fs::File::create(&scratch)?;
+            file.write_all(&[0u8; 1 << 20])?;
+            file.sync_data()
+        })();
+        let _ = std::fs::remove_file(&scratch);
+        written
+    })
+}
+
 fn init(db: &Database) -> Result<()> {
     let txn = db.begin_write().map_err(storage)?;
     {
@@ -412,6 +471,10 @@ impl Store for RedbStore {
 
     fn stats(&self) -> &Stats {
         &self.stats
+    }
+
+    fn health(&self) -> Health {
+        self.db.health()
     }
 
     fn close(&self) {

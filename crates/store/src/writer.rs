@@ -29,12 +29,13 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use agenthost_model::{SessionId, Stored, Timestamp};
-use redb::{Database, Durability, ReadableDatabase as _};
+use redb::{Durability, ReadableDatabase as _};
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result, storage};
 use crate::ops::{Op, Outcome, execute};
 use crate::rows::{Changes, Committed, Finished, Overlay, Tables, Writes};
+use crate::slot::{Health, Slot};
 
 /// Called on the commit thread with every batch of events, in commit order, right after the
 /// commit is durable and before any caller is answered.
@@ -75,7 +76,7 @@ const TICK: Duration = Duration::from_micros(200);
 pub(crate) enum Done {
     Durable,
     /// The commit failed, for this reason.
-    Failed(String),
+    Failed(Failure),
     /// Not tried: it was planned on top of a batch that failed.
     Dropped,
 }
@@ -187,7 +188,7 @@ struct Flow {
     /// Requests received and not yet run.
     backlog: VecDeque<Request>,
     /// A commit failed, for this reason.
-    failed: Option<String>,
+    failed: Option<Failure>,
 }
 
 impl Flow {
@@ -215,7 +216,7 @@ impl Flow {
                 if self.done < self.handed {
                     self.committing = u64::MAX;
                     self.done = u64::MAX;
-                    self.failed = Some("the store's commit thread stopped".into());
+                    self.failed = Some(Failure::stopped("the store's commit thread stopped"));
                 }
             }
         }
@@ -283,7 +284,7 @@ pub(crate) struct Inbox {
 }
 
 pub(crate) struct Planner {
-    pub(crate) db: Arc<Database>,
+    pub(crate) db: Arc<Slot>,
     pub(crate) front: Front,
     pub(crate) committed: Committed,
     /// The rows of the batches handed over and not yet durable, oldest first, by number.
@@ -361,7 +362,10 @@ impl Planner {
             events,
         };
         if let Err(mpsc::SendError(plan)) = committer.send(plan) {
-            fail(plan.replies, "the store's commit thread stopped");
+            fail(
+                plan.replies,
+                &Failure::stopped("the store's commit thread stopped"),
+            );
             return false;
         }
         flow.handed = n;
@@ -382,11 +386,14 @@ impl Planner {
         fold: bool,
         replies: &mut Replies,
         events: &mut Vec<(SessionId, Stored)>,
-    ) -> std::result::Result<Finished, String> {
-        let read = self.db.begin_read().map_err(|e| storage(e).to_string())?;
+    ) -> std::result::Result<Finished, Failure> {
+        // The database is held for the call only: the committer may have to open it again.
+        let read = (self.db.get())
+            .and_then(|db| db.begin_read().map_err(storage))
+            .map_err(|e| Failure::of(&e))?;
         let in_flight: Vec<&Changes> = self.in_flight.iter().rev().map(|(_, c)| c).collect();
         let mut tables = Tables::open(&read, self.front.generation, &self.committed, in_flight)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Failure::of(&e))?;
         let now = (self.clock)();
         let mut deadline: Option<Instant> = None;
         loop {
@@ -400,7 +407,7 @@ impl Planner {
             let ready = flow.ready(replies.len());
             let linger = ready && room && !flow.closing && !self.max_wait.is_zero();
             if ready && !linger {
-                return tables.finish(fold).map_err(|e| e.to_string());
+                return tables.finish(fold).map_err(|e| Failure::of(&e));
             }
             if room && let Some(request) = flow.backlog.pop_front() {
                 let mut overlay = Overlay::new(&mut tables);
@@ -410,11 +417,11 @@ impl Planner {
                         Ok(outcome)
                     },
                 );
-                if let Err(Error::Storage(reason)) = &result {
+                if let Err(e @ (Error::Storage(_) | Error::DiskFull(_) | Error::Io(_))) = &result {
                     // redb failed a read: the batch cannot be trusted as a whole.
-                    let reason = reason.clone();
+                    let failure = Failure::of(e);
                     replies.push((request.reply, result));
-                    return Err(reason);
+                    return Err(failure);
                 }
                 replies.push((request.reply, result));
                 continue;
@@ -427,7 +434,7 @@ impl Planner {
                 {
                     Ok(msg) => flow.request(Ok(msg)),
                     Err(mpsc::RecvTimeoutError::Timeout) => {
-                        return tables.finish(fold).map_err(|e| e.to_string());
+                        return tables.finish(fold).map_err(|e| Failure::of(&e));
                     }
                     Err(mpsc::RecvTimeoutError::Disconnected) => flow.request(Err(mpsc::RecvError)),
                 }
@@ -439,16 +446,46 @@ impl Planner {
     }
 }
 
+/// Why a batch did not commit, as each of its callers is told.
+#[derive(Debug, Clone)]
+pub(crate) struct Failure {
+    kind: fn(String) -> Error,
+    reason: String,
+}
+
+impl Failure {
+    fn stopped(reason: &str) -> Failure {
+        Failure {
+            kind: Error::Storage,
+            reason: reason.to_owned(),
+        }
+    }
+
+    fn of(error: &Error) -> Failure {
+        let kind: fn(String) -> Error = match error {
+            Error::DiskFull(_) => Error::DiskFull,
+            Error::Io(_) => Error::Io,
+            Error::Stopped(_) => Error::Stopped,
+            _ => Error::Storage,
+        };
+        let reason = match error {
+            Error::DiskFull(r) | Error::Io(r) | Error::Stopped(r) | Error::Storage(r) => r.clone(),
+            other => other.to_string(),
+        };
+        Failure { kind, reason }
+    }
+}
+
 /// Answers every operation of a batch that will not commit.
-fn fail(replies: Replies, reason: &str) {
-    tracing::error!(error = %reason, ops = replies.len(), "store batch rejected");
+fn fail(replies: Replies, failure: &Failure) {
+    tracing::error!(error = %failure.reason, ops = replies.len(), "store batch rejected");
     for (reply, _) in replies {
-        let _ = reply.send(Err(Error::Storage(reason.to_owned())));
+        let _ = reply.send(Err((failure.kind)(failure.reason.clone())));
     }
 }
 
 pub(crate) struct Committer {
-    pub(crate) db: Arc<Database>,
+    pub(crate) db: Arc<Slot>,
     pub(crate) on_commit: Option<CommitHook>,
     pub(crate) stats: Arc<Stats>,
     /// Tests: how many of the next commits to fail, at the last moment (after the next batch
@@ -464,7 +501,7 @@ impl Committer {
         let planner = &planner.0;
         // Batches planned before the planner saw the last failure are dropped.
         let mut live_epoch = 0;
-        let mut last_failure = String::new();
+        let mut last_failure = Failure::of(&Error::Storage(String::new()));
         while let Ok(plan) = plans.recv() {
             let Plan {
                 n,
@@ -480,8 +517,12 @@ impl Committer {
                 continue;
             }
             let count = replies.len();
-            match self.commit(n, fold, &writes, planner) {
+            let committed = self
+                .writable()
+                .and_then(|()| self.commit(n, fold, &writes, planner));
+            match committed {
                 Ok(()) => {
+                    self.db.set_health(Health::Ok);
                     let _ = planner.send(Signal::Committed(n, Done::Durable, Box::new(writes)));
                     self.stats.record(count);
                     if let (Some(hook), false) = (&self.on_commit, events.is_empty()) {
@@ -494,8 +535,15 @@ impl Committer {
                 }
                 Err(e) => {
                     self.stats.failed_commits.fetch_add(1, Ordering::Relaxed);
+                    match &e {
+                        Error::DiskFull(reason) => {
+                            self.db.set_health(Health::DiskFull(reason.clone()))
+                        }
+                        Error::Io(reason) => self.db.set_health(Health::Failed(reason.clone())),
+                        _ => {}
+                    }
                     live_epoch = epoch + 1;
-                    last_failure = e.to_string();
+                    last_failure = Failure::of(&e);
                     let _ = planner.send(Signal::Committed(
                         n,
                         Done::Failed(last_failure.clone()),
@@ -504,6 +552,20 @@ impl Committer {
                     fail(replies, &last_failure);
                 }
             }
+        }
+    }
+
+    /// Whether a commit may be tried: never after an I/O error stopped writes; after a full
+    /// disk, only once the database opened again (redb refuses writes after an I/O error until
+    /// then), which is tried before every batch until it works.
+    fn writable(&self) -> Result<()> {
+        match self.db.health() {
+            Health::Ok => Ok(()),
+            Health::Failed(reason) => Err(Error::Stopped(reason)),
+            Health::DiskFull(reason) => self.db.reopen().map_err(|e| match e {
+                Error::Io(_) | Error::Storage(_) => Error::DiskFull(reason),
+                other => other,
+            }),
         }
     }
 
@@ -516,7 +578,7 @@ impl Committer {
         writes: &Writes,
         planner: &mpsc::Sender<Signal>,
     ) -> Result<()> {
-        let mut txn = self.db.begin_write().map_err(storage)?;
+        let mut txn = self.db.get()?.begin_write().map_err(storage)?;
         txn.set_durability(Durability::Immediate).map_err(storage)?;
         let mut folded = None;
         if fold {
@@ -562,7 +624,7 @@ impl Drop for Stopping {
         if std::thread::panicking() {
             let _ = self.0.send(Signal::Committed(
                 u64::MAX,
-                Done::Failed("the store's commit thread panicked".into()),
+                Done::Failed(Failure::stopped("the store's commit thread panicked")),
                 Box::default(),
             ));
         }

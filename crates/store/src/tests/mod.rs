@@ -4,6 +4,7 @@
 mod admission;
 mod conformance;
 mod crash;
+mod faults;
 mod golden;
 mod pipeline;
 mod projection;
