@@ -994,4 +994,40 @@ auto = false
             assert!(error.contains("test.toml"), "the file is named: {error}");
         }
     }
+
+    /// Pieces a config file is made of, so generated files get past the TOML parser often.
+    fn piece() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        prop_oneof![
+            Just("[server]\n".to_owned()),
+            Just("[limits]\n".to_owned()),
+            Just("[providers.p]\nkind = \"openai\"\n".to_owned()),
+            Just("[models.m]\n".to_owned()),
+            Just("[agents.a]\n".to_owned()),
+            Just("[[tools]]\nname = \"t\"\nkind = \"http\"\n".to_owned()),
+            Just("[recovery]\n".to_owned()),
+            Just("[compaction]\n".to_owned()),
+            "[a-z_]{1,24}".prop_map(|k| format!("{k} = 1\n")),
+            ("[a-z_]{1,24}", "[ -~]{0,24}").prop_map(|(k, v)| format!("{k} = {v:?}\n")),
+            ("[a-z_]{1,24}", any::<i64>()).prop_map(|(k, v)| format!("{k} = {v}\n")),
+            "[ -~\n]{0,40}",
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(
+            if std::env::var_os("AGENTHOST_SOAK").is_some() { 20_000 } else { 256 }
+        ))]
+
+        /// Any file, valid TOML or not: a setting or an error naming the file, never a panic.
+        #[test]
+        fn any_config_file_is_settings_or_a_clear_error(
+            pieces in proptest::collection::vec(piece(), 0..12),
+        ) {
+            let text: String = pieces.concat();
+            if let Err(error) = settings(&text) {
+                proptest::prop_assert!(error.to_string().contains("test.toml"), "{error}");
+            }
+        }
+    }
 }

@@ -399,3 +399,119 @@ proptest! {
         prop_assert_eq!(items, reference, "{} split at {:?}", name, cuts);
     }
 }
+
+/// How one recorded stream is damaged.
+#[derive(Debug, Clone)]
+enum Damage {
+    Flip { at: usize, mask: u8 },
+    Delete { at: usize, len: usize },
+    Insert { at: usize, bytes: Vec<u8> },
+    Truncate { at: usize },
+}
+
+fn damage() -> impl Strategy<Value = Damage> {
+    prop_oneof![
+        (any::<usize>(), 1u8..=255).prop_map(|(at, mask)| Damage::Flip { at, mask }),
+        (any::<usize>(), 1usize..64).prop_map(|(at, len)| Damage::Delete { at, len }),
+        (
+            any::<usize>(),
+            prop::collection::vec(
+                prop_oneof![
+                    Just(b'\n'),
+                    Just(b'\r'),
+                    Just(b':'),
+                    Just(b'{'),
+                    Just(b'"'),
+                    any::<u8>()
+                ],
+                1..32
+            )
+        )
+            .prop_map(|(at, bytes)| Damage::Insert { at, bytes }),
+        any::<usize>().prop_map(|at| Damage::Truncate { at }),
+    ]
+}
+
+fn apply(bytes: &mut Vec<u8>, damage: &Damage) {
+    let len = bytes.len().max(1);
+    match damage {
+        Damage::Flip { at, mask } => {
+            if let Some(b) = bytes.get_mut(at % len) {
+                *b ^= mask;
+            }
+        }
+        Damage::Delete { at, len: n } => {
+            let at = at % len;
+            let end = (at + n).min(bytes.len());
+            if at < end {
+                bytes.drain(at..end);
+            }
+        }
+        Damage::Insert { at, bytes: more } => {
+            let at = (at % len).min(bytes.len());
+            bytes.splice(at..at, more.iter().copied());
+        }
+        Damage::Truncate { at } => bytes.truncate(at % len),
+    }
+}
+
+fn fuzz_cases() -> u32 {
+    if std::env::var_os("AGENTHOST_SOAK").is_some() {
+        20_000
+    } else {
+        128
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(fuzz_cases()))]
+
+    /// Recorded streams, damaged (bytes flipped, cut, inserted, truncated) and split anywhere:
+    /// the parsers never panic, and what they yield keeps the stream contract. Events are
+    /// followed by at most one error, which comes last. There is at most one `StepFinish`. A
+    /// stream that does not finish ends in an error, never silently.
+    #[test]
+    fn damaged_streams_keep_the_contract(
+        which in 0usize..12,
+        damages in prop::collection::vec(damage(), 0..6),
+        cuts in prop::collection::vec(any::<usize>(), 0..8),
+    ) {
+        let (name, format, mut bytes) = fixtures().swap_remove(which);
+        for d in &damages {
+            apply(&mut bytes, d);
+        }
+        let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
+        cuts.sort_unstable();
+        let mut chunks = Vec::new();
+        let mut from = 0;
+        for cut in cuts {
+            chunks.push(&bytes[from..cut]);
+            from = cut;
+        }
+        chunks.push(&bytes[from..]);
+        let items = parse(format, chunks);
+        let errors = items.iter().filter(|i| i.is_err()).count();
+        prop_assert!(errors <= 1, "{name}: {errors} errors");
+        if errors == 1 {
+            prop_assert!(items.last().is_some_and(|i| i.is_err()), "{name}: the error is not last");
+        }
+        let finishes = items.iter().filter(|i| matches!(i, Ok(Event::StepFinish { .. }))).count();
+        prop_assert!(finishes <= 1, "{name}: {finishes} finishes");
+        prop_assert!(
+            matches!(items.last(), Some(Err(_)) | Some(Ok(Event::StepFinish { .. }))),
+            "{name}: ends with {:?}", items.last()
+        );
+    }
+
+    /// Arbitrary bytes, not a stream at all: no panic, and an error at the end.
+    #[test]
+    fn arbitrary_bytes_never_panic(
+        bytes in prop::collection::vec(any::<u8>(), 0..2048),
+        anthropic in any::<bool>(),
+    ) {
+        let format = if anthropic { Format::Anthropic } else { Format::OpenAi };
+        let items = parse_whole(format, &bytes);
+        let ended = matches!(items.last(), Some(Err(_)) | Some(Ok(Event::StepFinish { .. })));
+        prop_assert!(ended, "ends with {:?}", items.last());
+    }
+}

@@ -1356,3 +1356,128 @@ async fn storage_faults_answer_503_and_healthz_tells() {
             .is_some_and(|r| !r.is_empty())
     );
 }
+
+/// A JSON value of any shape, biased towards the fields the routes know.
+fn json_value() -> impl proptest::strategy::Strategy<Value = Value> {
+    use proptest::prelude::*;
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<f64>()
+            .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+        "[ -~]{0,16}".prop_map(Value::from),
+        Just(Value::from("ses_fuzz")),
+        Just(Value::from("msg_fuzz")),
+        Just(Value::from("steer")),
+        Just(Value::from("queue")),
+    ];
+    leaf.prop_recursive(3, 24, 6, |inner| {
+        let key = prop_oneof![
+            Just("text".to_owned()),
+            Just("id".to_owned()),
+            Just("delivery".to_owned()),
+            Just("resume".to_owned()),
+            Just("files".to_owned()),
+            Just("prompt".to_owned()),
+            Just("agent".to_owned()),
+            Just("model".to_owned()),
+            Just("title".to_owned()),
+            Just("wait".to_owned()),
+            Just("timeout_ms".to_owned()),
+            Just("url".to_owned()),
+            Just("mime".to_owned()),
+            "[a-z]{1,8}",
+        ];
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            prop::collection::btree_map(key, inner, 0..5)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+/// What a refused request must not change: the sessions (their durable position) and one
+/// session's inbox.
+async fn state(h: &Harness, s: &str) -> (Vec<Value>, Value) {
+    let sessions = h.get("/api/session?limit=1000").await.json;
+    let durable = sessions["data"]["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .map(|row| json!([row["id"], row["last_seq"], row["pending"]]))
+        .collect();
+    let inbox = h.get(&format!("/api/session/{s}/inbox")).await.json;
+    (durable, inbox)
+}
+
+/// Every POST route with generated bodies, valid and not: only documented statuses, never a
+/// 500, and a request refused changes nothing.
+#[test]
+fn generated_bodies_get_documented_answers_and_refusals_change_nothing() {
+    use proptest::test_runner::{Config, TestRunner};
+    let cases = if std::env::var_os("AGENTHOST_SOAK").is_some() {
+        5_000
+    } else {
+        200
+    };
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let (h, s) = rt.block_on(async {
+        // No lost-wake sweep: it would promote the inputs admitted with `resume: false` in the
+        // background, between the two reads of the state.
+        let h = harness_with(vec![], Options::default(), |c| {
+            c.limits.wake_sweep = std::time::Duration::ZERO;
+        })
+        .await;
+        let s = h.session().await;
+        (h, s)
+    });
+    let routes = [
+        "/api/session".to_owned(),
+        format!("/api/session/{s}/prompt"),
+        format!("/api/session/{s}/generate"),
+        // `resume` starts a drain in the background, which changes the session by itself.
+        format!("/api/session/{s}/wait"),
+        format!("/api/session/{s}/interrupt"),
+        format!("/api/session/{s}/compact"),
+    ];
+    let mut runner = TestRunner::new(Config::with_cases(cases));
+    runner
+        .run(&(0..routes.len(), json_value()), |(route, body)| {
+            rt.block_on(async {
+                let before = state(&h, &s).await;
+                let text = body.to_string();
+                // `resume` would answer after a provider call the harness has no script for.
+                let uri = &routes[route];
+                let mut text = text;
+                if let Value::Object(map) = &body
+                    && uri.ends_with("/prompt")
+                    && map.get("resume") != Some(&Value::Bool(false))
+                {
+                    let mut map = map.clone();
+                    map.insert("resume".into(), Value::Bool(false));
+                    text = Value::Object(map).to_string();
+                }
+                let reply = h.post(uri, Some(&text)).await;
+                let code = reply.status.as_u16();
+                proptest::prop_assert!(
+                    [200, 400, 404, 409, 413, 422, 502, 503].contains(&code),
+                    "{uri} {text}: {code} {}",
+                    reply.json
+                );
+                if code != 200 {
+                    proptest::prop_assert!(reply.json["error"]["type"].is_string());
+                    let after = state(&h, &s).await;
+                    proptest::prop_assert_eq!(
+                        &before,
+                        &after,
+                        "{} {} changed the state",
+                        uri,
+                        text
+                    );
+                }
+                Ok(())
+            })
+        })
+        .expect("every generated request answered as documented");
+}

@@ -549,3 +549,58 @@ fn an_invalid_id_in_a_record_is_corrupt() {
         Err(Error::Corrupt { reason, .. }) if reason.contains("invalid message id")
     ));
 }
+
+fn fuzz_cases() -> u32 {
+    if std::env::var_os("AGENTHOST_SOAK").is_some() {
+        20_000
+    } else {
+        256
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(fuzz_cases()))]
+
+    /// Damaged records (bytes flipped, cut or appended) and arbitrary bytes decode to a value or
+    /// an error, never a panic, and never allocate beyond the record limit.
+    #[test]
+    fn damaged_records_are_errors_not_panics(
+        which in 0usize..64,
+        flips in proptest::collection::vec((proptest::prelude::any::<usize>(), 1u8..=255), 0..8),
+        cut in proptest::option::of(proptest::prelude::any::<usize>()),
+        tail in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..16),
+        raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256),
+    ) {
+        let events = events();
+        let messages = messages();
+        let mut bytes = match which % 2 {
+            0 => encode(&Stored {
+                seq: Seq(which as u64),
+                time: Timestamp(7),
+                event: events[which % events.len()].clone(),
+            }),
+            _ => encode(&messages[which % messages.len()]),
+        };
+        for (at, mask) in &flips {
+            let len = bytes.len();
+            bytes[at % len] ^= mask;
+        }
+        if let Some(cut) = cut {
+            bytes.truncate(cut % (bytes.len() + 1));
+        }
+        bytes.extend_from_slice(&tail);
+        let _ = decode::<Stored>("event", &bytes);
+        let _ = decode::<Message>("message", &bytes);
+        let _ = records("event", &bytes);
+        let _ = decode::<Stored>("event", &raw);
+        let _ = decode::<Message>("message", &raw);
+        let _ = decode::<IndexEntry>("index entry", &raw);
+        let _ = records("event", &raw);
+        // With a valid version header, the body is all the decoder sees.
+        let mut versioned = FORMAT_VERSION.to_le_bytes().to_vec();
+        versioned.extend_from_slice(&raw);
+        let _ = decode::<Stored>("event", &versioned);
+        let _ = decode::<crate::record::SessionRecord>("session record", &versioned);
+        let _ = decode::<InstructionState>("instruction state", &versioned);
+    }
+}
