@@ -79,6 +79,9 @@ struct Server {
     body_timeout_ms: Option<u64>,
     /// Connections open at once.
     max_connections: Option<usize>,
+    /// Event streams open at once, in all and on one session.
+    max_streams: Option<usize>,
+    max_streams_per_session: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -217,6 +220,8 @@ pub struct Settings {
     pub header_timeout: Option<Duration>,
     pub body_timeout: Option<Duration>,
     pub max_connections: Option<usize>,
+    pub max_streams: Option<usize>,
+    pub max_streams_per_session: Option<usize>,
     /// No provider was configured: the built-in mock answers.
     pub builtin_mock: bool,
     pub providers: BTreeMap<String, Arc<dyn llm::Provider>>,
@@ -682,6 +687,8 @@ pub fn resolve(
         header_timeout: file.server.header_timeout_ms.map(Duration::from_millis),
         body_timeout: file.server.body_timeout_ms.map(Duration::from_millis),
         max_connections: file.server.max_connections,
+        max_streams: file.server.max_streams,
+        max_streams_per_session: file.server.max_streams_per_session,
         builtin_mock,
         providers,
         models,

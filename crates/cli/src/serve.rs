@@ -112,6 +112,12 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     if let Some(max) = settings.max_connections {
         options.max_connections = max;
     }
+    if let Some(max) = settings.max_streams {
+        options.max_streams = max;
+    }
+    if let Some(max) = settings.max_streams_per_session {
+        options.max_streams_per_session = max;
+    }
     let api = Api::new(runtime, options);
     tracing::info!(
         %addr,

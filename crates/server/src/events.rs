@@ -36,7 +36,12 @@ use crate::wire::{self, ErrorEnvelope};
 use crate::{Shared, read};
 
 /// Durable events read from the store at once, during replay and catch-up.
-const PAGE: usize = 256;
+const PAGE: usize = 64;
+
+/// Frames a stream renders ahead of what its client has taken, in bytes, and what it reads from
+/// the store at once: a client that does not read holds about this (and the connection's write
+/// buffer), however long the history.
+const AHEAD: usize = 64 * 1024;
 
 /// The event stream of one session.
 #[utoipa::path(get, path = "/api/session/{id}/events", operation_id = "streamEvents", tag = "session",
@@ -50,6 +55,7 @@ const PAGE: usize = 256;
         (status = 400, description = "Malformed id, `after` or `Last-Event-ID`", body = ErrorEnvelope),
         (status = 401, body = ErrorEnvelope),
         (status = 404, body = ErrorEnvelope),
+        (status = 503, description = "Too many event streams open, on this session or in all", body = ErrorEnvelope),
     ),
     security((), ("bearer" = [])))]
 pub(crate) async fn stream(
@@ -77,15 +83,18 @@ pub(crate) async fn stream(
             .ok_or_else(|| ApiError::from(agenthost_actors::Error::SessionNotFound(id.clone())))
     })
     .await?;
+    let slot = shared.streams.open(&shared.options, &session)?;
     let feed = Feed {
+        _slot: slot,
         shared: shared.clone(),
         session,
         rx,
         // `after = u64::MAX` leaves nothing to send; saturating keeps that true.
         next: after.map_or(0, |a| a.saturating_add(1)),
         last: after,
-        replaying: true,
+        reading: Some(Reading::Replay),
         queue: VecDeque::new(),
+        queued: 0,
         done: false,
     };
     shared.counters.sse_opened();
@@ -95,7 +104,78 @@ pub(crate) async fn stream(
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(shared.options.keep_alive)))
 }
 
+/// The event streams open, in all and per session.
+#[derive(Debug, Default)]
+pub(crate) struct Streams {
+    inner: Arc<std::sync::Mutex<StreamCounts>>,
+}
+
+#[derive(Debug, Default)]
+struct StreamCounts {
+    total: usize,
+    by_session: std::collections::HashMap<SessionId, usize>,
+}
+
+impl Streams {
+    /// Counts a new stream of `session`, or refuses it when a limit is reached.
+    fn open(&self, options: &crate::Options, session: &SessionId) -> Result<Slot, ApiError> {
+        let mut counts = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if counts.total >= options.max_streams {
+            return Err(ApiError::new(
+                crate::error::ErrorType::Unavailable,
+                format!(
+                    "too many event streams open ({}); retry shortly",
+                    options.max_streams
+                ),
+            ));
+        }
+        let open = counts.by_session.entry(session.clone()).or_default();
+        if *open >= options.max_streams_per_session {
+            return Err(ApiError::new(
+                crate::error::ErrorType::Unavailable,
+                format!(
+                    "too many event streams open on session {session} ({}); retry shortly",
+                    options.max_streams_per_session
+                ),
+            ));
+        }
+        *open += 1;
+        counts.total += 1;
+        Ok(Slot {
+            streams: self.inner.clone(),
+            session: session.clone(),
+        })
+    }
+}
+
+/// One open stream, counted until dropped.
+struct Slot {
+    streams: Arc<std::sync::Mutex<StreamCounts>>,
+    session: SessionId,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut counts = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        counts.total -= 1;
+        if let Some(open) = counts.by_session.get_mut(&self.session) {
+            *open -= 1;
+            if *open == 0 {
+                counts.by_session.remove(&self.session);
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reading {
+    Replay,
+    CatchUp,
+}
+
 struct Feed {
+    /// Counts this stream against the limits until it ends.
+    _slot: Slot,
     shared: Arc<Shared>,
     session: SessionId,
     rx: broadcast::Receiver<Arc<(SessionId, Live)>>,
@@ -103,8 +183,12 @@ struct Feed {
     next: u64,
     /// The seq of the last durable event sent (or the client's starting point).
     last: Option<u64>,
-    replaying: bool,
-    queue: VecDeque<Event>,
+    /// Reading durable events from the store, page by page as the client takes them: the
+    /// replay (then `synced`), or a catch-up after the bus lagged or showed a gap.
+    reading: Option<Reading>,
+    queue: VecDeque<(Event, usize)>,
+    /// Bytes of durable frames in `queue`.
+    queued: usize,
     /// An error frame was queued; end after it.
     done: bool,
 }
@@ -118,21 +202,24 @@ impl Drop for Feed {
 impl Feed {
     async fn next_frame(&mut self) -> Option<Event> {
         loop {
-            if let Some(event) = self.queue.pop_front() {
+            if let Some((event, bytes)) = self.queue.pop_front() {
+                self.queued -= bytes;
                 return Some(event);
             }
             if self.done {
                 return None;
             }
-            if self.replaying {
+            if let Some(reading) = self.reading {
                 match self.catch_up().await {
                     Ok(true) => {}
                     Ok(false) => {
-                        self.replaying = false;
-                        let synced = wire::Synced {
-                            last_seq: self.last,
-                        };
-                        self.queue.push_back(json_event("synced", &synced));
+                        self.reading = None;
+                        if reading == Reading::Replay {
+                            let synced = wire::Synced {
+                                last_seq: self.last,
+                            };
+                            self.queue.push_back((json_event("synced", &synced), 0));
+                        }
                     }
                     Err(e) => self.fail(e),
                 }
@@ -154,11 +241,7 @@ impl Feed {
                         Live::Event(stored) if stored.seq.0 == self.next => self.push(stored),
                         // A gap means bus messages were lost without a lag report: the store
                         // has them (this event is committed, so everything before it is too).
-                        Live::Event(_) => {
-                            if let Err(e) = self.catch_up_all().await {
-                                self.fail(e);
-                            }
-                        }
+                        Live::Event(_) => self.reading = Some(Reading::CatchUp),
                         Live::Delta {
                             message,
                             kind,
@@ -171,20 +254,18 @@ impl Feed {
                                 part: *part,
                                 delta: delta.clone(),
                             };
-                            self.queue.push_back(json_event("delta", &delta));
+                            self.queue.push_back((json_event("delta", &delta), 0));
                         }
                         Live::Status { running } => {
                             let status = wire::Status::new(*running);
-                            self.queue.push_back(json_event("status", &status));
+                            self.queue.push_back((json_event("status", &status), 0));
                         }
                     }
                 }
                 Err(RecvError::Lagged(missed)) => {
                     tracing::debug!(session = %self.session, missed, "event stream lagged; reading the store");
                     self.shared.counters.sse_lagged();
-                    if let Err(e) = self.catch_up_all().await {
-                        self.fail(e);
-                    }
+                    self.reading = Some(Reading::CatchUp);
                 }
                 Err(RecvError::Closed) => return None,
             }
@@ -193,31 +274,38 @@ impl Feed {
 
     fn push(&mut self, stored: &Stored) {
         let event = wire::Event::from(stored);
-        self.queue
-            .push_back(json_event(stored.event.kind(), &event).id(stored.seq.0.to_string()));
+        let json = serde_json::to_string(&event)
+            .unwrap_or_else(|e| format!("{{\"error\":\"cannot serialize: {e}\"}}"));
+        let bytes = json.len();
+        let frame = Event::default()
+            .event(stored.event.kind())
+            .data(json)
+            .id(stored.seq.0.to_string());
+        self.queue.push_back((frame, bytes));
+        self.queued += bytes;
         self.last = Some(stored.seq.0);
         self.next = stored.seq.0 + 1;
     }
 
-    /// Queues one page of durable events from `next`; `true` when the page was full (there
-    /// may be more).
+    /// Queues durable events from `next`, a page at most and no further than [`AHEAD`] bytes
+    /// beyond what the client took; `true` when there may be more.
     async fn catch_up(&mut self) -> Result<bool, ApiError> {
         let session = self.session.clone();
         let from = Seq(self.next);
         let events = read(&self.shared.runtime, move |snap| {
-            Ok(snap.events(&session, from, PAGE)?)
+            Ok(snap.events_within(&session, from, PAGE, AHEAD)?)
         })
         .await?;
-        let full = events.len() == PAGE;
+        // Empty only at the end of the log.
+        let more = !events.is_empty();
         for stored in &events {
+            if self.queued >= AHEAD {
+                // The rest is read again once the client took what is queued.
+                return Ok(true);
+            }
             self.push(stored);
         }
-        Ok(full)
-    }
-
-    async fn catch_up_all(&mut self) -> Result<(), ApiError> {
-        while self.catch_up().await? {}
-        Ok(())
+        Ok(more)
     }
 
     fn fail(&mut self, error: ApiError) {
@@ -226,7 +314,7 @@ impl Feed {
             kind: error.kind(),
             message: error.message().to_owned(),
         };
-        self.queue.push_back(json_event("error", &body));
+        self.queue.push_back((json_event("error", &body), 0));
         self.done = true;
     }
 }

@@ -67,6 +67,9 @@ pub struct Options {
     pub body_timeout: Duration,
     /// Connections open at once; one more gets `503` and is closed.
     pub max_connections: usize,
+    /// Event streams open at once, in all and on one session; one more gets `503`.
+    pub max_streams: usize,
+    pub max_streams_per_session: usize,
     /// Provider timings, when the providers were wrapped in [`metrics::Timed`].
     pub providers: Option<Arc<metrics::Providers>>,
 }
@@ -82,6 +85,8 @@ impl Default for Options {
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
             max_connections: 10_000,
+            max_streams: 10_000,
+            max_streams_per_session: 256,
             providers: None,
         }
     }
@@ -98,6 +103,8 @@ pub(crate) struct Shared {
     /// shutdown waits for it.
     pub tasks: TaskTracker,
     pub counters: metrics::Counters,
+    /// Event streams open per session, for `max_streams_per_session`.
+    pub streams: events::Streams,
 }
 
 /// The HTTP API over one runtime. Cheap to clone.
@@ -116,6 +123,7 @@ impl Api {
             closing: CancellationToken::new(),
             tasks: TaskTracker::new(),
             counters: metrics::Counters::default(),
+            streams: Default::default(),
         });
         metrics::listen(&shared);
         Api { shared }

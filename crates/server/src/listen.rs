@@ -45,6 +45,9 @@ pub(crate) async fn serve(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
+        // What a connection buffers for a client that does not read: a small multiple of a
+        // stream's read-ahead, not hyper's default.
+        .max_buf_size(64 * 1024)
         .keep_alive(true);
     loop {
         let (stream, _) = tokio::select! {

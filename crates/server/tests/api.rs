@@ -1481,3 +1481,34 @@ fn generated_bodies_get_documented_answers_and_refusals_change_nothing() {
         })
         .expect("every generated request answered as documented");
 }
+
+/// Event streams are capped per session and in all: one more gets 503, and a stream that ends
+/// gives its place back.
+#[tokio::test]
+async fn event_streams_are_capped_per_session_and_in_all() {
+    let options = Options {
+        max_streams: 3,
+        max_streams_per_session: 2,
+        ..Options::default()
+    };
+    let h = harness_with(vec![], options, |_| {}).await;
+    let (a, b, c) = (h.session().await, h.session().await, h.session().await);
+    let events = |s: &str| format!("/api/session/{s}/events");
+    let mut first = Frames::open(&h, &events(&a), None).await;
+    first.until("synced").await;
+    let second = Frames::open(&h, &events(&a), None).await;
+    let refused = h.get(&events(&a)).await;
+    assert_error(&refused, 503, "unavailable");
+    assert!(
+        refused.json["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(&a)),
+        "{}",
+        refused.json
+    );
+    let third = Frames::open(&h, &events(&b), None).await;
+    assert_error(&h.get(&events(&c)).await, 503, "unavailable");
+    drop(second);
+    let again = Frames::open(&h, &events(&c), None).await;
+    drop((first, third, again));
+}

@@ -35,6 +35,19 @@ pub trait Snapshot: Send {
     fn index(&self, id: &MessageId) -> Result<Option<IndexEntry>>;
     /// Events with `seq >= from`, in seq order, at most `limit`.
     fn events(&self, id: &SessionId, from: Seq, limit: usize) -> Result<Vec<Stored>>;
+    /// [`Snapshot::events`], stopping early once the events read are about `max_bytes` large
+    /// (at least one is read): a reader that renders them a page at a time holds a bounded
+    /// amount, however large single events are.
+    fn events_within(
+        &self,
+        id: &SessionId,
+        from: Seq,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<Stored>> {
+        let _ = max_bytes;
+        self.events(id, from, limit)
+    }
     /// Sessions holding a claim.
     fn claimed(&self) -> Result<Vec<SessionId>>;
     /// Sessions with pending input.
@@ -65,10 +78,24 @@ impl RedbSnapshot {
         from: Seq,
         limit: usize,
     ) -> Result<Vec<T>> {
+        self.session_range_within(tiered, id, from, limit, usize::MAX)
+    }
+
+    /// [`Self::session_range`], stopping once the rows read hold `max_bytes` encoded (at least
+    /// one row is read).
+    fn session_range_within<T: Record>(
+        &self,
+        tiered: Tiered,
+        id: &SessionId,
+        from: Seq,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<T>> {
         let base = self.txn.open_table(tiered.base).map_err(storage)?;
         let front = self.txn.open_table(tiered.front).map_err(storage)?;
         let generations = tiers::generations(&front)?;
         let mut out = Vec::new();
+        let mut read = 0usize;
         if limit == 0 {
             return Ok(out);
         }
@@ -80,7 +107,8 @@ impl RedbSnapshot {
             from.0,
             |_, bytes| {
                 out.push(decode(tiered.what, bytes)?);
-                Ok(out.len() < limit)
+                read = read.saturating_add(bytes.len());
+                Ok(out.len() < limit && read < max_bytes)
             },
         )?;
         Ok(out)
@@ -240,6 +268,16 @@ impl Snapshot for RedbSnapshot {
 
     fn events(&self, id: &SessionId, from: Seq, limit: usize) -> Result<Vec<Stored>> {
         self.session_range(EVENT_TIERS, id, from, limit)
+    }
+
+    fn events_within(
+        &self,
+        id: &SessionId,
+        from: Seq,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<Stored>> {
+        self.session_range_within(EVENT_TIERS, id, from, limit, max_bytes)
     }
 
     fn claimed(&self) -> Result<Vec<SessionId>> {
