@@ -79,6 +79,9 @@ struct Server {
     body_timeout_ms: Option<u64>,
     /// Connections open at once.
     max_connections: Option<usize>,
+    /// Whether `/metrics` and `/healthz` need the token too.
+    protect_metrics: Option<bool>,
+    protect_healthz: Option<bool>,
     /// Event streams open at once, in all and on one session.
     max_streams: Option<usize>,
     max_streams_per_session: Option<usize>,
@@ -222,6 +225,8 @@ pub struct Settings {
     pub max_connections: Option<usize>,
     pub max_streams: Option<usize>,
     pub max_streams_per_session: Option<usize>,
+    pub protect_metrics: bool,
+    pub protect_healthz: bool,
     /// No provider was configured: the built-in mock answers.
     pub builtin_mock: bool,
     pub providers: BTreeMap<String, Arc<dyn llm::Provider>>,
@@ -689,6 +694,8 @@ pub fn resolve(
         max_connections: file.server.max_connections,
         max_streams: file.server.max_streams,
         max_streams_per_session: file.server.max_streams_per_session,
+        protect_metrics: file.server.protect_metrics.unwrap_or(false),
+        protect_healthz: file.server.protect_healthz.unwrap_or(false),
         builtin_mock,
         providers,
         models,

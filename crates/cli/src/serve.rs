@@ -97,6 +97,8 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     .runtime()?;
     let mut options = Options {
         token: settings.token.clone(),
+        protect_metrics: settings.protect_metrics,
+        protect_healthz: settings.protect_healthz,
         providers: Some(providers),
         ..Options::default()
     };

@@ -67,6 +67,10 @@ pub struct Options {
     pub body_timeout: Duration,
     /// Connections open at once; one more gets `503` and is closed.
     pub max_connections: usize,
+    /// Whether `/metrics` and `/healthz` need the token too (they are open by default, for
+    /// scrapers and load balancers).
+    pub protect_metrics: bool,
+    pub protect_healthz: bool,
     /// Event streams open at once, in all and on one session; one more gets `503`.
     pub max_streams: usize,
     pub max_streams_per_session: usize,
@@ -85,6 +89,8 @@ impl Default for Options {
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
             max_connections: 10_000,
+            protect_metrics: false,
+            protect_healthz: false,
             max_streams: 10_000,
             max_streams_per_session: 256,
             providers: None,
@@ -134,7 +140,7 @@ impl Api {
     }
 
     /// The router: `/healthz`, `/metrics`, `/openapi.json` and the `/api` routes (behind the
-    /// token when one is configured), with the body limit and our error shape for unknown
+    /// token when one is configured; `/metrics` and `/healthz` too when asked), with the body limit and our error shape for unknown
     /// routes and methods.
     pub fn router(&self) -> Router {
         let api = api::routes()
@@ -143,10 +149,19 @@ impl Api {
                 auth::require,
             ))
             .with_state(self.shared.clone());
+        let guard = || axum::middleware::from_fn_with_state(self.shared.clone(), auth::require);
+        let mut healthz = Router::new().route("/healthz", axum::routing::get(api::healthz));
+        if self.shared.options.protect_healthz {
+            healthz = healthz.route_layer(guard());
+        }
+        let mut metrics = Router::new().route("/metrics", axum::routing::get(metrics::render));
+        if self.shared.options.protect_metrics {
+            metrics = metrics.route_layer(guard());
+        }
         Router::new()
-            .route("/healthz", axum::routing::get(api::healthz))
-            .route("/metrics", axum::routing::get(metrics::render))
             .route("/openapi.json", axum::routing::get(openapi::serve))
+            .merge(healthz)
+            .merge(metrics)
             .with_state(self.shared.clone())
             .merge(api)
             .fallback(api::not_found)

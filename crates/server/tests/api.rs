@@ -1512,3 +1512,50 @@ async fn event_streams_are_capped_per_session_and_in_all() {
     let again = Frames::open(&h, &events(&c), None).await;
     drop((first, third, again));
 }
+
+/// `/metrics` and `/healthz` can be put behind the token too; every refusal is 401 and no
+/// message echoes what was presented.
+#[tokio::test]
+async fn metrics_and_health_can_require_the_token() {
+    for (protect_metrics, protect_healthz) in [(true, false), (false, true), (true, true)] {
+        let options = Options {
+            token: Token::new("s3cret"),
+            protect_metrics,
+            protect_healthz,
+            ..Options::default()
+        };
+        let h = harness_with(vec![], options, |_| {}).await;
+        for (path, protected) in [("/metrics", protect_metrics), ("/healthz", protect_healthz)] {
+            let open = h.get(path).await;
+            match protected {
+                true => assert_error(&open, 401, "unauthorized"),
+                false => assert_eq!(open.status, StatusCode::OK, "{path}"),
+            }
+            let wrong = h
+                .send(
+                    Request::get(path)
+                        .header(header::AUTHORIZATION, "Bearer guess-XYZ")
+                        .body(Body::empty())
+                        .expect("request"),
+                )
+                .await;
+            if protected {
+                assert_error(&wrong, 401, "unauthorized");
+                assert!(
+                    !wrong.json.to_string().contains("guess-XYZ"),
+                    "{}",
+                    wrong.json
+                );
+            }
+            let right = h
+                .send(
+                    Request::get(path)
+                        .header(header::AUTHORIZATION, "Bearer s3cret")
+                        .body(Body::empty())
+                        .expect("request"),
+                )
+                .await;
+            assert_eq!(right.status, StatusCode::OK, "{path}");
+        }
+    }
+}
