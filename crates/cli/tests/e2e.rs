@@ -210,6 +210,23 @@ impl Http {
         reply["data"]["id"].as_str().expect("id").to_owned()
     }
 
+    /// A new session of the default agent, prompted with `text`: the session and its live
+    /// frames up to the end of the execution.
+    async fn turn(&self, text: &str) -> (String, Vec<Frame>) {
+        let s = self.session("default").await;
+        let mut stream = self.events(&s).await;
+        stream.until("synced").await;
+        self.post(
+            &format!("/api/session/{s}/prompt"),
+            Some(json!({ "text": text })),
+        )
+        .await;
+        let live = stream
+            .until_any(&["execution_succeeded", "execution_failed"])
+            .await;
+        (s, live)
+    }
+
     async fn events(&self, session: &str) -> Sse {
         let response = self
             .client
@@ -717,17 +734,7 @@ async fn anthropic_wire_tool_loop_to_the_step_limit_and_generate_after_tools() {
         &["serve", "--config", cfg, "--bind", "127.0.0.1:0"],
     );
     let http = Http::new(&server.url());
-    let s = http.session("default").await;
-    let mut stream = http.events(&s).await;
-    stream.until("synced").await;
-    http.post(
-        &format!("/api/session/{s}/prompt"),
-        Some(json!({"text": "look it up"})),
-    )
-    .await;
-    let live = stream
-        .until_any(&["execution_succeeded", "execution_failed"])
-        .await;
+    let (s, live) = http.turn("look it up").await;
     assert!(
         !live.iter().any(|f| f.event == "execution_failed"),
         "{live:?}\n{}",
@@ -945,17 +952,7 @@ async fn a_large_tool_output_is_previewed_in_history_and_read_back_whole_after_a
     let args = ["serve", "--config", cfg, "--bind", "127.0.0.1:0"];
     let mut server = Proc::spawn("serve-big-tool", d, &args);
     let mut http = Http::new(&server.url());
-    let s = http.session("default").await;
-    let mut stream = http.events(&s).await;
-    stream.until("synced").await;
-    http.post(
-        &format!("/api/session/{s}/prompt"),
-        Some(json!({"text": "look it up"})),
-    )
-    .await;
-    let live = stream
-        .until_any(&["execution_succeeded", "execution_failed"])
-        .await;
+    let (s, live) = http.turn("look it up").await;
     assert!(
         live.iter().any(|f| f.event == "tool_output"),
         "the whole output's event is on the stream: {live:?}"

@@ -153,6 +153,25 @@ pub fn text(s: &str) -> Script {
 }
 
 /// The text of every user-side message of a request, in order.
+/// A runtime over a store in `dir` and `provider`, with one session that `text` was admitted to.
+pub async fn started_with_prompt(
+    dir: &std::path::Path,
+    provider: Arc<Scripted>,
+    text: &str,
+) -> (Runtime, SessionId) {
+    let runtime = Runtime::start(config(dir, provider)).await.expect("start");
+    let s = runtime
+        .create_session(CreateSession::default())
+        .await
+        .expect("session")
+        .id;
+    runtime
+        .prompt(PromptRequest::new(&s, text))
+        .await
+        .expect("admitted");
+    (runtime, s)
+}
+
 /// A compaction's summary reply that follows the template, each section saying `what`.
 pub fn summary(what: &str) -> Script {
     let reply: String = agenthost_actors::SUMMARY_SECTIONS

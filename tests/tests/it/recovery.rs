@@ -454,18 +454,7 @@ async fn shutdown_keeps_the_claim_of_an_interrupted_drain() {
         .finish(agenthost_llm::FinishReason::Stop);
     let dir = tempfile::tempdir().expect("tempdir");
     let provider = Arc::new(Scripted::new([script]));
-    let runtime = Runtime::start(harness::config(dir.path(), provider.clone()))
-        .await
-        .expect("start");
-    let s = runtime
-        .create_session(CreateSession::default())
-        .await
-        .expect("s")
-        .id;
-    runtime
-        .prompt(PromptRequest::new(&s, "long job"))
-        .await
-        .expect("admitted");
+    let (runtime, s) = harness::started_with_prompt(dir.path(), provider.clone(), "long job").await;
     gate.reached().await;
     runtime.shutdown().await;
     assert!(matches!(

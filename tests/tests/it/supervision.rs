@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use agenthost_actors::{CreateSession, Extensions, Hook, PromptRequest, RequestContext, Runtime};
+use agenthost_actors::{Extensions, Hook, RequestContext, Runtime};
 use agenthost_llm::Request;
 use agenthost_llm::scripted::Scripted;
 
@@ -433,18 +433,7 @@ async fn an_interrupt_ends_a_session_waiting_for_a_stream_permit() {
 async fn every_shutdown_call_returns_once_the_store_is_released() {
     let dir = tempfile::tempdir().expect("tempdir");
     let provider = Arc::new(Scripted::new([text("a")]));
-    let runtime = Runtime::start(harness::config(dir.path(), provider.clone()))
-        .await
-        .expect("start");
-    let s = runtime
-        .create_session(CreateSession::default())
-        .await
-        .expect("session")
-        .id;
-    runtime
-        .prompt(PromptRequest::new(&s, "hi"))
-        .await
-        .expect("admitted");
+    let (runtime, _) = harness::started_with_prompt(dir.path(), provider.clone(), "hi").await;
     let (a, b) = (runtime.clone(), runtime.clone());
     let first = tokio::spawn(async move { a.shutdown().await });
     let second = tokio::spawn(async move { b.shutdown().await });
