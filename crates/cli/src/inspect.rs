@@ -2,7 +2,8 @@
 //! session, newest first; with one it dumps its row, messages, pending inputs and event log
 //! (events as the API's JSON). Either way it then verifies the store session by session: each
 //! log must be gap-free and replay through the model's projector into exactly what is stored
-//! (`agenthost_store::verify`). `--verify` only verifies; `--json` prints one JSON document.
+//! (`agenthost_store::verify`). `--verify` only verifies, and checks the file itself too (redb's
+//! page checksums and tree structure, on a copy); `--json` prints one JSON document.
 //!
 //! The store is opened read-only and never changed: not upgraded, folded or recovered. A store
 //! a crash left needing recovery is inspected through a recovered copy in a temporary
@@ -13,7 +14,7 @@ use std::path::PathBuf;
 
 use agenthost_model::{Seq, SessionId};
 use agenthost_server::wire;
-use agenthost_store::{ReadOnlyStore, Snapshot, Verified};
+use agenthost_store::{Integrity, ReadOnlyStore, Snapshot, Verified};
 use anyhow::{Context, anyhow};
 use clap::Parser;
 use serde_json::{Value, json};
@@ -49,10 +50,20 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         .map(SessionId::parse)
         .transpose()
         .usage()?;
-    let (text, verified) = tokio::task::spawn_blocking(move || inspect(&path, &args, session))
+    let (text, verified) = match tokio::task::spawn_blocking(move || inspect(&path, &args, session))
         .await
-        .context("inspect panicked")
-        .runtime()??;
+    {
+        Ok(done) => done?,
+        // redb may panic on a page it cannot make sense of: that is a damaged file, not a bug
+        // of the check.
+        Err(e) if e.is_panic() => {
+            return Err(Failure::Check(anyhow!(
+                "the store file is damaged: reading it failed ({e}); `agenthost inspect --verify` \
+                 checks the file itself"
+            )));
+        }
+        Err(e) => return Err(Failure::Runtime(anyhow!("inspect stopped: {e}"))),
+    };
     print!("{text}");
     match verified.ok() {
         true => Ok(()),
@@ -82,6 +93,20 @@ fn inspect(
                 .runtime()?;
             (store, true)
         }
+        Err(agenthost_store::Error::Locked) => {
+            return Err(Failure::Runtime(
+                anyhow::Error::new(agenthost_store::Error::Locked)
+                    .context(format!("cannot open {}", path.display())),
+            ));
+        }
+        Err(e) if args.verify && !matches!(e, agenthost_store::Error::FormatVersion { .. }) => {
+            // Unreadable as a store: say what the file check finds.
+            return Err(Failure::Check(anyhow!(
+                "cannot read {} as a store ({e}); the file check says: {}",
+                path.display(),
+                describe(&file_check(path)?)
+            )));
+        }
         Err(e) => {
             return Err(Failure::Runtime(
                 anyhow::Error::new(e).context(format!("cannot open {}", path.display())),
@@ -104,7 +129,30 @@ fn inspect(
             Some(id) => dump(&*snap, id, &mut out, &mut doc)?,
         }
     }
-    let verified = agenthost_store::verify(&*snap).runtime()?;
+    let mut verified = match agenthost_store::verify(&*snap) {
+        Ok(verified) => verified,
+        // Unreadable records where a store must be readable: damage, for a check.
+        Err(e) if args.verify => {
+            return Err(Failure::Check(anyhow!(
+                "the store is damaged: reading it failed ({e}); the file check says: {}",
+                describe(&file_check(path)?)
+            )));
+        }
+        Err(e) => return Err(Failure::Runtime(e.into())),
+    };
+    if args.verify {
+        // The file itself too, through a copy: redb's page checksums and tree structure.
+        let integrity = file_check(path)?;
+        let state = match integrity {
+            Integrity::Intact => "intact",
+            Integrity::Repairable => "repairable",
+            Integrity::Damaged(_) => "damaged",
+        };
+        let problem = (integrity != Integrity::Intact).then(|| describe(&integrity));
+        out.push_str(&format!("file: {state}\n"));
+        doc.insert("file".into(), json!(state));
+        verified.differences.extend(problem);
+    }
     match verified.ok() {
         true => out.push_str(&format!(
             "verified: projections equal a replay of {} sessions and {} events\n",
@@ -215,6 +263,27 @@ fn dump(
     }
     doc.insert("events".into(), Value::Array(events));
     Ok(())
+}
+
+/// redb's integrity check of the file at `path`, on a copy in a scratch directory.
+fn file_check(path: &std::path::Path) -> Result<Integrity, Failure> {
+    let scratch = tempfile::tempdir()
+        .context("cannot make a scratch directory")
+        .runtime()?;
+    agenthost_store::check_integrity(path, scratch.path()).runtime()
+}
+
+/// What a file check found, for a person.
+fn describe(integrity: &Integrity) -> String {
+    match integrity {
+        Integrity::Intact => "the file is intact".into(),
+        Integrity::Repairable => {
+            "the file is damaged, but redb can repair it (the next `agenthost serve` does)".into()
+        }
+        Integrity::Damaged(reason) => {
+            format!("the file is damaged beyond repair ({reason}); restore it from a backup")
+        }
+    }
 }
 
 /// A wire value as JSON.

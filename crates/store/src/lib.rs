@@ -47,7 +47,7 @@ use tokio::sync::oneshot;
 pub use codec::FORMAT_VERSION;
 pub use error::{Error, Result};
 pub use ops::{Action, Admission, NewSession, Receipt};
-pub use readonly::ReadOnlyStore;
+pub use readonly::{Integrity, ReadOnlyStore, check_integrity};
 pub use slot::Health;
 pub use snapshot::Snapshot;
 pub use verify::{Verified, verify};

@@ -11,6 +11,46 @@ use crate::error::{Error, Result, storage};
 use crate::snapshot::{RedbSnapshot, Snapshot};
 use crate::tables;
 
+/// What redb's own integrity check (page checksums, tree structure) says of a store file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Integrity {
+    Intact,
+    /// Damaged, but redb could repair it (in the checked copy; the file itself is unchanged).
+    Repairable,
+    /// Damaged beyond repair, with redb's reason.
+    Damaged(String),
+}
+
+/// Checks the store file at `path` through a copy in `scratch`: the original is never written,
+/// and a file damaged so badly that redb panics on it is reported, not a crash. Reads the whole
+/// file: an offline check.
+pub fn check_integrity(path: &Path, scratch: &Path) -> Result<Integrity> {
+    let copy = scratch.join("check.redb");
+    std::fs::copy(path, &copy).map_err(|e| {
+        Error::Storage(format!(
+            "cannot copy {} to {}: {e}",
+            path.display(),
+            copy.display()
+        ))
+    })?;
+    let checked = std::panic::catch_unwind(|| -> std::result::Result<bool, String> {
+        let mut db = redb::Database::open(&copy).map_err(|e| e.to_string())?;
+        db.check_integrity().map_err(|e| e.to_string())
+    });
+    Ok(match checked {
+        Ok(Ok(true)) => Integrity::Intact,
+        Ok(Ok(false)) => Integrity::Repairable,
+        Ok(Err(reason)) => Integrity::Damaged(reason),
+        Err(panic) => Integrity::Damaged(
+            panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "redb panicked reading it".into()),
+        ),
+    })
+}
+
 /// A store file opened read-only.
 pub struct ReadOnlyStore {
     db: redb::ReadOnlyDatabase,
