@@ -65,6 +65,15 @@ pub struct File {
     compaction: Compaction,
     #[serde(default)]
     limits: Limits,
+    #[serde(default)]
+    store: StoreSection,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StoreSection {
+    /// Check the whole store file when opening it (default true).
+    check_on_start: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -227,6 +236,8 @@ pub struct Settings {
     pub max_streams_per_session: Option<usize>,
     pub protect_metrics: bool,
     pub protect_healthz: bool,
+    /// Check the whole store file when opening it.
+    pub check_on_start: bool,
     /// No provider was configured: the built-in mock answers.
     pub builtin_mock: bool,
     pub providers: BTreeMap<String, Arc<dyn llm::Provider>>,
@@ -269,6 +280,7 @@ impl Settings {
         if let Some(after) = self.passivate_after {
             config.passivate_after = after;
         }
+        config.store.check_on_open = self.check_on_start;
         config
     }
 }
@@ -696,6 +708,7 @@ pub fn resolve(
         max_streams_per_session: file.server.max_streams_per_session,
         protect_metrics: file.server.protect_metrics.unwrap_or(false),
         protect_healthz: file.server.protect_healthz.unwrap_or(false),
+        check_on_start: file.store.check_on_start.unwrap_or(true),
         builtin_mock,
         providers,
         models,

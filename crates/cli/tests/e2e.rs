@@ -1214,4 +1214,11 @@ async fn inspect_verify_reports_a_damaged_file() {
     );
     let (status, _, err) = run(&["inspect", "--data-dir", &data]);
     assert_ne!(status.code(), Some(101), "inspect panicked: {err}");
+    // The server refuses to start on it, saying so and naming the file.
+    let (status, _, err) = run(&["serve", "--data-dir", &data, "--bind", "127.0.0.1:0"]);
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("damaged") && err.contains("store.redb"),
+        "{err}"
+    );
 }

@@ -143,6 +143,10 @@ pub struct Config {
     pub fold_rows: usize,
     pub clock: Clock,
     pub on_commit: Option<CommitHook>,
+    /// Check the whole file (redb's page checksums and tree structure) when opening, so a
+    /// damaged store stops the start with a clear error instead of failing later. Reads the
+    /// whole file: about 0.1 s per 40 MB.
+    pub check_on_open: bool,
     /// Tests: the storage faults to inject (see `faults`).
     #[cfg(any(test, feature = "faults"))]
     pub faults: Option<Arc<faults::Faults>>,
@@ -160,6 +164,7 @@ impl Config {
             fold_rows: 16_384,
             clock: Arc::new(system_clock),
             on_commit: None,
+            check_on_open: true,
             #[cfg(any(test, feature = "faults"))]
             faults: None,
         }
@@ -339,6 +344,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 fn opener(config: &Config) -> slot::Opener {
     let path = config.path.clone();
     let cache = config.cache_size;
+    let check = config.check_on_open;
     #[cfg(any(test, feature = "faults"))]
     let faults = config.faults.clone();
     Box::new(move || {
@@ -346,13 +352,24 @@ fn opener(config: &Config) -> slot::Opener {
         if let Some(bytes) = cache {
             builder.set_cache_size(bytes);
         }
+        builder.set_check_integrity_on_open(check);
+        let damaged = |reason: &dyn std::fmt::Display| {
+            Error::Storage(format!(
+                "cannot open store {}: it is damaged ({reason}); `agenthost inspect --verify` \
+                 tells more; restore it from a backup",
+                path.display()
+            ))
+        };
         // A full disk stays a full disk; anything else about opening is the file's problem.
-        let cannot = |e: redb::Error| match storage(e) {
-            full @ Error::DiskFull(_) => full,
-            Error::Storage(message) | Error::Io(message) => {
-                Error::Storage(format!("cannot open store {}: {message}", path.display()))
-            }
-            other => Error::Storage(format!("cannot open store {}: {other}", path.display())),
+        let cannot = |e: redb::Error| match e {
+            redb::Error::Corrupted(reason) => damaged(&reason),
+            e => match storage(e) {
+                full @ Error::DiskFull(_) => full,
+                Error::Storage(message) | Error::Io(message) => {
+                    Error::Storage(format!("cannot open store {}: {message}", path.display()))
+                }
+                other => Error::Storage(format!("cannot open store {}: {other}", path.display())),
+            },
         };
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -367,10 +384,25 @@ fn opener(config: &Config) -> slot::Opener {
             faults.clone(),
         )
         .map_err(|e| cannot(e.into()))?;
-        builder
-            .create_with_backend(storage)
-            .map_err(|e| cannot(e.into()))
+        // redb may panic on a file damaged in a way its checks do not cover: that is a damaged
+        // file, said as such, not a crash.
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            builder.create_with_backend(storage)
+        }));
+        match opened {
+            Ok(opened) => opened.map_err(|e| cannot(e.into())),
+            Err(panic) => Err(damaged(&panic_message(&*panic))),
+        }
     })
+}
+
+/// What a caught panic said.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "redb panicked reading it".into())
 }
 
 /// Writes and syncs a scratch file beside the store: whether the disk takes writes again.

@@ -41,13 +41,7 @@ pub fn check_integrity(path: &Path, scratch: &Path) -> Result<Integrity> {
         Ok(Ok(true)) => Integrity::Intact,
         Ok(Ok(false)) => Integrity::Repairable,
         Ok(Err(reason)) => Integrity::Damaged(reason),
-        Err(panic) => Integrity::Damaged(
-            panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                .unwrap_or_else(|| "redb panicked reading it".into()),
-        ),
+        Err(panic) => Integrity::Damaged(crate::panic_message(&*panic)),
     })
 }
 
