@@ -12,9 +12,8 @@
 //! not settle within `--turn-timeout-secs`. The report ends with the resident memory of this
 //! process (the runtime's, in embedded mode).
 
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agenthost_actors::{
@@ -84,17 +83,10 @@ enum Signal {
     Resync,
 }
 
-type Routes = Mutex<HashMap<SessionId, mpsc::UnboundedSender<Signal>>>;
-
 /// What the load is driven through.
 enum Target {
-    Embedded {
-        runtime: Runtime,
-        routes: Arc<Routes>,
-    },
-    Remote {
-        client: Client,
-    },
+    Embedded { runtime: Runtime },
+    Remote { client: Client },
 }
 
 /// A session under load; dropping it stops its event reader.
@@ -116,16 +108,16 @@ impl Target {
     async fn open(&self) -> anyhow::Result<Session> {
         let (tx, signals) = mpsc::unbounded_channel();
         match self {
-            Target::Embedded { runtime, routes } => {
+            Target::Embedded { runtime } => {
                 let row = runtime.create_session(CreateSession::default()).await?;
-                routes
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(row.id.clone(), tx);
+                // The session's own channel, subscribed before the first prompt: another
+                // session's traffic can never make this one lag.
+                let live = runtime.subscribe_session(&row.id);
+                let reader = tokio::spawn(forward(live, tx));
                 Ok(Session {
                     id: row.id,
                     signals,
-                    reader: None,
+                    reader: Some(reader),
                 })
             }
             Target::Remote { client } => {
@@ -194,41 +186,29 @@ fn end(event: &Event) -> Option<bool> {
     }
 }
 
-/// Forwards the bus to the sessions' drivers.
-async fn dispatch(runtime: Runtime, routes: Arc<Routes>) {
-    let mut rx = runtime.subscribe();
-    drop(runtime);
+/// Turns one session's live events into its driver's signals.
+async fn forward(
+    mut live: tokio::sync::broadcast::Receiver<Arc<(SessionId, Live)>>,
+    tx: mpsc::UnboundedSender<Signal>,
+) {
     loop {
-        let (session, signal) = match rx.recv().await {
-            Ok(message) => {
-                let (session, live) = &*message;
-                let signal = match live {
-                    Live::Delta { .. } => Signal::Token,
-                    Live::Event(stored) => match end(&stored.event) {
-                        Some(ok) => Signal::End {
-                            seq: stored.seq.0,
-                            ok,
-                        },
-                        None => continue,
+        let signal = match live.recv().await {
+            Ok(message) => match &message.1 {
+                Live::Delta { .. } => Signal::Token,
+                Live::Event(stored) => match end(&stored.event) {
+                    Some(ok) => Signal::End {
+                        seq: stored.seq.0,
+                        ok,
                     },
-                    Live::Status { .. } => continue,
-                };
-                (session.clone(), signal)
-            }
-            Err(RecvError::Lagged(_)) => {
-                for tx in routes.lock().unwrap_or_else(|e| e.into_inner()).values() {
-                    let _ = tx.send(Signal::Resync);
-                }
-                continue;
-            }
+                    None => continue,
+                },
+                Live::Status { .. } => continue,
+            },
+            Err(RecvError::Lagged(_)) => Signal::Resync,
             Err(RecvError::Closed) => return,
         };
-        if let Some(tx) = routes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&session)
-        {
-            let _ = tx.send(signal);
+        if tx.send(signal).is_err() {
+            return;
         }
     }
 }
@@ -447,12 +427,6 @@ async fn drive(
         }
         bar.inc(1);
     }
-    if let Target::Embedded { routes, .. } = &*target {
-        routes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&session.id);
-    }
     stats
 }
 
@@ -495,7 +469,6 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     }
 
     let mut temp = None;
-    let mut dispatcher = None;
     let target = match &args.url {
         Some(url) => {
             let token = std::env::var(&args.token_env).ok().and_then(Token::new);
@@ -541,9 +514,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
             .await
             .context("cannot start the runtime")
             .runtime()?;
-            let routes: Arc<Routes> = Arc::default();
-            dispatcher = Some(tokio::spawn(dispatch(runtime.clone(), routes.clone())));
-            Target::Embedded { runtime, routes }
+            Target::Embedded { runtime }
         }
     };
     let target = Arc::new(target);
@@ -572,10 +543,6 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     bar.finish_and_clear();
     let memory = Memory::read();
 
-    if let Some(dispatcher) = dispatcher {
-        dispatcher.abort();
-        let _ = dispatcher.await;
-    }
     if let Target::Embedded { runtime, .. } = &*target {
         runtime.shutdown().await;
     }

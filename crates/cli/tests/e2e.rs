@@ -581,6 +581,13 @@ fn embedded_loadtest_reports() {
         .as_f64()
         .expect("a figure");
     assert!(p50 > 0.0 && p50 <= report["latency"]["turn"]["max_ms"].as_f64().unwrap_or(0.0));
+    // Under load too, every turn's first token is measured: one session's traffic never makes
+    // another's driver miss its tokens.
+    let (status, out, err) = run(&["loadtest", "--sessions", "2000", "--prompts", "2", "--json"]);
+    assert!(status.success(), "{err}");
+    let report: Value = serde_json::from_str(out.trim()).expect("JSON report");
+    assert_eq!(report["turns_ok"], 4000, "{report}");
+    assert_eq!(report["latency"]["first_token"]["count"], 4000, "{report}");
 }
 
 /// Bad configuration: a clear message, exit code 2, and the data directory never created.
