@@ -19,6 +19,7 @@ pub mod conformance;
 mod error;
 #[cfg(any(test, feature = "faults"))]
 pub mod faults;
+mod log;
 mod ops;
 mod readonly;
 mod record;
@@ -26,7 +27,6 @@ mod rows;
 mod slot;
 mod snapshot;
 mod tables;
-mod tiers;
 mod verify;
 mod writer;
 
@@ -138,7 +138,7 @@ pub struct Config {
     pub cache_size: Option<usize>,
     /// New events and inbox rows are written to a front area keyed for locality and folded into
     /// the per-session tables once it holds this many rows; a new generation of the front starts
-    /// every `fold_rows / 8` rows (see `tiers`). Larger folds copy
+    /// every `fold_rows / 8` rows (see `log`). Larger folds copy
     /// each session's pages less often; each fold makes one commit longer.
     pub fold_rows: usize,
     pub clock: Clock,
@@ -238,7 +238,7 @@ impl RedbStore {
         let (plans, planned) = mpsc::channel();
         let planner = Planner {
             db: db.clone(),
-            front: writer::Front::new(config.fold_rows),
+            front: log::Front::new(config.fold_rows),
             committed: Default::default(),
             in_flight: Default::default(),
             epoch: 0,
@@ -452,7 +452,7 @@ fn init(db: &Database) -> Result<()> {
             .map_err(storage)?;
         // Start with an empty front: what a previous process left there is folded now, so the
         // writer's own count of front rows starts true.
-        rows::fold(&txn)?;
+        log::fold(&txn)?;
         rows::prune_working(&txn)?;
         // Creates every table, so that readers never meet a missing one.
         rows::Writes::default().apply(&txn)?;

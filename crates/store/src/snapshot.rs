@@ -9,11 +9,11 @@ use agenthost_model::{
 };
 use redb::{ReadTransaction, ReadableTable};
 
-use crate::codec::{Record, decode};
+use crate::codec::decode;
 use crate::error::{Result, storage};
+use crate::log;
 use crate::record::{self, Inbox, SessionRecord};
 use crate::tables::*;
-use crate::tiers::{self, Tiered};
 
 /// Read access to one consistent state of the store.
 pub trait Snapshot: Send {
@@ -70,43 +70,31 @@ pub(crate) struct RedbSnapshot {
 }
 
 impl RedbSnapshot {
-    /// A session's rows of a two-tier table with `seq >= from`, in seq order, at most `limit`.
-    fn session_range<T: Record>(
+    /// A session's events with `seq >= from`, in seq order, at most `limit`, stopping once the
+    /// events read hold `max_bytes` encoded (at least one is read).
+    fn events_range(
         &self,
-        tiered: Tiered,
-        id: &SessionId,
-        from: Seq,
-        limit: usize,
-    ) -> Result<Vec<T>> {
-        self.session_range_within(tiered, id, from, limit, usize::MAX)
-    }
-
-    /// [`Self::session_range`], stopping once the rows read hold `max_bytes` encoded (at least
-    /// one row is read).
-    fn session_range_within<T: Record>(
-        &self,
-        tiered: Tiered,
         id: &SessionId,
         from: Seq,
         limit: usize,
         max_bytes: usize,
-    ) -> Result<Vec<T>> {
-        let base = self.txn.open_table(tiered.base).map_err(storage)?;
-        let front = self.txn.open_table(tiered.front).map_err(storage)?;
-        let generations = tiers::generations(&front)?;
+    ) -> Result<Vec<Stored>> {
+        let base = self.txn.open_table(EVENTS).map_err(storage)?;
+        let front = self.txn.open_table(EVENTS_FRONT).map_err(storage)?;
+        let generations = log::generations(&front)?;
         let mut out = Vec::new();
         let mut read = 0usize;
         if limit == 0 {
             return Ok(out);
         }
-        tiers::for_each(
+        log::for_each(
             &base,
             &front,
             &generations,
             id.as_str(),
             from.0,
             |_, bytes| {
-                out.push(decode(tiered.what, bytes)?);
+                out.push(decode("event", bytes)?);
                 read = read.saturating_add(bytes.len());
                 Ok(out.len() < limit && read < max_bytes)
             },
@@ -114,17 +102,13 @@ impl RedbSnapshot {
         Ok(out)
     }
 
-    /// Every row of a two-tier table.
+    /// Every event of the store, each session's in seq order.
     #[cfg(test)]
-    fn all_tiers<T: Record>(
-        &self,
-        tiered: Tiered,
-        mut each: impl FnMut(SessionId, Seq, T),
-    ) -> Result<()> {
-        let base = self.txn.open_table(tiered.base).map_err(storage)?;
-        let front = self.txn.open_table(tiered.front).map_err(storage)?;
-        tiers::for_all(&base, &front, |session, seq, bytes| {
-            each(session_key(session)?, Seq(seq), decode(tiered.what, bytes)?);
+    fn all_events(&self, mut each: impl FnMut(SessionId, Stored)) -> Result<()> {
+        let base = self.txn.open_table(EVENTS).map_err(storage)?;
+        let front = self.txn.open_table(EVENTS_FRONT).map_err(storage)?;
+        log::for_all(&base, &front, |session, _, bytes| {
+            each(session_key(session)?, decode("event", bytes)?);
             Ok(())
         })
     }
@@ -156,12 +140,12 @@ impl RedbSnapshot {
         if inbox.is_empty() {
             return Ok(Vec::new());
         }
-        let base = self.txn.open_table(EVENT_TIERS.base).map_err(storage)?;
-        let front = self.txn.open_table(EVENT_TIERS.front).map_err(storage)?;
-        let generations = tiers::generations(&front)?;
+        let base = self.txn.open_table(EVENTS).map_err(storage)?;
+        let front = self.txn.open_table(EVENTS_FRONT).map_err(storage)?;
+        let generations = log::generations(&front)?;
         let mut out = Vec::new();
         for seq in inbox.seqs() {
-            let found = tiers::find(&base, &front, &generations, id.as_str(), seq.0)?;
+            let found = log::find(&base, &front, &generations, id.as_str(), seq.0)?;
             let Some(bytes) = found else {
                 return Err(crate::Error::Corrupt {
                     what: format!("pending input {id}/{seq}"),
@@ -174,7 +158,7 @@ impl RedbSnapshot {
     }
 
     #[cfg(test)]
-    fn all<K: redb::Key + 'static, T: Record>(
+    fn all<K: redb::Key + 'static, T: crate::codec::Record>(
         &self,
         table: redb::TableDefinition<'_, K, &[u8]>,
         what: &str,
@@ -267,7 +251,7 @@ impl Snapshot for RedbSnapshot {
     }
 
     fn events(&self, id: &SessionId, from: Seq, limit: usize) -> Result<Vec<Stored>> {
-        self.session_range(EVENT_TIERS, id, from, limit)
+        self.events_range(id, from, limit, usize::MAX)
     }
 
     fn events_within(
@@ -277,7 +261,7 @@ impl Snapshot for RedbSnapshot {
         limit: usize,
         max_bytes: usize,
     ) -> Result<Vec<Stored>> {
-        self.session_range_within(EVENT_TIERS, id, from, limit, max_bytes)
+        self.events_range(id, from, limit, max_bytes)
     }
 
     fn claimed(&self) -> Result<Vec<SessionId>> {
@@ -333,7 +317,7 @@ impl RedbSnapshot {
     /// Every session's whole log, for the store's own tests.
     pub(crate) fn logs(&self) -> Result<std::collections::BTreeMap<SessionId, Vec<Stored>>> {
         let mut logs: std::collections::BTreeMap<SessionId, Vec<Stored>> = Default::default();
-        self.all_tiers(EVENT_TIERS, |s, _, stored: Stored| {
+        self.all_events(|s, stored| {
             logs.entry(s).or_default().push(stored);
         })?;
         Ok(logs)

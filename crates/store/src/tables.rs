@@ -1,11 +1,9 @@
 //! Every redb table of the store, in one place. Keys are `(session id, seq)` tuples where rows
 //! belong to a session's log, so a session's rows are one contiguous range. The event log has a
 //! *front* table besides, keyed `(generation, session, seq)`, that takes new events until the
-//! writer folds them into the base table (see `tiers`).
+//! writer folds them into the base table (see `log`).
 
 use redb::TableDefinition;
-
-use crate::tiers::Tiered;
 
 /// `"format_version"` → u16 (little-endian). Written once when the store is created.
 pub(crate) const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("meta");
@@ -24,11 +22,6 @@ pub(crate) const MESSAGES: TableDefinition<'_, (&str, u64), &[u8]> =
 pub(crate) const EVENTS_FRONT: TableDefinition<'_, (u64, &str, u64), &[u8]> =
     TableDefinition::new("events_front");
 
-pub(crate) const EVENT_TIERS: Tiered = Tiered {
-    what: "event",
-    base: EVENTS,
-    front: EVENTS_FRONT,
-};
 /// `message id` → [`agenthost_model::IndexEntry`]: every admitted input and message.
 pub(crate) const INDEX: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("message_index");
 /// `session` → [`agenthost_model::InstructionState`].

@@ -33,6 +33,7 @@ use redb::{Durability, ReadableDatabase as _};
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result, storage};
+use crate::log::Front;
 use crate::ops::{Op, Outcome, execute};
 use crate::rows::{Changes, Committed, Finished, Overlay, Tables, Writes};
 use crate::slot::{Health, Slot};
@@ -107,48 +108,6 @@ impl Stats {
         self.ops.fetch_add(ops as u64, Ordering::Relaxed);
         let bucket = (usize::BITS - ops.max(1).leading_zeros() - 1) as usize;
         self.batch_sizes[bucket.min(BUCKETS - 1)].fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// How the writer fills the front of the session-keyed tables and when it folds it (`tiers`).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Front {
-    /// The generation new rows go to.
-    pub(crate) generation: u64,
-    /// Rows added since the last fold, and since the current generation began.
-    pub(crate) rows: usize,
-    pub(crate) in_generation: usize,
-    /// Fold once the front holds this many rows.
-    pub(crate) fold_rows: usize,
-    /// Start a new generation after this many rows.
-    pub(crate) generation_rows: usize,
-}
-
-impl Front {
-    pub(crate) fn new(fold_rows: usize) -> Self {
-        let fold_rows = fold_rows.max(1);
-        Front {
-            generation: 0,
-            rows: 0,
-            in_generation: 0,
-            fold_rows,
-            // A handful of generations between folds: each stays small enough that a commit's
-            // rows land on few pages, and readers visit few of them.
-            generation_rows: fold_rows.div_ceil(8),
-        }
-    }
-
-    /// Records a committed transaction that added `added` rows, after folding or not.
-    fn committed(&mut self, folded: bool, added: usize) {
-        if folded {
-            self.rows = 0;
-        }
-        self.rows += added;
-        self.in_generation += added;
-        if self.in_generation >= self.generation_rows {
-            self.generation += 1;
-            self.in_generation = 0;
-        }
     }
 }
 
@@ -583,7 +542,7 @@ impl Committer {
         let mut folded = None;
         if fold {
             let start = Instant::now();
-            let rows = crate::rows::fold(&txn)?;
+            let rows = crate::log::fold(&txn)?;
             folded = Some((rows, start.elapsed()));
         }
         writes.apply(&txn)?;

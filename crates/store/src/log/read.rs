@@ -1,43 +1,11 @@
-//! The two tiers of the event log, and the runs its values hold.
-//!
-//! An event written by a commit goes first into the log's *front*, keyed
-//! `(generation, session, seq)`. The generation is a counter the writer advances every few
-//! thousand events, so the events one commit writes for a thousand sessions land side by side on
-//! a few pages instead of on a page per session: redb copies every page a transaction touches,
-//! and with session-major keys that copy, not the event, was the cost of a write. When the front
-//! holds enough events the writer *folds* it into the *base*, keyed `(session, seq)`, in one
-//! transaction and in key order, so each session's page is copied once for many events.
-//!
-//! A value holds a *run*: consecutive events of one session (`codec::run`), keyed by the first
-//! one's seq. An operation writes its events as one run, and a fold joins a session's runs into
-//! one, so a B-tree insert carries many events instead of one.
-//!
-//! Invariants (the readers below rely on them):
-//! - an event lives in exactly one run, in the base or in one generation of the front; a run
-//!   holds consecutive seqs of one session;
-//! - for one session, every base event has a lower seq than every front event, and a lower
-//!   generation holds lower seqs than a higher one: seqs only grow, generations only grow, and
-//!   a fold moves the whole front. So a session's events in seq order are its base runs
-//!   followed by its front runs generation by generation, with no merge.
+//! Reading the log: a session's events in seq order across both tiers, one event, the
+//! generations of the front.
 
-use redb::{ReadableTable, TableDefinition};
+use redb::ReadableTable;
 
+use super::{BaseKey, Bytes, FrontKey};
 use crate::codec::records;
 use crate::error::{Result, storage};
-
-/// Key of a base table: `(session, first seq)`.
-pub(crate) type BaseKey = (&'static str, u64);
-/// Key of a front table: `(generation, session, first seq)`.
-pub(crate) type FrontKey = (u64, &'static str, u64);
-pub(crate) type Bytes = &'static [u8];
-
-/// A session-keyed table in its two tiers.
-#[derive(Clone, Copy)]
-pub(crate) struct Tiered {
-    pub(crate) what: &'static str,
-    pub(crate) base: TableDefinition<'static, BaseKey, Bytes>,
-    pub(crate) front: TableDefinition<'static, FrontKey, Bytes>,
-}
 
 /// The generations a front table holds, oldest first.
 pub(crate) fn generations(front: &impl ReadableTable<FrontKey, Bytes>) -> Result<Vec<u64>> {

@@ -1,0 +1,141 @@
+//! The log against a plain map: random appends of runs into the front, new generations and
+//! folds, and after each, every way of reading (a session from any seq, one event, everything)
+//! gives exactly what the map holds.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+use redb::{Database, ReadableDatabase as _};
+
+use super::{find, fold, for_all, for_each, generations};
+use crate::codec;
+use crate::tables::{EVENTS, EVENTS_FRONT};
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// A run of `sizes.len()` events of session `session`, of these sizes.
+    Append {
+        session: usize,
+        sizes: Vec<usize>,
+    },
+    NextGeneration,
+    Fold,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0usize..3, prop::collection::vec(prop_oneof![3 => 1usize..64, 1 => 4_000usize..9_000], 1..6))
+            .prop_map(|(session, sizes)| Op::Append { session, sizes }),
+        2 => Just(Op::NextGeneration),
+        1 => Just(Op::Fold),
+    ]
+}
+
+const SESSIONS: [&str; 3] = ["ses_a", "ses_b", "ses_c"];
+
+/// The record of `session`'s event `seq`, `size` bytes long.
+fn record(session: &str, seq: u64, size: usize) -> Vec<u8> {
+    let mut bytes = format!("{session}/{seq}:").into_bytes();
+    bytes.resize(size.max(bytes.len()), b'.');
+    bytes
+}
+
+/// Reads everything every way and compares with `model`.
+fn check(db: &Database, model: &BTreeMap<&'static str, Vec<Vec<u8>>>) -> Result<(), TestCaseError> {
+    let txn = db.begin_read().expect("read");
+    let base = txn.open_table(EVENTS).expect("base");
+    let front = txn.open_table(EVENTS_FRONT).expect("front");
+    let gens = generations(&front).expect("generations");
+    for (session, events) in model {
+        for from in 0..=events.len() as u64 {
+            let mut read = Vec::new();
+            for_each(&base, &front, &gens, session, from, |seq, bytes| {
+                read.push((seq, bytes.to_vec()));
+                Ok(true)
+            })
+            .expect("for_each");
+            let expected: Vec<(u64, Vec<u8>)> = (from..)
+                .zip(events[from as usize..].iter().cloned())
+                .collect();
+            prop_assert_eq!(read, expected, "{} from {}", session, from);
+        }
+        for (seq, event) in events.iter().enumerate() {
+            let found = find(&base, &front, &gens, session, seq as u64).expect("find");
+            prop_assert_eq!(found.as_ref(), Some(event), "{} at {}", session, seq);
+        }
+        let past = find(&base, &front, &gens, session, events.len() as u64).expect("find");
+        prop_assert!(past.is_none());
+    }
+    let mut all: BTreeMap<String, Vec<(u64, Vec<u8>)>> = BTreeMap::new();
+    for_all(&base, &front, |session, seq, bytes| {
+        all.entry(session.to_owned())
+            .or_default()
+            .push((seq, bytes.to_vec()));
+        Ok(())
+    })
+    .expect("for_all");
+    for (session, events) in model {
+        let listed = all.remove(*session).unwrap_or_default();
+        prop_assert_eq!(listed.len(), events.len(), "{}", session);
+        for (n, (seq, bytes)) in listed.iter().enumerate() {
+            prop_assert_eq!(*seq, n as u64);
+            prop_assert_eq!(bytes, &events[n]);
+        }
+    }
+    prop_assert!(all.is_empty());
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn every_read_matches_a_plain_map(ops in prop::collection::vec(op(), 1..40)) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = Database::create(dir.path().join("log.redb")).expect("db");
+        {
+            let txn = db.begin_write().expect("write");
+            txn.open_table(EVENTS).expect("base");
+            txn.open_table(EVENTS_FRONT).expect("front");
+            txn.commit().expect("commit");
+        }
+        let mut model: BTreeMap<&'static str, Vec<Vec<u8>>> = BTreeMap::new();
+        let mut generation = 0u64;
+        for op in ops {
+            let txn = db.begin_write().expect("write");
+            match op {
+                Op::Append { session, sizes } => {
+                    let name = SESSIONS[session];
+                    let events = model.entry(name).or_default();
+                    let first = events.len() as u64;
+                    let records: Vec<Vec<u8>> = sizes
+                        .iter()
+                        .enumerate()
+                        .map(|(i, size)| record(name, first + i as u64, *size))
+                        .collect();
+                    let slices: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
+                    let mut front = txn.open_table(EVENTS_FRONT).expect("front");
+                    front
+                        .insert((generation, name, first), codec::run(&slices).as_slice())
+                        .expect("insert");
+                    events.extend(records);
+                }
+                Op::NextGeneration => generation += 1,
+                Op::Fold => {
+                    let moved = fold(&txn).expect("fold");
+                    let _ = moved;
+                    generation += 1;
+                }
+            }
+            txn.commit().expect("commit");
+            check(&db, &model)?;
+        }
+        // A last fold leaves everything in the base, still read the same.
+        let txn = db.begin_write().expect("write");
+        fold(&txn).expect("fold");
+        txn.commit().expect("commit");
+        check(&db, &model)?;
+        let txn = db.begin_read().expect("read");
+        let front = txn.open_table(EVENTS_FRONT).expect("front");
+        prop_assert!(generations(&front).expect("generations").is_empty());
+    }
+}
