@@ -175,7 +175,7 @@ async fn summarize(
         }
         let error = match call(d, id, prepared).await? {
             Ok(response) => {
-                add(usage, &response.usage);
+                *usage += response.usage;
                 match (summary::check(&response.text), &reminded) {
                     (Ok(()), _) => return Ok(response.text),
                     (Err(problem), None) => {
@@ -253,14 +253,6 @@ async fn call(
         _ = d.cancel.cancelled() => Err(Error::Interrupted),
         result = run => result,
     }
-}
-
-fn add(total: &mut llm::Usage, usage: &llm::Usage) {
-    total.input += usage.input;
-    total.output += usage.output;
-    total.reasoning += usage.reasoning;
-    total.cache_read += usage.cache_read;
-    total.cache_write += usage.cache_write;
 }
 
 fn tokens(message: &Message) -> u64 {

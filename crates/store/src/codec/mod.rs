@@ -18,8 +18,7 @@
 //! or, in the event log, a [`run`] of such records. bincode is named nowhere else in the crate.
 //! The version is also written once in the `meta` table; opening a store of a version this build
 //! cannot read fails with [`Error::FormatVersion`] naming both, so a build never misreads
-//! another's data. Opening an older readable store rewrites the `meta` version, so older builds
-//! then refuse the file instead of missing what they do not know.
+//! another's data.
 //! Decoding is bounded ([`MAX_RECORD`]) so a corrupt length prefix cannot allocate unbounded
 //! memory.
 

@@ -146,10 +146,11 @@ async fn retries_and_promotions_see_the_batches_still_being_committed() {
     assert_eq!(contents(&open(dir.path())), kept);
 }
 
-/// Closing releases the file even while a reader still holds a snapshot on another thread: the
-/// close waits for it, so the same process can open the store again at once.
+/// Closing releases the file even while a reader still holds a snapshot on another thread (redb
+/// closes the file under it), so the same process can open the store again at once; the old
+/// store's snapshots then fail as closed.
 #[test]
-fn close_waits_for_snapshots_and_releases_the_file() {
+fn a_snapshot_held_elsewhere_does_not_keep_the_file_from_reopening() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = super::open(dir.path());
     let snap = store.snapshot().expect("snapshot");
