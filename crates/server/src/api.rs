@@ -94,7 +94,7 @@ async fn row(shared: &Shared, id: &SessionId) -> Result<SessionRow, ApiError> {
 #[utoipa::path(get, path = "/healthz", operation_id = "health", tag = "meta",
     responses(
         (status = 200, description = "Serving (`ok`, or `disk_full` with reads only)", body = wire::Health),
-        (status = 503, description = "Shutting down, or writes stopped by an I/O error", body = wire::Health),
+        (status = 503, description = "Shutting down, writes stopped by an I/O error (`store_failed`), or the shared database unreachable (`store_unreachable`)", body = wire::Health),
     ))]
 pub(crate) async fn healthz(State(shared): AppState) -> Response {
     let (status, state, reason) = match shared.runtime.store().health() {
@@ -106,6 +106,11 @@ pub(crate) async fn healthz(State(shared): AppState) -> Response {
         agenthost_store::Health::Failed(reason) => (
             StatusCode::SERVICE_UNAVAILABLE,
             "store_failed",
+            Some(reason),
+        ),
+        agenthost_store::Health::Unreachable(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_unreachable",
             Some(reason),
         ),
     };

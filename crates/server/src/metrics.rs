@@ -126,6 +126,7 @@ pub(crate) async fn render(State(shared): State<Arc<Shared>>) -> Response {
         agenthost_store::Health::Ok => 0.0,
         agenthost_store::Health::DiskFull(_) => 1.0,
         agenthost_store::Health::Failed(_) => 2.0,
+        agenthost_store::Health::Unreachable(_) => 3.0,
     };
     out.gauge(
         "agenthost_store_health",

@@ -37,6 +37,10 @@ pub enum Error {
         "the store stopped accepting writes after an I/O error ({0}); check the disk and restart"
     )]
     Stopped(String),
+    /// In a cluster: this node does not hold the session's partition (another node does, or
+    /// its lease was lost). Nothing was written.
+    #[error("this node does not own session {session} (partition {partition})")]
+    NotOwner { session: SessionId, partition: u32 },
     #[error("the store is closed")]
     Closed,
     /// Another process has the store open for writing (a server running on it, say).

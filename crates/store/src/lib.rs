@@ -13,6 +13,7 @@
 //! [`NewSession`], [`Error`].
 
 mod backend;
+mod cluster;
 mod codec;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
@@ -21,6 +22,7 @@ mod error;
 pub mod faults;
 mod log;
 mod ops;
+mod pg;
 mod readonly;
 mod record;
 mod rows;
@@ -44,9 +46,11 @@ use futures::future::BoxFuture;
 use redb::{Database, ReadableDatabase as _, ReadableTable as _};
 use tokio::sync::oneshot;
 
+pub use cluster::{ClusterView, Lease, Node, Ownership, partition_of};
 pub use codec::FORMAT_VERSION;
 pub use error::{Error, Result};
 pub use ops::{Action, Admission, NewSession, Receipt};
+pub use pg::{PgConfig, PgStore};
 pub use readonly::{Integrity, ReadOnlyStore, check_integrity};
 pub use slot::Health;
 pub use snapshot::Snapshot;
@@ -111,14 +115,23 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     fn health(&self) -> Health {
         Health::Ok
     }
+    /// Partition ownership when several nodes share the store; `None` when this process owns
+    /// every session (the embedded store).
+    fn ownership(&self) -> Option<Arc<dyn Ownership>> {
+        None
+    }
     /// Stops accepting writes, returns once everything already submitted is durable, and
     /// releases the storage. Later operations fail with [`Error::Closed`].
     fn close(&self);
 }
 
-/// Opens the embedded store `config` describes, creating it when missing.
-pub fn open(config: Config) -> Result<Arc<dyn Store>> {
-    Ok(Arc::new(RedbStore::open(config)?))
+/// Opens the store `config` describes: the embedded store at `config.path`, created when
+/// missing, or the PostgreSQL store when `config.postgres` is set.
+pub fn open(mut config: Config) -> Result<Arc<dyn Store>> {
+    match config.postgres.take() {
+        Some(pg) => Ok(Arc::new(PgStore::open(config, pg)?)),
+        None => Ok(Arc::new(RedbStore::open(config)?)),
+    }
 }
 
 /// How to open a [`RedbStore`].
@@ -147,6 +160,9 @@ pub struct Config {
     /// damaged store stops the start with a clear error instead of failing later. Reads the
     /// whole file: about 0.1 s per 40 MB.
     pub check_on_open: bool,
+    /// Use the PostgreSQL backend instead of the embedded one (`path`, `cache_size`,
+    /// `fold_rows` and `check_on_open` then do not apply).
+    pub postgres: Option<PgConfig>,
     /// Tests: the storage faults to inject (see `faults`).
     #[cfg(any(test, feature = "faults"))]
     pub faults: Option<Arc<faults::Faults>>,
@@ -165,6 +181,7 @@ impl Config {
             clock: Arc::new(system_clock),
             on_commit: None,
             check_on_open: true,
+            postgres: None,
             #[cfg(any(test, feature = "faults"))]
             faults: None,
         }
@@ -181,6 +198,7 @@ impl fmt::Debug for Config {
             .field("pending_limit", &self.pending_limit)
             .field("cache_size", &self.cache_size)
             .field("fold_rows", &self.fold_rows)
+            .field("postgres", &self.postgres)
             .finish_non_exhaustive()
     }
 }

@@ -1,4 +1,5 @@
-//! The durable operations. Each runs inside the group-commit transaction against an [`Overlay`],
+//! The durable operations, the same for every backend. Each runs inside the group-commit
+//! transaction against the backend's [`Rows`] (an overlay of the operation's own changes),
 //! decides its events from the rows it reads, and applies them through the model's projector.
 //! Either all of an operation's events and row changes are written or none are.
 //!
@@ -20,12 +21,11 @@
 
 use agenthost_model::promotion::{self, Boundary};
 use agenthost_model::{
-    Delivery, Event, IndexEntry, Message, MessageId, Projection, Prompt, Seq, SessionId,
+    Delivery, Event, InboxRow, IndexEntry, Message, MessageId, Projection, Prompt, Seq, SessionId,
     SessionRow, Stored, Timestamp, apply,
 };
 
 use crate::error::{Error, Result};
-use crate::rows::Overlay;
 
 /// Creates a session, or returns the existing one with that id.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,8 +71,21 @@ pub enum Action {
     SucceedIfIdle,
 }
 
+/// What an operation reads and writes through: the backend's view of the rows, this operation's
+/// own changes first. Dropping it without flushing discards the operation without a trace.
+pub(crate) trait Rows: Projection<Error = Error> {
+    /// Reads from the session's row without copying it.
+    fn peek<T>(&mut self, id: &SessionId, f: impl FnOnce(&SessionRow) -> T) -> Result<Option<T>>;
+    /// Pending inputs of a session in admission order.
+    fn pending_inputs(&mut self, session: &SessionId) -> Result<Vec<InboxRow>>;
+    /// Records an event the operation wrote (its rows are already put).
+    fn record(&mut self, session: &SessionId, stored: Stored);
+    /// The events this operation recorded so far, in order.
+    fn recorded(&self) -> &[(SessionId, Stored)];
+}
+
 /// One request to the writer.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum Op {
     Create(NewSession),
     Admit(Admission),
@@ -90,7 +103,7 @@ pub(crate) enum Outcome {
 /// Runs one operation. `pending_limit` bounds the pending inputs of a session (see
 /// [`crate::Config::pending_limit`]).
 pub(crate) fn execute(
-    ov: &mut Overlay<'_, '_>,
+    ov: &mut impl Rows,
     op: Op,
     now: Timestamp,
     pending_limit: u32,
@@ -103,7 +116,7 @@ pub(crate) fn execute(
 }
 
 fn write(
-    ov: &mut Overlay<'_, '_>,
+    ov: &mut impl Rows,
     session: &SessionId,
     actions: Vec<Action>,
     now: Timestamp,
@@ -122,16 +135,15 @@ fn write(
             }
         }
     }
-    Ok(ov.recorded().map(|(_, stored)| stored.clone()).collect())
+    Ok(ov
+        .recorded()
+        .iter()
+        .map(|(_, stored)| stored.clone())
+        .collect())
 }
 
 /// Appends one event with the session's next seq, through the projector, and returns the seq.
-fn push(
-    ov: &mut Overlay<'_, '_>,
-    session: &SessionId,
-    event: Event,
-    now: Timestamp,
-) -> Result<Seq> {
+fn push(ov: &mut impl Rows, session: &SessionId, event: Event, now: Timestamp) -> Result<Seq> {
     let seq = ov
         .peek(session, |row| row.last_seq.next())?
         .unwrap_or(Seq::ZERO);
@@ -149,17 +161,17 @@ fn push(
 }
 
 /// How many inputs of the session are pending; an error if there is no such session.
-fn pending(ov: &mut Overlay<'_, '_>, session: &SessionId) -> Result<u32> {
+fn pending(ov: &mut impl Rows, session: &SessionId) -> Result<u32> {
     ov.peek(session, |row| row.pending)?
         .ok_or_else(|| Error::SessionNotFound(session.clone()))
 }
 
-fn require_session(ov: &mut Overlay<'_, '_>, session: &SessionId) -> Result<SessionRow> {
+fn require_session(ov: &mut impl Rows, session: &SessionId) -> Result<SessionRow> {
     ov.session(session)?
         .ok_or_else(|| Error::SessionNotFound(session.clone()))
 }
 
-fn create(ov: &mut Overlay<'_, '_>, new: NewSession, now: Timestamp) -> Result<SessionRow> {
+fn create(ov: &mut impl Rows, new: NewSession, now: Timestamp) -> Result<SessionRow> {
     if let Some(row) = ov.session(&new.id)? {
         return Ok(row);
     }
@@ -172,12 +184,7 @@ fn create(ov: &mut Overlay<'_, '_>, new: NewSession, now: Timestamp) -> Result<S
     require_session(ov, &new.id)
 }
 
-fn admit(
-    ov: &mut Overlay<'_, '_>,
-    a: Admission,
-    now: Timestamp,
-    pending_limit: u32,
-) -> Result<Receipt> {
+fn admit(ov: &mut impl Rows, a: Admission, now: Timestamp, pending_limit: u32) -> Result<Receipt> {
     let held = pending(ov, &a.session)?;
     let conflict = |reason| Error::PromptConflict {
         id: a.id.clone(),
@@ -233,7 +240,7 @@ fn admit(
 /// The prompt and delivery an input was admitted with: from the inbox while pending, from its
 /// user message once promoted.
 fn original_input(
-    ov: &mut Overlay<'_, '_>,
+    ov: &mut impl Rows,
     session: &SessionId,
     admitted_seq: Seq,
     promoted_seq: Option<Seq>,
@@ -257,7 +264,7 @@ fn original_input(
 }
 
 fn promote(
-    ov: &mut Overlay<'_, '_>,
+    ov: &mut impl Rows,
     session: &SessionId,
     boundary: Boundary,
     now: Timestamp,

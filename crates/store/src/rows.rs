@@ -30,6 +30,7 @@ type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 use crate::codec::{self, Record, decode, encode};
 use crate::error::{Error, Result, storage};
 use crate::log::{self, BaseKey, Bytes, FrontKey};
+use crate::ops::Rows;
 use crate::record::{self, SessionRecord};
 use crate::tables::*;
 
@@ -814,42 +815,6 @@ impl<'a, 't> Overlay<'a, 't> {
         }
     }
 
-    pub(crate) fn record(&mut self, session: &SessionId, stored: Stored) {
-        self.events.push((session.clone(), stored));
-    }
-
-    /// The events this operation recorded so far, in order.
-    pub(crate) fn recorded(&self) -> impl Iterator<Item = &(SessionId, Stored)> {
-        self.events.iter()
-    }
-
-    /// Reads from the session's row without copying it, this operation's changes included.
-    pub(crate) fn peek<T>(
-        &mut self,
-        id: &SessionId,
-        f: impl FnOnce(&SessionRow) -> T,
-    ) -> Result<Option<T>> {
-        match self.sessions.get(id) {
-            Some(row) => Ok(Some(f(row))),
-            None => self.tables.peek(id, f),
-        }
-    }
-
-    /// Pending inputs of a session in admission order, this operation's changes included.
-    pub(crate) fn pending_inputs(&mut self, session: &SessionId) -> Result<Vec<InboxRow>> {
-        let mut rows = self.tables.pending_inputs(session)?;
-        for ((s, seq), row) in &self.inbox {
-            if s != session {
-                continue;
-            }
-            match row {
-                Some(row) => rows.insert(*seq, row.clone()),
-                None => rows.remove(seq),
-            };
-        }
-        Ok(rows.into_values().collect())
-    }
-
     /// Hands the buffered rows to the transaction, writes the events to the log, and returns
     /// the events in the order they were recorded.
     pub(crate) fn flush(self) -> Result<Vec<(SessionId, Stored)>> {
@@ -883,6 +848,37 @@ impl<'a, 't> Overlay<'a, 't> {
         }
         tables.encode_changed()?;
         Ok(self.events)
+    }
+}
+
+impl Rows for Overlay<'_, '_> {
+    fn record(&mut self, session: &SessionId, stored: Stored) {
+        self.events.push((session.clone(), stored));
+    }
+
+    fn recorded(&self) -> &[(SessionId, Stored)] {
+        &self.events
+    }
+
+    fn peek<T>(&mut self, id: &SessionId, f: impl FnOnce(&SessionRow) -> T) -> Result<Option<T>> {
+        match self.sessions.get(id) {
+            Some(row) => Ok(Some(f(row))),
+            None => self.tables.peek(id, f),
+        }
+    }
+
+    fn pending_inputs(&mut self, session: &SessionId) -> Result<Vec<InboxRow>> {
+        let mut rows = self.tables.pending_inputs(session)?;
+        for ((s, seq), row) in &self.inbox {
+            if s != session {
+                continue;
+            }
+            match row {
+                Some(row) => rows.insert(*seq, row.clone()),
+                None => rows.remove(seq),
+            };
+        }
+        Ok(rows.into_values().collect())
     }
 }
 

@@ -24,6 +24,9 @@ pub enum Health {
     DiskFull(String),
     /// An I/O error stopped writes until a restart; reads go on where they can.
     Failed(String),
+    /// The shared database (PostgreSQL) cannot be reached: reads and writes fail until it is
+    /// back, then go on by themselves.
+    Unreachable(String),
 }
 
 /// Opens the database file (again).
@@ -129,6 +132,9 @@ impl Slot {
                 }
                 Health::Failed(reason) => {
                     tracing::error!(%reason, "an I/O error stopped the store's writes until a restart")
+                }
+                Health::Unreachable(reason) => {
+                    tracing::error!(%reason, "the database cannot be reached")
                 }
             }
             *current = health;

@@ -103,7 +103,7 @@ pub struct Stats {
 }
 
 impl Stats {
-    fn record(&self, ops: usize) {
+    pub(crate) fn record(&self, ops: usize) {
         self.commits.fetch_add(1, Ordering::Relaxed);
         self.ops.fetch_add(ops as u64, Ordering::Relaxed);
         let bucket = (usize::BITS - ops.max(1).leading_zeros() - 1) as usize;
@@ -520,7 +520,7 @@ impl Committer {
     fn writable(&self) -> Result<()> {
         match self.db.health() {
             Health::Ok => Ok(()),
-            Health::Failed(reason) => Err(Error::Stopped(reason)),
+            Health::Failed(reason) | Health::Unreachable(reason) => Err(Error::Stopped(reason)),
             Health::DiskFull(reason) => self.db.reopen().map_err(|e| match e {
                 Error::Io(_) | Error::Storage(_) => Error::DiskFull(reason),
                 other => other,

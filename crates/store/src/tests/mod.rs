@@ -7,6 +7,7 @@ mod crash;
 mod faults;
 mod golden;
 mod pipeline;
+mod postgres;
 mod projection;
 mod readonly;
 

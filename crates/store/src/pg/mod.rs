@@ -1,0 +1,411 @@
+//! The PostgreSQL backend: several `agenthost serve` nodes over one shared database.
+//!
+//! The database holds everything shared: the event log, the projections (session records,
+//! messages, the message-id index, instruction state), node membership and partition leases.
+//! Values are the records of `codec`, exactly as the embedded store writes them.
+//!
+//! - **Partitions and leases** (`lease`). Sessions hash into a fixed number of partitions
+//!   ([`crate::partition_of`]); a node holds a lease per partition `(owner, epoch, expires_at)`, renews
+//!   its own, takes free or expired ones up to its share of the live nodes, hands back what is
+//!   beyond its share, and bumps the epoch on every takeover.
+//! - **Fencing.** Every write transaction takes `FOR SHARE` on the lease rows of the partitions
+//!   it touches and checks that this node still holds them at the epochs it acquired (`writer`):
+//!   a stale owner can never commit after a takeover, whatever the clocks say. Operations on a
+//!   session whose partition this node does not hold fail with [`Error::NotOwner`].
+//! - **Group commit** (`writer`): one thread batches concurrent operations into one
+//!   transaction, as the embedded writer does, running the same operations (`ops`).
+//! - **Snapshots** (`snapshot`): a `REPEATABLE READ` read-only transaction on a pooled
+//!   connection.
+//!
+//! I/O runs on the store's own small tokio runtime, so the synchronous [`Snapshot`] methods and
+//! the writer thread block on it from any thread, inside another runtime or not.
+
+mod lease;
+mod rows;
+mod snapshot;
+mod writer;
+
+use std::fmt;
+use std::str::FromStr as _;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use agenthost_model::SessionId;
+use futures::future::BoxFuture;
+use tokio::sync::oneshot;
+use tokio_postgres::{Client, NoTls};
+
+use crate::cluster::Ownership;
+use crate::error::{Error, Result};
+use crate::ops::{Op, Outcome};
+use crate::{Admission, Config, NewSession, Receipt, Snapshot, Stats, Store, lock};
+
+/// The schema of the tables, created on first open. Changing it is a format change.
+const SCHEMA_VERSION: &str = "1";
+
+/// How to reach the database and take part in the cluster.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PgConfig {
+    /// A PostgreSQL connection URL (`postgresql://user@host:port/db`). Never logged.
+    pub url: String,
+    /// The PostgreSQL schema holding agenthost's tables; created when missing.
+    pub schema: String,
+    /// This node's name in the lease table; unique per node, stable across its restarts (a
+    /// restarted node takes its own leases back at once).
+    pub node_id: String,
+    /// How other nodes reach this one over HTTP (`http://host:port`).
+    pub advertise_url: String,
+    /// Partitions sessions hash into. Every node of a cluster uses the same number.
+    pub partitions: u32,
+    /// How long a lease lasts without renewal; renewed every third of it.
+    pub lease_ttl: Duration,
+    /// Most connections kept idle for snapshots.
+    pub pool_size: usize,
+}
+
+impl PgConfig {
+    pub fn new(url: impl Into<String>) -> Self {
+        PgConfig {
+            url: url.into(),
+            schema: "agenthost".into(),
+            node_id: "node-1".into(),
+            advertise_url: String::new(),
+            partitions: 64,
+            lease_ttl: Duration::from_secs(10),
+            pool_size: 16,
+        }
+    }
+}
+
+impl fmt::Debug for PgConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgConfig")
+            .field("url", &"<redacted>")
+            .field("schema", &self.schema)
+            .field("node_id", &self.node_id)
+            .field("advertise_url", &self.advertise_url)
+            .field("partitions", &self.partitions)
+            .field("lease_ttl", &self.lease_ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A database failure, as the store's error: the connection or the server, not the request.
+pub(crate) fn db(e: tokio_postgres::Error) -> Error {
+    match e.as_db_error() {
+        Some(d) if d.code() == &tokio_postgres::error::SqlState::DISK_FULL => {
+            Error::DiskFull(format!("PostgreSQL: {}", d.message()))
+        }
+        Some(d) => Error::Storage(format!("PostgreSQL: {}", d.message())),
+        None => Error::Io(format!("PostgreSQL: {e}")),
+    }
+}
+
+/// Connects to the database, each connection driven on the store's runtime.
+#[derive(Clone)]
+pub(crate) struct Connector {
+    config: tokio_postgres::Config,
+    rt: tokio::runtime::Handle,
+}
+
+impl Connector {
+    fn new(config: &PgConfig, rt: tokio::runtime::Handle) -> Result<Self> {
+        let mut pg = tokio_postgres::Config::from_str(&config.url)
+            .map_err(|e| Error::Storage(format!("the PostgreSQL URL is not valid: {e}")))?;
+        if !valid_schema(&config.schema) {
+            return Err(Error::Storage(format!(
+                "the PostgreSQL schema name {:?} is not valid: use letters, digits and _",
+                config.schema
+            )));
+        }
+        pg.options(format!("-c search_path={}", config.schema));
+        pg.application_name("agenthost");
+        pg.connect_timeout(Duration::from_secs(10));
+        Ok(Connector { config: pg, rt })
+    }
+
+    /// A new connection, from any thread.
+    pub(crate) fn connect(&self) -> Result<Client> {
+        let config = self.config.clone();
+        let task = self.rt.spawn(async move {
+            let (client, connection) = config.connect(NoTls).await.map_err(db)?;
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %e, "a PostgreSQL connection ended");
+                }
+            });
+            Ok::<_, Error>(client)
+        });
+        futures::executor::block_on(task).map_err(|e| Error::Io(format!("PostgreSQL: {e}")))?
+    }
+}
+
+fn valid_schema(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && !name.as_bytes()[0].is_ascii_digit()
+}
+
+/// Waits for a future on the current thread (the I/O itself runs on the store's runtime).
+pub(crate) fn wait<F: Future>(f: F) -> F::Output {
+    futures::executor::block_on(f)
+}
+
+/// Creates the schema and its tables when missing and checks what an existing one holds: the
+/// schema version, the record format and the partition count.
+fn init(client: &mut Client, config: &PgConfig) -> Result<()> {
+    let create = format!(
+        "CREATE SCHEMA IF NOT EXISTS {schema};
+         CREATE TABLE IF NOT EXISTS meta (key text PRIMARY KEY, value text NOT NULL);
+         CREATE TABLE IF NOT EXISTS sessions (
+             id text COLLATE \"C\" PRIMARY KEY,
+             part int NOT NULL,
+             created bigint NOT NULL,
+             claimed boolean NOT NULL,
+             pending boolean NOT NULL,
+             record bytea NOT NULL);
+         CREATE INDEX IF NOT EXISTS sessions_by_created ON sessions (created DESC, id DESC);
+         CREATE INDEX IF NOT EXISTS sessions_working ON sessions (id) WHERE claimed OR pending;
+         CREATE TABLE IF NOT EXISTS events (
+             session text COLLATE \"C\" NOT NULL,
+             seq bigint NOT NULL,
+             event bytea NOT NULL,
+             PRIMARY KEY (session, seq));
+         CREATE TABLE IF NOT EXISTS messages (
+             session text COLLATE \"C\" NOT NULL,
+             seq bigint NOT NULL,
+             message bytea NOT NULL,
+             PRIMARY KEY (session, seq));
+         CREATE TABLE IF NOT EXISTS message_index (
+             id text COLLATE \"C\" PRIMARY KEY,
+             session text COLLATE \"C\" NOT NULL,
+             entry bytea NOT NULL);
+         CREATE TABLE IF NOT EXISTS instructions (
+             session text COLLATE \"C\" PRIMARY KEY,
+             state bytea NOT NULL);
+         CREATE TABLE IF NOT EXISTS leases (
+             part int PRIMARY KEY,
+             owner text,
+             epoch bigint NOT NULL,
+             expires_at timestamptz NOT NULL);
+         CREATE TABLE IF NOT EXISTS nodes (
+             node text PRIMARY KEY,
+             url text NOT NULL,
+             seen_at timestamptz NOT NULL);",
+        schema = config.schema
+    );
+    let txn = wait(client.transaction()).map_err(db)?;
+    // Concurrent first starts of several nodes create the schema once.
+    wait(txn.execute("SELECT pg_advisory_xact_lock(7300417)", &[])).map_err(db)?;
+    wait(txn.batch_execute(&create)).map_err(db)?;
+    let expected = [
+        ("schema", SCHEMA_VERSION.to_owned()),
+        ("format", crate::FORMAT_VERSION.to_string()),
+        ("partitions", config.partitions.to_string()),
+    ];
+    for (key, value) in &expected {
+        let found = wait(txn.query_opt("SELECT value FROM meta WHERE key = $1", &[key]))
+            .map_err(db)?
+            .map(|row| row.get::<_, String>(0));
+        match found {
+            None => {
+                wait(txn.execute(
+                    "INSERT INTO meta (key, value) VALUES ($1, $2)",
+                    &[key, value],
+                ))
+                .map_err(db)?;
+            }
+            Some(found) if found == *value => {}
+            Some(found) => {
+                return Err(match *key {
+                    "partitions" => Error::Storage(format!(
+                        "the cluster in PostgreSQL schema {} uses {found} partitions and this \
+                         node is configured with {value}: every node of a cluster must use the \
+                         same [cluster] partitions",
+                        config.schema
+                    )),
+                    "format" => Error::FormatVersion {
+                        found: found.parse().unwrap_or(0),
+                        supported: crate::FORMAT_VERSION,
+                    },
+                    _ => Error::Storage(format!(
+                        "PostgreSQL schema {} holds agenthost tables of schema version {found}; \
+                         this build uses {value}",
+                        config.schema
+                    )),
+                });
+            }
+        }
+    }
+    let partitions = i32::try_from(config.partitions)
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| Error::Storage("partitions must be between 1 and 2^31".into()))?;
+    wait(txn.execute(
+        "INSERT INTO leases (part, owner, epoch, expires_at)
+         SELECT p, NULL, 0, now() FROM generate_series(0, $1 - 1) AS p
+         ON CONFLICT (part) DO NOTHING",
+        &[&partitions],
+    ))
+    .map_err(db)?;
+    wait(txn.commit()).map_err(db)
+}
+
+enum Msg {
+    Request(writer::Request),
+    Close,
+}
+
+/// The PostgreSQL store. Cheap to share behind an `Arc`; [`Store::close`] commits what is
+/// queued, releases this node's leases and disconnects.
+pub struct PgStore {
+    tx: Mutex<Option<mpsc::Sender<Msg>>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    stats: Arc<Stats>,
+    prompt_limit: usize,
+    pool: Arc<snapshot::Pool>,
+    leases: Arc<lease::Leases>,
+    rt: Mutex<Option<tokio::runtime::Runtime>>,
+    schema: String,
+}
+
+impl fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgStore")
+            .field("schema", &self.schema)
+            .field("node", &self.leases.node())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgStore {
+    /// Connects, creates or checks the schema, joins the cluster and takes the partitions this
+    /// node's share allows (all of them when it is alone) before returning.
+    pub fn open(config: Config, pg: PgConfig) -> Result<Self> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("store-pg")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Storage(format!("cannot start the store's runtime: {e}")))?;
+        let connector = Connector::new(&pg, rt.handle().clone())?;
+        let mut client = connector.connect()?;
+        init(&mut client, &pg)?;
+        let stats = Arc::new(Stats::default());
+        let leases = Arc::new(lease::Leases::new(&pg));
+        leases.start(&connector, client)?;
+        let pool = Arc::new(snapshot::Pool::new(connector.clone(), pg.pool_size));
+        let writer = writer::Writer::new(
+            connector,
+            leases.clone(),
+            stats.clone(),
+            &config,
+            pg.partitions,
+        );
+        let (tx, rx) = mpsc::channel();
+        let handle = std::thread::Builder::new()
+            .name("store-pg-writer".into())
+            .spawn(move || writer.run(rx))
+            .map_err(|e| Error::Storage(format!("cannot start the writer thread: {e}")))?;
+        Ok(PgStore {
+            tx: Mutex::new(Some(tx)),
+            writer: Mutex::new(Some(handle)),
+            stats,
+            prompt_limit: config.prompt_limit,
+            pool,
+            leases,
+            rt: Mutex::new(Some(rt)),
+            schema: pg.schema,
+        })
+    }
+
+    /// Which partitions this node holds, and how to follow changes.
+    pub fn ownership(&self) -> Arc<dyn Ownership> {
+        self.leases.clone()
+    }
+
+    fn submit(&self, op: Op) -> BoxFuture<'static, Result<Outcome>> {
+        let (reply, rx) = oneshot::channel();
+        let sent = match lock(&self.tx).as_ref() {
+            Some(tx) => tx.send(Msg::Request(writer::Request { op, reply })).is_ok(),
+            None => false,
+        };
+        Box::pin(async move {
+            if !sent {
+                return Err(Error::Closed);
+            }
+            rx.await.map_err(|_| Error::Closed)?
+        })
+    }
+}
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+impl Store for PgStore {
+    fn create_session(
+        &self,
+        new: NewSession,
+    ) -> BoxFuture<'static, Result<agenthost_model::SessionRow>> {
+        crate::expect_outcome(self.submit(Op::Create(new)), |o| match o {
+            Outcome::Session(row) => Some(row),
+            _ => None,
+        })
+    }
+
+    fn admit(&self, admission: Admission) -> BoxFuture<'static, Result<Receipt>> {
+        if let Err(e) = admission.prompt.validate(self.prompt_limit) {
+            return Box::pin(async move { Err(Error::Invalid(e)) });
+        }
+        crate::expect_outcome(self.submit(Op::Admit(admission)), |o| match o {
+            Outcome::Receipt(r) => Some(r),
+            _ => None,
+        })
+    }
+
+    fn write(
+        &self,
+        session: SessionId,
+        actions: Vec<crate::Action>,
+    ) -> BoxFuture<'static, Result<Vec<agenthost_model::Stored>>> {
+        crate::expect_outcome(self.submit(Op::Write(session, actions)), crate::events)
+    }
+
+    fn snapshot(&self) -> Result<Box<dyn Snapshot>> {
+        Ok(Box::new(snapshot::PgSnapshot::begin(self.pool.clone())?))
+    }
+
+    fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    fn health(&self) -> crate::Health {
+        self.leases.health()
+    }
+
+    fn ownership(&self) -> Option<Arc<dyn Ownership>> {
+        Some(self.leases.clone())
+    }
+
+    fn close(&self) {
+        if let Some(tx) = lock(&self.tx).take() {
+            let _ = tx.send(Msg::Close);
+        }
+        if let Some(handle) = lock(&self.writer).take()
+            && handle.join().is_err()
+        {
+            tracing::error!("the PostgreSQL writer thread panicked");
+        }
+        self.leases.stop();
+        self.pool.close();
+        if let Some(rt) = lock(&self.rt).take() {
+            rt.shutdown_background();
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! Snapshots on PostgreSQL: a `REPEATABLE READ READ ONLY` transaction on a pooled connection,
+//! begun (and its snapshot taken) before [`PgSnapshot::begin`] returns, ended when the snapshot
+//! is dropped, after which the connection goes back to the pool.
+
+use std::sync::{Arc, Mutex};
+
+use agenthost_model::{
+    InboxRow, IndexEntry, InstructionState, Message, MessageId, Seq, SessionId, SessionRow, Stored,
+    Timestamp,
+};
+use tokio_postgres::Client;
+use tokio_postgres::types::ToSql;
+
+use super::rows::session_id;
+use super::{Connector, db, wait};
+use crate::codec::decode;
+use crate::error::{Error, Result};
+use crate::lock;
+use crate::record::{self, SessionRecord};
+use crate::snapshot::Snapshot;
+
+/// Idle connections for snapshots. A snapshot takes one or opens a new one; at most `keep`
+/// stay idle.
+pub(crate) struct Pool {
+    connector: Connector,
+    idle: Mutex<Option<Vec<Client>>>,
+    keep: usize,
+}
+
+impl Pool {
+    pub(crate) fn new(connector: Connector, keep: usize) -> Self {
+        Pool {
+            connector,
+            idle: Mutex::new(Some(Vec::new())),
+            keep,
+        }
+    }
+
+    fn get(&self) -> Result<Client> {
+        let idle = lock(&self.idle).as_mut().ok_or(Error::Closed)?.pop();
+        match idle {
+            Some(client) if !client.is_closed() => Ok(client),
+            _ => self.connector.connect(),
+        }
+    }
+
+    fn put(&self, client: Client) {
+        if let Some(idle) = lock(&self.idle).as_mut()
+            && idle.len() < self.keep
+            && !client.is_closed()
+        {
+            idle.push(client);
+        }
+    }
+
+    pub(crate) fn close(&self) {
+        lock(&self.idle).take();
+    }
+}
+
+pub(crate) struct PgSnapshot {
+    client: Option<Client>,
+    pool: Arc<Pool>,
+}
+
+/// Rows read per query when reading a log in pages.
+const PAGE: i64 = 256;
+
+fn limit(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl PgSnapshot {
+    pub(crate) fn begin(pool: Arc<Pool>) -> Result<Self> {
+        let client = pool.get()?;
+        // The snapshot is taken by the first statement of the transaction: run one now, so
+        // the snapshot sees what was durable when it was asked for and nothing later.
+        wait(client.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1"))
+            .map_err(db)?;
+        Ok(PgSnapshot {
+            client: Some(client),
+            pool,
+        })
+    }
+
+    fn client(&self) -> &Client {
+        self.client
+            .as_ref()
+            .expect("invariant: the client is taken only on drop")
+    }
+
+    fn query(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<tokio_postgres::Row>> {
+        wait(self.client().query(sql, params)).map_err(db)
+    }
+
+    fn record(&self, id: &SessionId) -> Result<Option<SessionRecord>> {
+        let rows = self.query("SELECT record FROM sessions WHERE id = $1", &[&id.as_str()])?;
+        rows.first()
+            .map(|r| decode("session record", r.get(0)))
+            .transpose()
+    }
+
+    fn ids(&self, sql: &str) -> Result<Vec<SessionId>> {
+        self.query(sql, &[])?
+            .iter()
+            .map(|r| session_id(r.get(0)))
+            .collect()
+    }
+}
+
+impl Drop for PgSnapshot {
+    fn drop(&mut self) {
+        let Some(client) = self.client.take() else {
+            return;
+        };
+        // End the transaction on the store's runtime, so that dropping never waits.
+        let pool = self.pool.clone();
+        pool.connector.rt.clone().spawn(async move {
+            if client.batch_execute("ROLLBACK").await.is_ok() {
+                pool.put(client);
+            }
+        });
+    }
+}
+
+impl Snapshot for PgSnapshot {
+    fn session(&self, id: &SessionId) -> Result<Option<SessionRow>> {
+        Ok(self.record(id)?.map(|r| r.row))
+    }
+
+    fn sessions(
+        &self,
+        cursor: Option<(Timestamp, SessionId)>,
+        limit_to: usize,
+    ) -> Result<Vec<SessionRow>> {
+        let n = limit(limit_to);
+        let rows = match &cursor {
+            Some((created, id)) => self.query(
+                "SELECT record FROM sessions WHERE (created, id) < ($1, $2)
+                 ORDER BY created DESC, id DESC LIMIT $3",
+                &[&(created.0 as i64), &id.as_str(), &n],
+            )?,
+            None => self.query(
+                "SELECT record FROM sessions ORDER BY created DESC, id DESC LIMIT $1",
+                &[&n],
+            )?,
+        };
+        rows.iter()
+            .map(|r| decode::<SessionRecord>("session record", r.get(0)).map(|r| r.row))
+            .collect()
+    }
+
+    fn messages(&self, id: &SessionId, from: Seq, limit_to: usize) -> Result<Vec<Message>> {
+        self.query(
+            "SELECT message FROM messages WHERE session = $1 AND seq >= $2
+             ORDER BY seq LIMIT $3",
+            &[&id.as_str(), &(from.0 as i64), &limit(limit_to)],
+        )?
+        .iter()
+        .map(|r| decode("message", r.get(0)))
+        .collect()
+    }
+
+    fn pending(&self, id: &SessionId) -> Result<Vec<InboxRow>> {
+        let seqs: Vec<i64> = self.pending_seqs(id)?.iter().map(|s| s.0 as i64).collect();
+        if seqs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = self.query(
+            "SELECT event FROM events WHERE session = $1 AND seq = ANY($2) ORDER BY seq",
+            &[&id.as_str(), &seqs],
+        )?;
+        if rows.len() != seqs.len() {
+            return Err(Error::Corrupt {
+                what: format!("pending inputs of {id}"),
+                reason: "an admission is missing from the log".into(),
+            });
+        }
+        rows.iter()
+            .map(|r| record::inbox_row(id, decode::<Stored>("event", r.get(0))?))
+            .collect()
+    }
+
+    fn pending_seqs(&self, id: &SessionId) -> Result<Vec<Seq>> {
+        Ok(self
+            .record(id)?
+            .map(|r| r.inbox.seqs().collect())
+            .unwrap_or_default())
+    }
+
+    fn instructions(&self, id: &SessionId) -> Result<InstructionState> {
+        let rows = self.query(
+            "SELECT state FROM instructions WHERE session = $1",
+            &[&id.as_str()],
+        )?;
+        Ok(rows
+            .first()
+            .map(|r| decode("instruction state", r.get(0)))
+            .transpose()?
+            .unwrap_or_default())
+    }
+
+    fn index(&self, id: &MessageId) -> Result<Option<IndexEntry>> {
+        let rows = self.query(
+            "SELECT entry FROM message_index WHERE id = $1",
+            &[&id.as_str()],
+        )?;
+        rows.first()
+            .map(|r| decode("index entry", r.get(0)))
+            .transpose()
+    }
+
+    fn events(&self, id: &SessionId, from: Seq, limit_to: usize) -> Result<Vec<Stored>> {
+        self.events_within(id, from, limit_to, usize::MAX)
+    }
+
+    fn events_within(
+        &self,
+        id: &SessionId,
+        from: Seq,
+        limit_to: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<Stored>> {
+        let mut out = Vec::new();
+        let mut read = 0usize;
+        let mut next = from.0 as i64;
+        while out.len() < limit_to && read < max_bytes {
+            let page = PAGE.min(limit(limit_to - out.len()));
+            let rows = self.query(
+                "SELECT seq, event FROM events WHERE session = $1 AND seq >= $2
+                 ORDER BY seq LIMIT $3",
+                &[&id.as_str(), &next, &page],
+            )?;
+            for row in &rows {
+                let bytes: &[u8] = row.get(1);
+                out.push(decode("event", bytes)?);
+                read = read.saturating_add(bytes.len());
+                next = row.get::<_, i64>(0) + 1;
+                if read >= max_bytes {
+                    break;
+                }
+            }
+            if (rows.len() as i64) < page {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    fn claimed(&self) -> Result<Vec<SessionId>> {
+        self.ids("SELECT id FROM sessions WHERE claimed ORDER BY id")
+    }
+
+    fn with_pending(&self) -> Result<Vec<SessionId>> {
+        self.ids("SELECT id FROM sessions WHERE pending ORDER BY id")
+    }
+}

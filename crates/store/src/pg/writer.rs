@@ -1,0 +1,360 @@
+//! Group commit on PostgreSQL: one thread takes every queued operation (up to `max_batch`),
+//! runs them one after another in one transaction, each on the rows of those before it, and
+//! answers each once the transaction committed. The transaction first takes `FOR SHARE` on the
+//! lease rows of the partitions the batch touches and checks this node holds them at the
+//! epochs it took them: an operation on any other partition fails with [`Error::NotOwner`],
+//! and a takeover (which updates the lease row) waits for this transaction, so the new owner
+//! reads everything this one committed and nothing of it can commit after.
+//!
+//! Another node may index a message id at the same moment (ids are global): the index insert
+//! refuses to overwrite an entry of another session, and the batch runs again on what the
+//! database holds then.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::time::Instant;
+
+use agenthost_model::{MessageId, SessionId};
+use tokio::sync::oneshot;
+use tokio_postgres::Client;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
+
+use super::lease::Leases;
+use super::rows::{Batch, Cache, Changes, Encoded, Overlay};
+use super::{Connector, Msg, db, wait};
+use crate::error::{Error, Result};
+use crate::ops::{self, Op, Outcome};
+use crate::{Clock, CommitHook, Config, Stats};
+
+/// Times a batch runs again after another node indexed one of its ids at the same moment.
+const ATTEMPTS: usize = 4;
+
+pub(crate) struct Request {
+    pub(crate) op: Op,
+    pub(crate) reply: oneshot::Sender<Result<Outcome>>,
+}
+
+pub(crate) struct Writer {
+    connector: Connector,
+    client: Option<Client>,
+    cache: Cache,
+    /// The version of this node's partitions the cache belongs to.
+    cache_version: u64,
+    leases: Arc<Leases>,
+    /// This node's id, as the lease rows name their owner.
+    node: String,
+    stats: Arc<Stats>,
+    max_batch: usize,
+    pending_limit: u32,
+    clock: Clock,
+    on_commit: Option<CommitHook>,
+    partitions: u32,
+}
+
+/// Why a batch did not commit.
+enum Failed {
+    /// Another node indexed an id of the batch concurrently: run it again.
+    Again,
+    Error(Error),
+}
+
+impl From<Error> for Failed {
+    fn from(e: Error) -> Self {
+        Failed::Error(e)
+    }
+}
+
+fn session_of(op: &Op) -> &SessionId {
+    match op {
+        Op::Create(new) => &new.id,
+        Op::Admit(a) => &a.session,
+        Op::Write(session, _) => session,
+    }
+}
+
+impl Writer {
+    pub(crate) fn new(
+        connector: Connector,
+        leases: Arc<Leases>,
+        stats: Arc<Stats>,
+        config: &Config,
+        partitions: u32,
+    ) -> Self {
+        Writer {
+            connector,
+            client: None,
+            cache: Cache::default(),
+            cache_version: u64::MAX,
+            node: crate::cluster::Ownership::node(&*leases).to_owned(),
+            leases,
+            stats,
+            max_batch: config.max_batch.max(1),
+            pending_limit: config.pending_limit,
+            clock: config.clock.clone(),
+            on_commit: config.on_commit.clone(),
+            partitions,
+        }
+    }
+
+    pub(crate) fn run(mut self, rx: mpsc::Receiver<Msg>) {
+        let mut closing = false;
+        while !closing {
+            let mut batch = match rx.recv() {
+                Ok(Msg::Request(request)) => vec![request],
+                Ok(Msg::Close) | Err(_) => break,
+            };
+            while batch.len() < self.max_batch {
+                match rx.try_recv() {
+                    Ok(Msg::Request(request)) => batch.push(request),
+                    Ok(Msg::Close) => {
+                        closing = true;
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+            self.commit(batch);
+        }
+    }
+
+    fn commit(&mut self, batch: Vec<Request>) {
+        let started = Instant::now();
+        let ops: Vec<Op> = batch.iter().map(|r| r.op.clone()).collect();
+        let mut result = Err(Failed::Again);
+        for _ in 0..ATTEMPTS {
+            result = self.attempt(&ops);
+            if !matches!(result, Err(Failed::Again)) {
+                break;
+            }
+            self.cache.clear();
+        }
+        match result {
+            Ok((outcomes, committed)) => {
+                self.stats.record(batch.len());
+                self.stats
+                    .commit_micros
+                    .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+                if let Some(hook) = &self.on_commit
+                    && !committed.events.is_empty()
+                {
+                    hook(&committed.events);
+                }
+                self.cache.commit(committed);
+                for (request, outcome) in batch.into_iter().zip(outcomes) {
+                    let _ = request.reply.send(outcome);
+                }
+            }
+            Err(failed) => {
+                self.stats.failed_commits.fetch_add(1, Ordering::Relaxed);
+                self.cache.clear();
+                let e = match failed {
+                    Failed::Again => Error::Storage(
+                        "the batch kept meeting concurrent writes to the message index".into(),
+                    ),
+                    Failed::Error(e) => e,
+                };
+                if e.is_io() {
+                    // The connection may be broken: the next batch connects again.
+                    self.client = None;
+                }
+                tracing::warn!(error = %e, ops = batch.len(), "a PostgreSQL commit failed");
+                for request in batch {
+                    let _ = request.reply.send(Err(again(&e)));
+                }
+            }
+        }
+    }
+
+    /// Runs the batch in one transaction; the outcome of each operation and what committed.
+    fn attempt(&mut self, ops: &[Op]) -> Result<(Vec<Result<Outcome>>, Changes), Failed> {
+        let held = self.leases.held();
+        if held.version != self.cache_version {
+            self.cache.clear();
+            self.cache_version = held.version;
+        }
+        let partitions = self.partitions;
+        let mut sessions: Vec<SessionId> = Vec::new();
+        let mut ids: Vec<MessageId> = Vec::new();
+        let mut parts: HashSet<u32> = HashSet::new();
+        for op in ops {
+            let session = session_of(op);
+            parts.insert(crate::partition_of(session, partitions));
+            sessions.push(session.clone());
+            if let Op::Admit(a) = op {
+                ids.push(a.id.clone());
+            }
+        }
+        sessions.sort_unstable();
+        sessions.dedup();
+        let mut client = match self.client.take() {
+            Some(client) if !client.is_closed() => client,
+            _ => self.connector.connect()?,
+        };
+        let result = self.run_on(&mut client, ops, held, parts, sessions, ids);
+        self.client = Some(client);
+        result
+    }
+
+    fn run_on(
+        &mut self,
+        client: &mut Client,
+        ops: &[Op],
+        held: Arc<super::lease::Held>,
+        parts: HashSet<u32>,
+        sessions: Vec<SessionId>,
+        ids: Vec<MessageId>,
+    ) -> Result<(Vec<Result<Outcome>>, Changes), Failed> {
+        let now = (self.clock)();
+        let (pending_limit, partitions) = (self.pending_limit, self.partitions);
+        let txn = wait(client.transaction()).map_err(db)?;
+        let parts: Vec<i32> = parts.into_iter().map(|p| p as i32).collect();
+        let leases = wait(txn.query(
+            "SELECT part, owner, epoch FROM leases WHERE part = ANY($1) FOR SHARE",
+            &[&parts],
+        ))
+        .map_err(db)?;
+        let mut holding: HashMap<u32, bool> = HashMap::new();
+        for row in leases {
+            let part = row.get::<_, i32>(0) as u32;
+            let owner: Option<&str> = row.get(1);
+            let epoch: i64 = row.get(2);
+            let ours = owner == Some(self.node.as_str()) && held.epochs.get(&part) == Some(&epoch);
+            holding.insert(part, ours);
+        }
+        let mut batch = Batch::new(&txn, &mut self.cache);
+        batch.prefetch(sessions, ids)?;
+        let mut outcomes = Vec::with_capacity(ops.len());
+        for op in ops {
+            let session = session_of(op).clone();
+            let partition = crate::partition_of(&session, partitions);
+            if !holding.get(&partition).copied().unwrap_or(false) {
+                outcomes.push(Err(Error::NotOwner { session, partition }));
+                continue;
+            }
+            let mut overlay = Overlay {
+                batch: &mut batch,
+                changes: Changes::default(),
+            };
+            match ops::execute(&mut overlay, op.clone(), now, pending_limit) {
+                Ok(outcome) => {
+                    let changes = overlay.changes;
+                    batch.accept(changes);
+                    outcomes.push(Ok(outcome));
+                }
+                // The database failed, not the operation: nothing of the batch commits.
+                Err(e) if e.is_io() => return Err(e.into()),
+                Err(e) => outcomes.push(Err(e)),
+            }
+        }
+        let changes = std::mem::take(&mut batch.changes);
+        drop(batch);
+        if !changes.events.is_empty() {
+            write(&txn, &changes, partitions)?;
+        }
+        wait(txn.commit()).map_err(db)?;
+        Ok((outcomes, changes))
+    }
+}
+
+/// Writes a batch's rows with one statement per table, all sent at once.
+fn write(
+    txn: &tokio_postgres::Transaction<'_>,
+    changes: &Changes,
+    partitions: u32,
+) -> Result<(), Failed> {
+    let e = Encoded::new(changes, partitions);
+    let event_params: [&(dyn ToSql + Sync); 3] =
+        [&e.event_sessions, &e.event_seqs, &e.event_bodies];
+    let events = txn.execute(
+        "INSERT INTO events (session, seq, event)
+         SELECT * FROM UNNEST($1::text[], $2::int8[], $3::bytea[])",
+        &event_params,
+    );
+    let session_params: [&(dyn ToSql + Sync); 6] = [
+        &e.session_ids,
+        &e.session_parts,
+        &e.session_created,
+        &e.session_claimed,
+        &e.session_pending,
+        &e.session_records,
+    ];
+    let sessions = txn.execute(
+        "INSERT INTO sessions (id, part, created, claimed, pending, record)
+         SELECT * FROM UNNEST($1::text[], $2::int4[], $3::int8[], $4::bool[], $5::bool[],
+                              $6::bytea[])
+         ON CONFLICT (id) DO UPDATE SET claimed = excluded.claimed,
+             pending = excluded.pending, record = excluded.record",
+        &session_params,
+    );
+    let message_params: [&(dyn ToSql + Sync); 3] =
+        [&e.message_sessions, &e.message_seqs, &e.message_bodies];
+    let messages = txn.execute(
+        "INSERT INTO messages (session, seq, message)
+         SELECT * FROM UNNEST($1::text[], $2::int8[], $3::bytea[])
+         ON CONFLICT (session, seq) DO UPDATE SET message = excluded.message",
+        &message_params,
+    );
+    // An entry of another session is never overwritten: the count then falls short.
+    let index_params: [&(dyn ToSql + Sync); 3] =
+        [&e.index_ids, &e.index_sessions, &e.index_entries];
+    let index = txn.execute(
+        "INSERT INTO message_index (id, session, entry)
+         SELECT * FROM UNNEST($1::text[], $2::text[], $3::bytea[])
+         ON CONFLICT (id) DO UPDATE SET entry = excluded.entry
+         WHERE message_index.session = excluded.session",
+        &index_params,
+    );
+    let instruction_params: [&(dyn ToSql + Sync); 2] =
+        [&e.instruction_sessions, &e.instruction_states];
+    let instructions = txn.execute(
+        "INSERT INTO instructions (session, state)
+         SELECT * FROM UNNEST($1::text[], $2::bytea[])
+         ON CONFLICT (session) DO UPDATE SET state = excluded.state",
+        &instruction_params,
+    );
+    let (events, sessions, messages, index, instructions) = wait(futures::future::join5(
+        events,
+        sessions,
+        messages,
+        index,
+        instructions,
+    ));
+    for result in [&events, &sessions, &messages, &instructions] {
+        if let Err(err) = result {
+            return Err(conflict(err));
+        }
+    }
+    match index {
+        Ok(n) if n as usize == e.index_ids.len() => Ok(()),
+        Ok(_) => Err(Failed::Again),
+        Err(err) => Err(conflict(&err)),
+    }
+}
+
+/// A unique violation is a concurrent write this batch did not see (an index entry added by
+/// another node): run again. Anything else fails the batch.
+fn conflict(e: &tokio_postgres::Error) -> Failed {
+    match e.code() {
+        Some(code) if *code == SqlState::UNIQUE_VIOLATION => Failed::Again,
+        _ => Failed::Error(db_ref(e)),
+    }
+}
+
+fn db_ref(e: &tokio_postgres::Error) -> Error {
+    match e.as_db_error() {
+        Some(d) => Error::Storage(format!("PostgreSQL: {}", d.message())),
+        None => Error::Io(format!("PostgreSQL: {e}")),
+    }
+}
+
+/// The same failure, for each waiter of a failed batch.
+fn again(e: &Error) -> Error {
+    match e {
+        Error::DiskFull(m) => Error::DiskFull(m.clone()),
+        Error::Io(m) => Error::Io(m.clone()),
+        other => Error::Storage(other.to_string()),
+    }
+}

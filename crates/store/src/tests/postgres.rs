@@ -1,0 +1,314 @@
+//! The PostgreSQL backend passes the conformance suite unchanged, keeps every acknowledged
+//! write across SIGKILL, and fences a node whose lease was taken over.
+//!
+//! These tests need a PostgreSQL server: `AGENTHOST_PG_URL` names it (`.ci/with-postgres`
+//! starts a throwaway one). Without it they fail, saying how to start one; they never pass by
+//! skipping. Each store lives in a schema of its own, dropped when the test ends.
+
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::conformance::Backend;
+use crate::{Config, PgConfig, PgStore, Store};
+
+/// The server's URL, or a failure that says how to get one.
+pub(crate) fn url() -> String {
+    std::env::var("AGENTHOST_PG_URL").unwrap_or_else(|_| {
+        panic!(
+            "the PostgreSQL tests need a server: run them through `.ci/with-postgres cargo test \
+             --workspace` (it starts a throwaway PostgreSQL), or set AGENTHOST_PG_URL to a \
+             database they may create schemas in"
+        )
+    })
+}
+
+/// A schema name no other test (or test process) uses.
+pub(crate) fn schema() -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "t{}_{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos())
+    )
+}
+
+pub(crate) fn config(schema: &str, node: &str) -> PgConfig {
+    let mut pg = PgConfig::new(url());
+    pg.schema = schema.to_owned();
+    pg.node_id = node.to_owned();
+    pg.advertise_url = format!("http://{node}.invalid");
+    pg.partitions = 8;
+    pg.lease_ttl = Duration::from_secs(2);
+    pg
+}
+
+pub(crate) fn open(schema: &str, node: &str) -> PgStore {
+    PgStore::open(Config::new("unused"), config(schema, node)).expect("the PostgreSQL store opens")
+}
+
+/// Drops a test's schema.
+pub(crate) fn drop_schema(schema: &str) {
+    let schema = schema.to_owned();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            if let Ok((client, connection)) =
+                tokio_postgres::connect(&url(), tokio_postgres::NoTls).await
+            {
+                tokio::spawn(connection);
+                let _ = client
+                    .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+                    .await;
+            }
+        });
+    })
+    .join()
+    .expect("schema dropped");
+}
+
+/// Fresh stores, each in its own schema.
+#[derive(Default)]
+struct Postgres {
+    schemas: Mutex<Vec<String>>,
+}
+
+impl Backend for Postgres {
+    fn fresh(&self) -> Arc<dyn Store> {
+        let schema = schema();
+        let store = open(&schema, "node-a");
+        self.schemas.lock().expect("lock").push(schema);
+        Arc::new(store)
+    }
+
+    fn reopen(&self, store: Arc<dyn Store>) -> Arc<dyn Store> {
+        store.close();
+        drop(store);
+        let schema = self
+            .schemas
+            .lock()
+            .expect("lock")
+            .last()
+            .expect("a store")
+            .clone();
+        Arc::new(open(&schema, "node-a"))
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        for schema in self.schemas.lock().expect("lock").drain(..) {
+            drop_schema(&schema);
+        }
+    }
+}
+
+crate::conformance_tests!(Postgres::default());
+
+const CHILD_ENV: &str = "AGENTHOST_PG_CRASH_CHILD";
+
+/// Entry point of the child process; does nothing in a normal test run.
+#[test]
+fn crash_child_entry() {
+    let Ok(schema) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let round: u32 = std::env::var("AGENTHOST_CRASH_ROUND")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async move {
+        let store = Arc::new(open(&schema, "node-a"));
+        crate::conformance::crash_workload(store, round).await;
+    });
+}
+
+#[test]
+fn acknowledged_writes_survive_sigkill() {
+    let rounds = if std::env::var_os("AGENTHOST_SOAK").is_some() {
+        20
+    } else {
+        2
+    };
+    let schema = schema();
+    let exe = std::env::current_exe().expect("test binary");
+    crate::conformance::crash_rounds(
+        rounds,
+        |round| {
+            Command::new(&exe)
+                .args([
+                    "tests::postgres::crash_child_entry",
+                    "--exact",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(CHILD_ENV, &schema)
+                .env("AGENTHOST_CRASH_ROUND", round.to_string())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("child starts")
+        },
+        // The same node id: a restarted node takes its own leases back at once.
+        || Arc::new(open(&schema, "node-a")),
+    );
+    drop_schema(&schema);
+}
+
+fn sql(statement: &str) {
+    let statement = statement.to_owned();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let (client, connection) = tokio_postgres::connect(&url(), tokio_postgres::NoTls)
+                .await
+                .expect("connects");
+            tokio::spawn(connection);
+            client
+                .batch_execute(&statement)
+                .await
+                .expect("statement runs");
+        });
+    })
+    .join()
+    .expect("sql");
+}
+
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..200 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+/// A node whose lease was taken over cannot commit, even before it noticed: every write
+/// transaction checks the epoch under `FOR SHARE`. It then notices at its next renewal and
+/// says so; the new owner reads everything the old one committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_owner_cannot_commit_after_a_takeover() {
+    use crate::{Admission, Lease, NewSession};
+    use agenthost_model::{Delivery, Prompt};
+    let schema = schema();
+    let a = open(&schema, "node-a");
+    let s = super::sid("fenced");
+    a.create_session(NewSession {
+        id: s.clone(),
+        agent: "default".into(),
+        model: None,
+        title: None,
+    })
+    .await
+    .expect("created");
+    let admit = |n: u32| Admission {
+        session: s.clone(),
+        id: super::mid(&format!("f{n}")),
+        prompt: Prompt::text("work"),
+        delivery: Delivery::Steer,
+    };
+    a.admit(admit(0)).await.expect("admitted while owner");
+    let ownership = a.ownership();
+    let mut changes = ownership.subscribe();
+    let part = ownership.partition(&s);
+    assert!(ownership.owns(&s));
+    // Another node takes the partition over (as after this one paused past its TTL).
+    sql(&format!(
+        "UPDATE {schema}.leases SET owner = 'node-b', epoch = epoch + 1, \
+         expires_at = now() + interval '1 hour' WHERE part = {part}"
+    ));
+    let refused = a.admit(admit(1)).await;
+    assert!(
+        matches!(refused, Err(crate::Error::NotOwner { partition, .. }) if partition == part),
+        "{refused:?}"
+    );
+    let log = a
+        .snapshot()
+        .expect("snapshot")
+        .events(&s, agenthost_model::Seq::ZERO, 100)
+        .expect("events");
+    assert_eq!(log.len(), 2, "nothing of the refused write is in the log");
+    // The next renewal notices.
+    let lost = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Lease::Lost(parts) = changes.recv().await.expect("changes") {
+                return parts;
+            }
+        }
+    })
+    .await
+    .expect("the loss is noticed");
+    assert!(lost.contains(&part));
+    assert!(!ownership.owns(&s));
+    a.close();
+    // The new owner (here: a process with that node id) holds it and writes after what the old
+    // owner committed.
+    let b = open(&schema, "node-b");
+    assert!(b.ownership().owns(&s));
+    let receipt = b.admit(admit(1)).await.expect("the new owner admits");
+    assert_eq!(receipt.admitted_seq, agenthost_model::Seq(2));
+    b.close();
+    drop_schema(&schema);
+}
+
+/// Two nodes share the partitions: the first takes all, and hands half back once the second
+/// is alive; the second takes them. A closed node hands its partitions back at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_share_the_partitions() {
+    let schema = schema();
+    let a = open(&schema, "node-a");
+    let held = |o: &dyn crate::Ownership, node: &str| {
+        o.view()
+            .nodes
+            .iter()
+            .find(|n| n.id == node)
+            .map_or(0, |n| n.partitions.len())
+    };
+    assert_eq!(held(&*a.ownership(), "node-a"), 8);
+    let b = open(&schema, "node-b");
+    let (oa, ob) = (a.ownership(), b.ownership());
+    until("each node holds half", || {
+        held(&*oa, "node-a") == 4 && held(&*ob, "node-b") == 4 && held(&*ob, "node-a") == 4
+    })
+    .await;
+    let view = ob.view();
+    assert_eq!(view.partitions, 8);
+    assert!(
+        view.nodes
+            .iter()
+            .all(|n| n.alive && n.url.ends_with(".invalid"))
+    );
+    a.close();
+    until("the survivor holds all", || held(&*ob, "node-b") == 8).await;
+    b.close();
+    drop_schema(&schema);
+}
+
+/// Every node of a cluster must agree on the partition count.
+#[test]
+fn a_partition_count_mismatch_stops_the_start() {
+    let schema = schema();
+    let a = open(&schema, "node-a");
+    let mut other = config(&schema, "node-b");
+    other.partitions = 16;
+    let refused = PgStore::open(Config::new("unused"), other).expect_err("refused");
+    assert!(refused.to_string().contains("partitions"), "{refused}");
+    a.close();
+    drop_schema(&schema);
+}
