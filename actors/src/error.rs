@@ -62,6 +62,9 @@ impl From<agenthost_store::Error> for Error {
             full @ S::Full { .. } => Error::Unavailable(full.to_string()),
             // Nothing was written: the caller may retry once the disk is back.
             io @ (S::DiskFull(_) | S::Io(_) | S::Stopped(_)) => Error::Unavailable(io.to_string()),
+            // Another node holds the session (or nobody does until a takeover): nothing was
+            // written, and a retry through any node reaches the owner.
+            moved @ S::NotOwner { .. } => Error::Unavailable(moved.to_string()),
             other => Error::Storage(other.to_string()),
         }
     }

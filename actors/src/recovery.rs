@@ -54,11 +54,46 @@ pub(crate) async fn sweep(runtime: &Runtime, config: &Recovery) {
         .await;
 }
 
+/// Sessions this node owns that hold a claim or pending input.
 fn candidates(runtime: &Runtime) -> Result<BTreeSet<SessionId>> {
     let snap = runtime.snapshot()?;
     let mut found: BTreeSet<SessionId> = snap.claimed()?.into_iter().collect();
     found.extend(snap.with_pending()?);
+    found.retain(|s| runtime.owns(s));
     Ok(found)
+}
+
+/// In a cluster, follows this node's partitions: a partition taken (at a new epoch) gets the
+/// same sweep as a boot, for the sessions now owned here; a partition lost stops its session
+/// actors at once (their writes are already refused: the store fences them), leaving their
+/// claims for the new owner's sweep. Ends with the runtime.
+pub(crate) async fn follow(
+    runtime: &Runtime,
+    mut changes: tokio::sync::broadcast::Receiver<agenthost_store::Lease>,
+) {
+    use agenthost_store::Lease;
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        let change = tokio::select! {
+            _ = runtime.shared.stopping.cancelled() => return,
+            change = changes.recv() => change,
+        };
+        match change {
+            Ok(Lease::Lost(_)) => runtime.stop_unowned().await,
+            Ok(Lease::Gained(parts)) => {
+                tracing::info!(partitions = ?parts, "recovering the sessions of taken partitions");
+                let (runtime, config) = (runtime.clone(), runtime.shared.recovery.clone());
+                tokio::spawn(async move { sweep(&runtime, &config).await });
+            }
+            // Missed changes: make the actors match what is held, and sweep what may be new.
+            Err(RecvError::Lagged(_)) => {
+                runtime.stop_unowned().await;
+                let (runtime, config) = (runtime.clone(), runtime.shared.recovery.clone());
+                tokio::spawn(async move { sweep(&runtime, &config).await });
+            }
+            Err(RecvError::Closed) => return,
+        }
+    }
 }
 
 /// Wakes the session and waits until it is idle again, which bounds how many recoveries run at
@@ -115,7 +150,7 @@ fn unwoken(runtime: &Runtime) -> Result<Vec<SessionId>> {
     let snap = runtime.snapshot()?;
     let mut lost = Vec::new();
     for session in snap.with_pending()? {
-        if runtime.shared.active.contains_key(&session) {
+        if runtime.shared.active.contains_key(&session) || !runtime.owns(&session) {
             continue;
         }
         let Some(row) = snap.session(&session)? else {

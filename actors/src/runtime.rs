@@ -171,6 +171,11 @@ impl Runtime {
         };
         let sweeper = runtime.clone();
         let recovery = config.recovery;
+        if let Some(ownership) = runtime.shared.store.ownership() {
+            let follower = runtime.clone();
+            let changes = ownership.subscribe();
+            tokio::spawn(async move { recovery::follow(&follower, changes).await });
+        }
         tokio::spawn(async move {
             recovery::sweep(&sweeper, &recovery).await;
             let _ = done_tx.send(true);
@@ -210,7 +215,10 @@ impl Runtime {
         {
             return Err(Error::Invalid(format!("unknown model {model:?}")));
         }
-        let id = create.id.unwrap_or_else(crate::mint::session_id);
+        let id = match create.id {
+            Some(id) => id,
+            None => self.mint_owned()?,
+        };
         let new = NewSession {
             id,
             agent,
@@ -429,6 +437,31 @@ impl Runtime {
         Ok(self.shared.store.snapshot()?)
     }
 
+    /// Whether this node may run the session: always on the embedded store; in a cluster, when
+    /// it holds the session's partition.
+    pub fn owns(&self, session: &SessionId) -> bool {
+        self.shared
+            .store
+            .ownership()
+            .is_none_or(|o| o.owns(session))
+    }
+
+    /// A new session id, in a partition this node holds, so a session is created where the
+    /// request arrived.
+    fn mint_owned(&self) -> Result<SessionId> {
+        // With a fair share of the partitions, a few tries find one; 256 misses in a row mean
+        // this node holds none.
+        for _ in 0..256 {
+            let id = crate::mint::session_id();
+            if self.owns(&id) {
+                return Ok(id);
+            }
+        }
+        Err(Error::Unavailable(
+            "this node holds no partition yet; retry shortly or ask another node".into(),
+        ))
+    }
+
     pub fn store(&self) -> &dyn Store {
         &*self.shared.store
     }
@@ -480,6 +513,38 @@ impl Runtime {
         self.shared.released.cancel();
     }
 
+    /// Stops the actors of sessions this node no longer owns: their drains are interrupted as
+    /// by a shutdown (the claim stays for the new owner) and the actors stop. Their writes are
+    /// refused already; this stops the work.
+    pub(crate) async fn stop_unowned(&self) {
+        let lost: Vec<(SessionId, ActorRef<session::Msg>)> = self
+            .shared
+            .actors
+            .iter()
+            .filter(|e| !self.owns(e.key()))
+            .map(|e| (e.key().clone(), e.value().clone()))
+            .collect();
+        if lost.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            sessions = lost.len(),
+            "partitions lost: stopping their sessions here"
+        );
+        let deadline = self.shared.limits.shutdown_timeout;
+        let stops = lost.into_iter().map(|(session, actor)| async move {
+            let _ = actor
+                .call(
+                    |reply| session::Msg::Interrupt(InterruptReason::Shutdown, reply),
+                    Some(deadline),
+                )
+                .await;
+            actor.stop(Some("partition lost".into()));
+            tracing::info!(session_id = %session, "stopped: its partition moved to another node");
+        });
+        futures::future::join_all(stops).await;
+    }
+
     /// Routes to the session's live actor: the concurrent map first, the registry only when no
     /// live actor is there. `None` for an unknown session.
     async fn route(
@@ -489,6 +554,12 @@ impl Runtime {
     ) -> Result<Option<ActorRef<session::Msg>>> {
         if let Some(actor) = self.shared.actors.get(session) {
             return Ok(Some(actor.clone()));
+        }
+        if !self.owns(session) {
+            // In a cluster, another node runs it: no actor here, ever.
+            return Err(Error::Unavailable(format!(
+                "this node does not own session {session}; another node runs it"
+            )));
         }
         let timeout = self.shared.limits.call_timeout;
         match self

@@ -67,14 +67,42 @@ pub struct File {
     limits: Limits,
     #[serde(default)]
     store: StoreSection,
+    #[serde(default)]
+    cluster: Cluster,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct StoreSection {
-    /// Check the whole store file when opening it (default true).
+    /// `redb` (the embedded store, the default) or `postgres` (shared by several nodes).
+    kind: Option<StoreKind>,
+    /// Check the whole store file when opening it (default true; redb only).
     check_on_start: Option<bool>,
+    /// PostgreSQL: the environment variable holding the connection URL.
+    url_env: Option<String>,
+    /// PostgreSQL: the schema of agenthost's tables.
+    schema: Option<String>,
 }
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum StoreKind {
+    Redb,
+    Postgres,
+}
+
+/// `[cluster]`: how this node takes part in a cluster over PostgreSQL.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Cluster {
+    node_id: Option<String>,
+    advertise_url: Option<String>,
+    partitions: Option<u32>,
+    lease_ttl_ms: Option<u64>,
+}
+
+/// The environment variable holding the PostgreSQL URL unless `[store] url_env` names another.
+pub const DEFAULT_PG_URL_ENV: &str = "AGENTHOST_PG_URL";
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -238,6 +266,9 @@ pub struct Settings {
     pub protect_healthz: bool,
     /// Check the whole store file when opening it.
     pub check_on_start: bool,
+    /// The PostgreSQL store, when `[store] kind = "postgres"`. An empty `advertise_url` means
+    /// `http://` and the address `serve` listens on.
+    pub postgres: Option<agenthost_store::PgConfig>,
     /// No provider was configured: the built-in mock answers.
     pub builtin_mock: bool,
     pub providers: BTreeMap<String, Arc<dyn llm::Provider>>,
@@ -281,6 +312,7 @@ impl Settings {
             config.passivate_after = after;
         }
         config.store.check_on_open = self.check_on_start;
+        config.store.postgres = self.postgres.clone();
         config
     }
 }
@@ -692,6 +724,7 @@ pub fn resolve(
     }
 
     let (limits, passivate_after) = limits(name, &file.limits)?;
+    let postgres = postgres(name, &file.store, &file.cluster, env)?;
 
     Ok(Settings {
         data_dir: file
@@ -709,6 +742,7 @@ pub fn resolve(
         protect_metrics: file.server.protect_metrics.unwrap_or(false),
         protect_healthz: file.server.protect_healthz.unwrap_or(false),
         check_on_start: file.store.check_on_start.unwrap_or(true),
+        postgres,
         builtin_mock,
         providers,
         models,
@@ -720,6 +754,85 @@ pub fn resolve(
         limits,
         passivate_after,
     })
+}
+
+/// The PostgreSQL store from `[store]` and `[cluster]`, when `kind = "postgres"`. The URL comes
+/// from the environment (never the file); `[cluster]` keys without `kind = "postgres"` are an
+/// error, not silently ignored.
+fn postgres(
+    name: &str,
+    store: &StoreSection,
+    cluster: &Cluster,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<agenthost_store::PgConfig>, Error> {
+    let invalid = |key: &str, reason: String| Error::Invalid {
+        file: name.to_owned(),
+        key: key.to_owned(),
+        reason,
+    };
+    if store.kind != Some(StoreKind::Postgres) {
+        let stray = [
+            ("store.url_env", store.url_env.is_some()),
+            ("store.schema", store.schema.is_some()),
+            ("cluster.node_id", cluster.node_id.is_some()),
+            ("cluster.advertise_url", cluster.advertise_url.is_some()),
+            ("cluster.partitions", cluster.partitions.is_some()),
+            ("cluster.lease_ttl_ms", cluster.lease_ttl_ms.is_some()),
+        ];
+        if let Some((key, _)) = stray.iter().find(|(_, set)| *set) {
+            return Err(invalid(
+                key,
+                "applies only to the PostgreSQL store: set [store] kind = \"postgres\"".into(),
+            ));
+        }
+        return Ok(None);
+    }
+    let url_env = store.url_env.as_deref().unwrap_or(DEFAULT_PG_URL_ENV);
+    let url = env(url_env).filter(|v| !v.is_empty()).ok_or_else(|| {
+        invalid(
+            "store.url_env",
+            format!("environment variable {url_env} is not set (or empty): it must hold the PostgreSQL URL"),
+        )
+    })?;
+    let mut pg = agenthost_store::PgConfig::new(url);
+    if let Some(schema) = &store.schema {
+        pg.schema = schema.clone();
+    }
+    if let Some(url) = &cluster.advertise_url {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(invalid(
+                "cluster.advertise_url",
+                format!("{url:?} is not an http:// or https:// URL"),
+            ));
+        }
+        pg.advertise_url = url.trim_end_matches('/').to_owned();
+    } else {
+        pg.advertise_url = String::new();
+    }
+    pg.node_id = match &cluster.node_id {
+        Some(id) if !id.trim().is_empty() => id.clone(),
+        Some(_) => return Err(invalid("cluster.node_id", "must not be empty".into())),
+        None => String::new(),
+    };
+    if let Some(p) = cluster.partitions {
+        if p == 0 || p > 65_536 {
+            return Err(invalid(
+                "cluster.partitions",
+                "must be between 1 and 65536".into(),
+            ));
+        }
+        pg.partitions = p;
+    }
+    if let Some(ms) = cluster.lease_ttl_ms {
+        if ms < 300 {
+            return Err(invalid(
+                "cluster.lease_ttl_ms",
+                "must be at least 300 (renewed every third of it)".into(),
+            ));
+        }
+        pg.lease_ttl = Duration::from_millis(ms);
+    }
+    Ok(Some(pg))
 }
 
 /// The runtime's limits from `[limits]`: counts and sizes must be at least 1, except
@@ -917,6 +1030,36 @@ auto = false
     }
 
     #[test]
+    fn the_postgres_store_takes_its_url_from_the_environment() {
+        let file = parse(
+            "test.toml",
+            "[store]\nkind = \"postgres\"\nschema = \"prod\"\n[cluster]\nnode_id = \"a\"\n\
+             advertise_url = \"http://10.0.0.1:4096/\"\npartitions = 8\nlease_ttl_ms = 3000",
+        )
+        .expect("parses");
+        let s = resolve(
+            "test.toml",
+            file,
+            &env(&[("AGENTHOST_PG_URL", "postgresql://u:secret@db/agents")]),
+        )
+        .expect("valid");
+        let pg = s.postgres.clone().expect("postgres");
+        assert_eq!(pg.url, "postgresql://u:secret@db/agents");
+        assert_eq!(
+            (pg.schema.as_str(), pg.node_id.as_str(), pg.partitions),
+            ("prod", "a", 8)
+        );
+        assert_eq!(pg.advertise_url, "http://10.0.0.1:4096");
+        assert_eq!(pg.lease_ttl, Duration::from_secs(3));
+        assert!(
+            !format!("{s:?}{pg:?}").contains("secret"),
+            "the URL is never printed"
+        );
+        assert_eq!(s.runtime(PathBuf::from("x")).store.postgres, Some(pg));
+        assert!(settings("").expect("defaults").postgres.is_none());
+    }
+
+    #[test]
     fn bad_files_say_where_and_why() {
         let cases: &[(&str, &str)] = &[
             ("colour = 1", "unknown field `colour`"),
@@ -934,6 +1077,27 @@ auto = false
             ("[server]\nport = 1", "unknown field `port`"),
             ("[server]\nbind = \"localhost\"", "`server.bind`"),
             ("[server]\ntoken_env = \"MISSING\"", "MISSING is not set"),
+            (
+                "[store]\nkind = \"postgres\"",
+                "`store.url_env`: environment variable AGENTHOST_PG_URL is not set",
+            ),
+            ("[store]\nkind = \"sqlite\"", "unknown variant `sqlite`"),
+            (
+                "[cluster]\nnode_id = \"a\"",
+                "`cluster.node_id`: applies only to the PostgreSQL store",
+            ),
+            (
+                "[store]\nkind = \"postgres\"\nurl_env = \"KEY\"\n[cluster]\npartitions = 0",
+                "`cluster.partitions`",
+            ),
+            (
+                "[store]\nkind = \"postgres\"\nurl_env = \"KEY\"\n[cluster]\nadvertise_url = \"x:1\"",
+                "`cluster.advertise_url`",
+            ),
+            (
+                "[store]\nkind = \"postgres\"\nurl_env = \"KEY\"\n[cluster]\nlease_ttl_ms = 10",
+                "`cluster.lease_ttl_ms`",
+            ),
             (
                 "[providers.p]\nkind = \"gemini\"",
                 "unknown variant `gemini`",

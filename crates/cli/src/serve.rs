@@ -74,6 +74,30 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         .with_context(|| format!("cannot listen on {}", settings.bind))
         .runtime()?;
     let addr = listener.local_addr().runtime()?;
+    // In a cluster, other nodes reach this one at its advertised URL, and know it by its node
+    // id: both default to the address it listens on.
+    if let Some(pg) = &mut config.store.postgres {
+        if pg.advertise_url.is_empty() {
+            if addr.ip().is_unspecified() {
+                return Err(Failure::Usage(anyhow!(
+                    "[cluster] advertise_url must be set when listening on {addr}: other nodes \
+                     need an address they can reach this one at"
+                )));
+            }
+            pg.advertise_url = format!("http://{addr}");
+        }
+        if pg.node_id.is_empty() {
+            pg.node_id = pg
+                .advertise_url
+                .trim_start_matches("http://")
+                .trim_start_matches("https://")
+                .to_owned();
+        }
+    }
+    let store_name = match &config.store.postgres {
+        Some(pg) => format!("PostgreSQL (schema {}, node {})", pg.schema, pg.node_id),
+        None => crate::store_path(&settings.data_dir).display().to_string(),
+    };
     if settings.builtin_mock {
         eprintln!(
             "agenthost: no provider configured, using the built-in mock provider (add \
@@ -88,12 +112,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         },
     )
     .await
-    .with_context(|| {
-        format!(
-            "cannot start the runtime over {}",
-            crate::store_path(&settings.data_dir).display()
-        )
-    })
+    .with_context(|| format!("cannot start the runtime over {store_name}"))
     .runtime()?;
     let mut options = Options {
         token: settings.token.clone(),

@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+#[path = "e2e/cluster.rs"]
+mod cluster;
+
 const BIN: &str = env!("CARGO_BIN_EXE_agenthost");
 /// The longest any single wait in these tests may take.
 const LIMIT: Duration = Duration::from_secs(20);
@@ -21,14 +24,20 @@ struct Proc {
     child: Child,
     stdout: mpsc::Receiver<String>,
     log: PathBuf,
+    url: Option<String>,
 }
 
 impl Proc {
     fn spawn(name: &str, dir: &Path, args: &[&str]) -> Proc {
+        Proc::spawn_with_env(name, dir, args, &[])
+    }
+
+    fn spawn_with_env(name: &str, dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Proc {
         let log = dir.join(format!("{name}.log"));
         let stderr = std::fs::File::create(&log).expect("log file");
         let mut child = Command::new(BIN)
             .args(args)
+            .envs(env.iter().copied())
             .env_remove("AGENTHOST_TOKEN")
             .env_remove("AGENTHOST_CONFIG")
             .env("RUST_LOG", "info")
@@ -51,7 +60,19 @@ impl Proc {
             child,
             stdout,
             log,
+            url: None,
         }
+    }
+
+    /// Reads the URL once and keeps it.
+    fn url_cached(&mut self) {
+        if self.url.is_none() {
+            self.url = Some(self.url());
+        }
+    }
+
+    fn cached_url(&self) -> String {
+        self.url.clone().expect("url_cached first")
     }
 
     /// The URL from the "listening on …" line.
@@ -228,9 +249,22 @@ impl Http {
     }
 
     async fn events(&self, session: &str) -> Sse {
-        let response = self
+        self.events_with(session, None).await
+    }
+
+    /// A stream resumed after the frame with id `last`, with `Last-Event-ID`.
+    async fn events_after(&self, session: &str, last: u64) -> Sse {
+        self.events_with(session, Some(last)).await
+    }
+
+    async fn events_with(&self, session: &str, last: Option<u64>) -> Sse {
+        let mut request = self
             .client
-            .get(format!("{}/api/session/{session}/events", self.base))
+            .get(format!("{}/api/session/{session}/events", self.base));
+        if let Some(last) = last {
+            request = request.header("last-event-id", last.to_string());
+        }
+        let response = request
             // The stream outlives the client's default deadline.
             .timeout(Duration::from_secs(120))
             .send()

@@ -53,6 +53,47 @@ pub(crate) fn routes() -> Router<Arc<Shared>> {
             get(tool_output),
         )
         .route("/api/session/{id}/events", get(crate::events::stream))
+        .route("/api/cluster", get(cluster))
+}
+
+/// The nodes sharing the store and the partitions each holds, as this node last read the lease
+/// table (refreshed every third of the lease TTL). On the embedded store: this one node.
+#[utoipa::path(get, path = "/api/cluster", operation_id = "cluster", tag = "meta",
+    responses(
+        (status = 200, description = "The cluster", body = Data<wire::Cluster>),
+        (status = 401, body = ErrorEnvelope),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn cluster(State(shared): AppState) -> Response {
+    let Some(ownership) = shared.runtime.store().ownership() else {
+        return data(wire::Cluster {
+            store: "redb".into(),
+            node: "local".into(),
+            partitions: 1,
+            nodes: vec![wire::ClusterNode {
+                id: "local".into(),
+                url: String::new(),
+                alive: true,
+                partitions: vec![0],
+            }],
+        });
+    };
+    let view = ownership.view();
+    data(wire::Cluster {
+        store: "postgres".into(),
+        node: view.node,
+        partitions: view.partitions,
+        nodes: view
+            .nodes
+            .into_iter()
+            .map(|n| wire::ClusterNode {
+                id: n.id,
+                url: n.url,
+                alive: n.alive,
+                partitions: n.partitions,
+            })
+            .collect(),
+    })
 }
 
 /// A JSON response with `status`.

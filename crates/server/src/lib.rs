@@ -22,6 +22,7 @@ pub mod client;
 mod error;
 mod events;
 pub mod extract;
+pub mod forward;
 mod listen;
 pub mod metrics;
 pub mod openapi;
@@ -111,6 +112,8 @@ pub(crate) struct Shared {
     pub counters: metrics::Counters,
     /// Event streams open per session, for `max_streams_per_session`.
     pub streams: events::Streams,
+    /// Forwards requests for sessions another node of the cluster owns.
+    pub forwarder: reqwest::Client,
 }
 
 /// The HTTP API over one runtime. Cheap to clone.
@@ -130,6 +133,7 @@ impl Api {
             tasks: TaskTracker::new(),
             counters: metrics::Counters::default(),
             streams: Default::default(),
+            forwarder: forward::client(),
         });
         metrics::listen(&shared);
         Api { shared }
@@ -143,7 +147,12 @@ impl Api {
     /// token when one is configured; `/metrics` and `/healthz` too when asked), with the body limit and our error shape for unknown
     /// routes and methods.
     pub fn router(&self) -> Router {
+        // Authentication runs first (on the node the request reached), then forwarding.
         let api = api::routes()
+            .route_layer(axum::middleware::from_fn_with_state(
+                self.shared.clone(),
+                forward::route,
+            ))
             .route_layer(axum::middleware::from_fn_with_state(
                 self.shared.clone(),
                 auth::require,

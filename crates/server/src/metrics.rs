@@ -151,6 +151,12 @@ pub(crate) async fn render(State(shared): State<Arc<Shared>>) -> Response {
         stats.failed_commits.load(Ordering::Relaxed),
     );
     out.counter(
+        "agenthost_store_fenced_total",
+        "Operations refused because this node did not hold the session's partition at the \
+         epoch it took it (a cluster's fencing; always 0 on the embedded store).",
+        stats.fenced.load(Ordering::Relaxed),
+    );
+    out.counter(
         "agenthost_store_maintenance_total",
         "Maintenance runs inside commits (the embedded store's folds of its log front).",
         stats.maintenance_runs.load(Ordering::Relaxed),

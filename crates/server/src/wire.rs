@@ -36,12 +36,37 @@ pub struct ErrorBody {
     pub message: String,
 }
 
+/// `GET /api/cluster`: the nodes sharing the store and the partitions each holds.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Cluster {
+    /// `redb` (one node, the embedded store) or `postgres` (a cluster).
+    pub store: String,
+    /// The node that answered.
+    pub node: String,
+    /// Partitions sessions hash into (1 on the embedded store).
+    pub partitions: u32,
+    pub nodes: Vec<ClusterNode>,
+}
+
+/// One node of a cluster.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ClusterNode {
+    pub id: String,
+    /// How the other nodes reach it.
+    pub url: String,
+    /// Renewed its membership within the lease TTL.
+    pub alive: bool,
+    /// The partitions it holds an unexpired lease on.
+    pub partitions: Vec<u32>,
+}
+
 /// `GET /healthz`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Health {
     /// `ok`; `disk_full` (status 200: reads work, writes are refused until there is space, then
     /// resume by themselves); `store_failed` (503: an I/O error stopped writes until a restart);
-    /// or `shutting_down` (503).
+    /// `store_unreachable` (503: the shared PostgreSQL database cannot be reached; both work
+    /// again once it is back); or `shutting_down` (503).
     pub status: String,
     /// Why, when not `ok`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -836,7 +836,20 @@ const ROUTES: &[(&str, &str)] = &[
         "/api/session/{id}/tool-output/{message_id}/{call_id}",
     ),
     ("get", "/api/session/{id}/events"),
+    ("get", "/api/cluster"),
 ];
+
+#[tokio::test]
+async fn the_embedded_store_is_a_cluster_of_one() {
+    let h = harness(vec![]).await;
+    let reply = h.get("/api/cluster").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let cluster = &reply.json["data"];
+    assert_eq!(cluster["store"], "redb");
+    assert_eq!(cluster["partitions"], 1);
+    assert_eq!(cluster["nodes"][0]["partitions"], json!([0]));
+    assert_eq!(cluster["nodes"][0]["alive"], true);
+}
 
 #[tokio::test]
 async fn openapi_document_lists_every_route() {

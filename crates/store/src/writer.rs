@@ -91,6 +91,9 @@ pub struct Stats {
     pub commits: AtomicU64,
     pub ops: AtomicU64,
     pub failed_commits: AtomicU64,
+    /// Operations refused because this node did not hold the session's partition at the epoch
+    /// it took it (a cluster's fencing).
+    pub fenced: AtomicU64,
     /// Histogram of operations per commit by power of two.
     pub batch_sizes: [AtomicU64; BUCKETS],
     /// Background work a backend does inside its commits (the embedded store folds the front

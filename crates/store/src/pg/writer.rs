@@ -231,6 +231,7 @@ impl Writer {
             let session = session_of(op).clone();
             let partition = crate::partition_of(&session, partitions);
             if !holding.get(&partition).copied().unwrap_or(false) {
+                self.stats.fenced.fetch_add(1, Ordering::Relaxed);
                 outcomes.push(Err(Error::NotOwner { session, partition }));
                 continue;
             }
