@@ -155,6 +155,8 @@ impl Leases {
                     "UPDATE leases l SET expires_at = now() + $2 * interval '1 millisecond'
                      FROM UNNEST($3::int4[], $4::int8[]) AS h(part, epoch)
                      WHERE l.part = h.part AND l.epoch = h.epoch AND l.owner = $1
+                       AND l.part IN (SELECT part FROM leases WHERE part = ANY($3::int4[])
+                                      ORDER BY part FOR UPDATE)
                      RETURNING l.part",
                     &[&self.node, &ttl_ms, &parts, &epochs],
                 )
@@ -243,7 +245,9 @@ impl Leases {
         client
             .execute(
                 "UPDATE leases SET owner = NULL, expires_at = now()
-                 WHERE owner = $1 AND part = ANY($2::int4[])",
+                 WHERE owner = $1 AND part IN (SELECT part FROM leases
+                                               WHERE part = ANY($2::int4[])
+                                               ORDER BY part FOR UPDATE)",
                 &[&self.node, &extra],
             )
             .await

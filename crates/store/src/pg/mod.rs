@@ -12,8 +12,9 @@
 //!   it touches and checks that this node still holds them at the epochs it acquired (`writer`):
 //!   a stale owner can never commit after a takeover, whatever the clocks say. Operations on a
 //!   session whose partition this node does not hold fail with [`Error::NotOwner`].
-//! - **Group commit** (`writer`): one thread batches concurrent operations into one
-//!   transaction, as the embedded writer does, running the same operations (`ops`).
+//! - **Group commit** (`writer`): a few writer threads, each with its own connection and a
+//!   share of the partitions, batch concurrent operations into one transaction, as the embedded
+//!   writer does, running the same operations (`ops`).
 //! - **Snapshots** (`snapshot`): a `REPEATABLE READ` read-only transaction on a pooled
 //!   connection.
 //!
@@ -63,6 +64,9 @@ pub struct PgConfig {
     pub lease_ttl: Duration,
     /// Most connections kept idle for snapshots.
     pub pool_size: usize,
+    /// Group-commit writers, each with its own connection; a partition's operations always go
+    /// to the same writer, so they stay in order.
+    pub writers: usize,
 }
 
 impl PgConfig {
@@ -75,6 +79,7 @@ impl PgConfig {
             partitions: 64,
             lease_ttl: Duration::from_secs(10),
             pool_size: 16,
+            writers: 4,
         }
     }
 }
@@ -262,8 +267,10 @@ enum Msg {
 /// The PostgreSQL store. Cheap to share behind an `Arc`; [`Store::close`] commits what is
 /// queued, releases this node's leases and disconnects.
 pub struct PgStore {
-    tx: Mutex<Option<mpsc::Sender<Msg>>>,
-    writer: Mutex<Option<JoinHandle<()>>>,
+    /// One queue per writer; a session's operations always go to the same one.
+    tx: Mutex<Option<Vec<mpsc::Sender<Msg>>>>,
+    writers: Mutex<Vec<JoinHandle<()>>>,
+    partitions: u32,
     stats: Arc<Stats>,
     prompt_limit: usize,
     pool: Arc<snapshot::Pool>,
@@ -298,21 +305,28 @@ impl PgStore {
         let leases = Arc::new(lease::Leases::new(&pg));
         leases.start(&connector, client)?;
         let pool = Arc::new(snapshot::Pool::new(connector.clone(), pg.pool_size));
-        let writer = writer::Writer::new(
-            connector,
-            leases.clone(),
-            stats.clone(),
-            &config,
-            pg.partitions,
-        );
-        let (tx, rx) = mpsc::channel();
-        let handle = std::thread::Builder::new()
-            .name("store-pg-writer".into())
-            .spawn(move || writer.run(rx))
-            .map_err(|e| Error::Storage(format!("cannot start the writer thread: {e}")))?;
+        let mut senders = Vec::new();
+        let mut handles = Vec::new();
+        for n in 0..pg.writers.max(1) {
+            let writer = writer::Writer::new(
+                connector.clone(),
+                leases.clone(),
+                stats.clone(),
+                &config,
+                pg.partitions,
+            );
+            let (tx, rx) = mpsc::channel();
+            let handle = std::thread::Builder::new()
+                .name(format!("store-pg-writer-{n}"))
+                .spawn(move || writer.run(rx))
+                .map_err(|e| Error::Storage(format!("cannot start a writer thread: {e}")))?;
+            senders.push(tx);
+            handles.push(handle);
+        }
         Ok(PgStore {
-            tx: Mutex::new(Some(tx)),
-            writer: Mutex::new(Some(handle)),
+            tx: Mutex::new(Some(senders)),
+            writers: Mutex::new(handles),
+            partitions: pg.partitions,
             stats,
             prompt_limit: config.prompt_limit,
             pool,
@@ -329,8 +343,11 @@ impl PgStore {
 
     fn submit(&self, op: Op) -> BoxFuture<'static, Result<Outcome>> {
         let (reply, rx) = oneshot::channel();
+        let partition = crate::partition_of(writer::session_of(&op), self.partitions) as usize;
         let sent = match lock(&self.tx).as_ref() {
-            Some(tx) => tx.send(Msg::Request(writer::Request { op, reply })).is_ok(),
+            Some(txs) => txs[partition % txs.len()]
+                .send(Msg::Request(writer::Request { op, reply }))
+                .is_ok(),
             None => false,
         };
         Box::pin(async move {
@@ -394,13 +411,13 @@ impl Store for PgStore {
     }
 
     fn close(&self) {
-        if let Some(tx) = lock(&self.tx).take() {
+        for tx in lock(&self.tx).take().unwrap_or_default() {
             let _ = tx.send(Msg::Close);
         }
-        if let Some(handle) = lock(&self.writer).take()
-            && handle.join().is_err()
-        {
-            tracing::error!("the PostgreSQL writer thread panicked");
+        for handle in std::mem::take(&mut *lock(&self.writers)) {
+            if handle.join().is_err() {
+                tracing::error!("a PostgreSQL writer thread panicked");
+            }
         }
         self.leases.stop();
         self.pool.close();

@@ -48,8 +48,8 @@ impl Changes {
 #[derive(Debug, Default)]
 pub(crate) struct Cache {
     records: HashMap<SessionId, SessionRecord>,
-    /// Pending inputs, read back at promotion.
-    inputs: HashMap<(SessionId, Seq), InboxRow>,
+    /// Pending inputs by session, read back at promotion.
+    inputs: HashMap<SessionId, HashMap<Seq, InboxRow>>,
     instructions: HashMap<SessionId, Option<InstructionState>>,
     /// The newest message of each session: the one a step updates.
     latest: HashMap<SessionId, Message>,
@@ -71,15 +71,16 @@ impl Cache {
                 self.latest.insert(session, message);
             }
         }
-        for (key, row) in changes.inputs {
-            self.inputs.insert(key, row);
+        for ((session, seq), row) in changes.inputs {
+            self.inputs.entry(session).or_default().insert(seq, row);
         }
         for (session, state) in changes.instructions {
             self.instructions.insert(session, Some(state));
         }
         for (session, record) in changes.records {
-            self.inputs
-                .retain(|(s, seq), _| *s != session || record.inbox.waiting(*seq));
+            if let Some(inputs) = self.inputs.get_mut(&session) {
+                inputs.retain(|seq, _| record.inbox.waiting(*seq));
+            }
             self.records.insert(session, record);
         }
     }
@@ -199,12 +200,12 @@ impl<'a> Batch<'a> {
 
     fn input(&mut self, session: &SessionId, seq: Seq) -> Result<InboxRow> {
         let key = (session.clone(), seq);
-        if let Some(row) = self
-            .changes
-            .inputs
-            .get(&key)
-            .or_else(|| self.cache.inputs.get(&key))
-        {
+        if let Some(row) = self.changes.inputs.get(&key).or_else(|| {
+            self.cache
+                .inputs
+                .get(session)
+                .and_then(|inputs| inputs.get(&seq))
+        }) {
             return Ok(row.clone());
         }
         let row = wait(self.txn.query_opt(
@@ -217,7 +218,11 @@ impl<'a> Batch<'a> {
             reason: "its event is missing from the log".into(),
         })?;
         let row = record::inbox_row(session, decode::<Stored>("event", row.get(0))?)?;
-        self.cache.inputs.insert(key, row.clone());
+        self.cache
+            .inputs
+            .entry(session.clone())
+            .or_default()
+            .insert(seq, row.clone());
         Ok(row)
     }
 

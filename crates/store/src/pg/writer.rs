@@ -1,4 +1,5 @@
-//! Group commit on PostgreSQL: one thread takes every queued operation (up to `max_batch`),
+//! Group commit on PostgreSQL: a writer thread takes every queued operation (up to `max_batch`)
+//! of the partitions it serves,
 //! runs them one after another in one transaction, each on the rows of those before it, and
 //! answers each once the transaction committed. The transaction first takes `FOR SHARE` on the
 //! lease rows of the partitions the batch touches and checks this node holds them at the
@@ -67,7 +68,7 @@ impl From<Error> for Failed {
     }
 }
 
-fn session_of(op: &Op) -> &SessionId {
+pub(crate) fn session_of(op: &Op) -> &SessionId {
     match op {
         Op::Create(new) => &new.id,
         Op::Admit(a) => &a.session,
@@ -211,11 +212,12 @@ impl Writer {
         let (pending_limit, partitions) = (self.pending_limit, self.partitions);
         let txn = wait(client.transaction()).map_err(db)?;
         let parts: Vec<i32> = parts.into_iter().map(|p| p as i32).collect();
+        // In partition order, as the lease rounds lock them, so the two never deadlock.
         let leases = wait(txn.query(
-            "SELECT part, owner, epoch FROM leases WHERE part = ANY($1) FOR SHARE",
+            "SELECT part, owner, epoch FROM leases WHERE part = ANY($1) ORDER BY part FOR SHARE",
             &[&parts],
         ))
-        .map_err(db)?;
+        .map_err(|e| conflict(&e))?;
         let mut holding: HashMap<u32, bool> = HashMap::new();
         for row in leases {
             let part = row.get::<_, i32>(0) as u32;
@@ -255,7 +257,7 @@ impl Writer {
         if !changes.events.is_empty() {
             write(&txn, &changes, partitions)?;
         }
-        wait(txn.commit()).map_err(db)?;
+        wait(txn.commit()).map_err(|e| conflict(&e))?;
         Ok((outcomes, changes))
     }
 }
@@ -336,10 +338,17 @@ fn write(
 }
 
 /// A unique violation is a concurrent write this batch did not see (an index entry added by
-/// another node): run again. Anything else fails the batch.
+/// another node or writer); a deadlock or serialization failure is a concurrent transaction in
+/// the way: run again. Anything else fails the batch.
 fn conflict(e: &tokio_postgres::Error) -> Failed {
     match e.code() {
-        Some(code) if *code == SqlState::UNIQUE_VIOLATION => Failed::Again,
+        Some(code)
+            if *code == SqlState::UNIQUE_VIOLATION
+                || *code == SqlState::T_R_DEADLOCK_DETECTED
+                || *code == SqlState::T_R_SERIALIZATION_FAILURE =>
+        {
+            Failed::Again
+        }
         _ => Failed::Error(db_ref(e)),
     }
 }
