@@ -47,7 +47,7 @@ fn main() {
     };
     // Wait for the partitions to spread: every node holds a share, and together all of them.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while mode != "redb" {
+    while stores[0].ownership().is_some() {
         let held: Vec<usize> = stores
             .iter()
             .filter_map(|s| s.ownership())
@@ -63,7 +63,10 @@ fn main() {
         if held.iter().all(|h| *h > 0) && held.iter().sum::<usize>() == partitions {
             break;
         }
-        assert!(Instant::now() < deadline, "partitions did not spread: {held:?}");
+        assert!(
+            Instant::now() < deadline,
+            "partitions did not spread: {held:?}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     let owner = |id: &SessionId| -> Arc<dyn Store> {

@@ -153,6 +153,36 @@ pub enum Event {
 }
 
 impl Event {
+    /// The message (or admitted input) the event is about, if any.
+    pub fn message_id(&self) -> Option<&MessageId> {
+        match self {
+            Event::PromptAdmitted { id, .. }
+            | Event::PromptPromoted { id }
+            | Event::InstructionsUpdated { id, .. }
+            | Event::StepStarted { id, .. }
+            | Event::TextEnded { id, .. }
+            | Event::ReasoningEnded { id, .. }
+            | Event::ToolCalled { id, .. }
+            | Event::ToolSucceeded { id, .. }
+            | Event::ToolFailed { id, .. }
+            | Event::StepEnded { id, .. }
+            | Event::StepFailed { id, .. }
+            | Event::RetryScheduled { id, .. }
+            | Event::CompactionStarted { id, .. }
+            | Event::CompactionEnded { id, .. }
+            | Event::CompactionFailed { id, .. }
+            | Event::StepUsage { id, .. }
+            | Event::ToolOutput { id, .. } => Some(id),
+            Event::SessionCreated { .. }
+            | Event::ExecutionStarted { .. }
+            | Event::ExecutionSucceeded
+            | Event::ExecutionFailed { .. }
+            | Event::ExecutionInterrupted { .. }
+            | Event::RecoveryAttempted { .. }
+            | Event::UsageRecorded { .. } => None,
+        }
+    }
+
     /// A short stable name, for logs, metrics and SSE event types.
     pub fn kind(&self) -> &'static str {
         match self {

@@ -238,6 +238,28 @@ async fn three_nodes_share_sessions_forward_requests_and_survive_a_sigkill() {
         assert_eq!(status, 200, "{reply}");
         *acked += 1;
     }
+    // An admission retried through another node gets the original receipt.
+    let (retried, _) = &sessions[0];
+    let body = json!({"text": "once only", "id": "msg_retried_across_nodes"});
+    let path = format!("/api/session/{retried}/prompt");
+    let (_, first_receipt) = call_through(
+        &http[1],
+        reqwest::Method::POST,
+        &path,
+        Some(body.clone()),
+        LIMIT,
+    )
+    .await;
+    let (_, again) = call_through(&http[2], reqwest::Method::POST, &path, Some(body), LIMIT).await;
+    assert_eq!(
+        first_receipt["data"]["admitted_seq"], again["data"]["admitted_seq"],
+        "{first_receipt} {again}"
+    );
+    assert!(
+        first_receipt["data"]["admitted_seq"].is_u64(),
+        "{first_receipt}"
+    );
+    sessions[0].1 += 1;
     let first = stream.until("execution_succeeded").await;
     let last_id = first
         .iter()

@@ -94,7 +94,9 @@ impl Leases {
         result?;
         let leases = self.clone();
         let mut stop = self.stop.subscribe();
-        let task = connector.rt.spawn(async move {
+        let connector = connector.clone();
+        let task = connector.rt.clone().spawn(async move {
+            let mut client = Some(client);
             let mut renewed = Instant::now();
             let mut tick = tokio::time::interval(leases.ttl / 3);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -105,7 +107,15 @@ impl Leases {
                     _ = stop.changed() => break,
                 }
                 let started = Instant::now();
-                match leases.round(&client).await {
+                // A connection the database dropped is opened again for the next round.
+                if client.as_ref().is_none_or(Client::is_closed) {
+                    client = connector.connect_async().await.ok();
+                }
+                let result = match &client {
+                    Some(client) => leases.round(client).await,
+                    None => Err(Error::Io("PostgreSQL: cannot connect".into())),
+                };
+                match result {
                     Ok(()) => {
                         renewed = started;
                         *lock(&leases.failure) = None;
@@ -120,7 +130,9 @@ impl Leases {
                     }
                 }
             }
-            leases.release_all(&client).await;
+            if let Some(client) = &client {
+                leases.release_all(client).await;
+            }
         });
         *lock(&self.task) = Some(task);
         Ok(())

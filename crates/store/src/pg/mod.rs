@@ -36,7 +36,7 @@ use std::time::Duration;
 use agenthost_model::SessionId;
 use futures::future::BoxFuture;
 use tokio::sync::oneshot;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::{Client, GenericClient, NoTls, Statement};
 
 use crate::cluster::Ownership;
 use crate::error::{Error, Result};
@@ -133,17 +133,22 @@ impl Connector {
 
     /// A new connection, from any thread.
     pub(crate) fn connect(&self) -> Result<Client> {
-        let config = self.config.clone();
-        let task = self.rt.spawn(async move {
-            let (client, connection) = config.connect(NoTls).await.map_err(db)?;
-            tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::debug!(error = %e, "a PostgreSQL connection ended");
-                }
-            });
-            Ok::<_, Error>(client)
+        let connector = self.clone();
+        let task = self
+            .rt
+            .spawn(async move { connector.connect_async().await });
+        wait(task).map_err(|e| Error::Io(format!("PostgreSQL: {e}")))?
+    }
+
+    /// A new connection, from a task on the store's runtime.
+    pub(crate) async fn connect_async(&self) -> Result<Client> {
+        let (client, connection) = self.config.connect(NoTls).await.map_err(db)?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "a PostgreSQL connection ended");
+            }
         });
-        futures::executor::block_on(task).map_err(|e| Error::Io(format!("PostgreSQL: {e}")))?
+        Ok(client)
     }
 }
 
@@ -154,9 +159,34 @@ fn valid_schema(name: &str) -> bool {
         && !name.as_bytes()[0].is_ascii_digit()
 }
 
-/// Waits for a future on the current thread (the I/O itself runs on the store's runtime).
+/// The statements prepared on one connection: each is prepared (one round trip) the first time
+/// it is used there, and then only bound and executed.
+#[derive(Default)]
+pub(crate) struct Statements(Mutex<std::collections::HashMap<&'static str, Statement>>);
+
+impl Statements {
+    pub(crate) fn get(&self, client: &impl GenericClient, sql: &'static str) -> Result<Statement> {
+        if let Some(statement) = lock(&self.0).get(sql) {
+            return Ok(statement.clone());
+        }
+        let statement = wait(client.prepare(sql)).map_err(db)?;
+        lock(&self.0).insert(sql, statement.clone());
+        Ok(statement)
+    }
+}
+
+/// Waits for a future on the current thread (the I/O itself runs on the store's runtime). On a
+/// worker of a multi-threaded tokio runtime (a snapshot read in a session's drain, say), the
+/// worker first hands its other tasks to another thread, so a database round trip blocks only
+/// the caller.
 pub(crate) fn wait<F: Future>(f: F) -> F::Output {
-    futures::executor::block_on(f)
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(|| futures::executor::block_on(f))
+        }
+        _ => futures::executor::block_on(f),
+    }
 }
 
 /// Creates the schema and its tables when missing and checks what an existing one holds: the

@@ -11,14 +11,16 @@ use agenthost_model::{
 };
 use tokio_postgres::Transaction;
 
-use super::{db, wait};
+use super::{Statements, db, wait};
 use crate::codec::decode;
 use crate::error::{Error, Result};
 use crate::ops::Rows;
 use crate::record::{self, SessionRecord};
 
-/// Sessions whose rows the cache holds at most; beyond it the cache starts again empty.
+/// Sessions, and index entries, whose rows the cache holds at most; beyond either it starts
+/// again empty.
 const CACHED_SESSIONS: usize = 100_000;
+const CACHED_INDEX: usize = 1_000_000;
 
 /// Rows changed (by an operation, or by the operations of a batch so far).
 #[derive(Debug, Default)]
@@ -53,6 +55,9 @@ pub(crate) struct Cache {
     instructions: HashMap<SessionId, Option<InstructionState>>,
     /// The newest message of each session: the one a step updates.
     latest: HashMap<SessionId, Message>,
+    /// Index entries of this node's sessions (an entry never moves to another session, and only
+    /// the session's owner changes it).
+    index: HashMap<MessageId, IndexEntry>,
 }
 
 impl Cache {
@@ -62,9 +67,10 @@ impl Cache {
 
     /// Takes in what a batch committed.
     pub(crate) fn commit(&mut self, changes: Changes) {
-        if self.records.len() > CACHED_SESSIONS {
+        if self.records.len() > CACHED_SESSIONS || self.index.len() > CACHED_INDEX {
             self.clear();
         }
+        self.index.extend(changes.index);
         for ((session, seq), message) in changes.messages {
             let newer = self.latest.get(&session).is_none_or(|m| m.seq() <= seq);
             if newer {
@@ -89,6 +95,7 @@ impl Cache {
 /// A batch in its transaction: the operations committed so far and the rows they read.
 pub(crate) struct Batch<'a> {
     pub(crate) txn: &'a Transaction<'a>,
+    pub(crate) statements: &'a Statements,
     pub(crate) cache: &'a mut Cache,
     pub(crate) changes: Changes,
     /// Index entries read for this batch, absent ones included (another node may add an entry
@@ -99,9 +106,14 @@ pub(crate) struct Batch<'a> {
 }
 
 impl<'a> Batch<'a> {
-    pub(crate) fn new(txn: &'a Transaction<'a>, cache: &'a mut Cache) -> Self {
+    pub(crate) fn new(
+        txn: &'a Transaction<'a>,
+        statements: &'a Statements,
+        cache: &'a mut Cache,
+    ) -> Self {
         Batch {
             txn,
+            statements,
             cache,
             changes: Changes::default(),
             index: HashMap::new(),
@@ -109,8 +121,8 @@ impl<'a> Batch<'a> {
         }
     }
 
-    /// Reads the records of `sessions` and the index entries of `ids` in two queries, so the
-    /// operations that follow rarely wait for the database.
+    /// Reads the records of `sessions` and the index entries of `ids` (those the cache does not
+    /// hold) in two queries, so the operations that follow rarely wait for the database.
     pub(crate) fn prefetch(&mut self, sessions: Vec<SessionId>, ids: Vec<MessageId>) -> Result<()> {
         let unknown: Vec<&str> = sessions
             .iter()
@@ -119,7 +131,10 @@ impl<'a> Batch<'a> {
             .collect();
         if !unknown.is_empty() {
             let rows = wait(self.txn.query(
-                "SELECT id, record FROM sessions WHERE id = ANY($1)",
+                &self.statements.get(
+                    self.txn,
+                    "SELECT id, record FROM sessions WHERE id = ANY($1)",
+                )?,
                 &[&unknown],
             ))
             .map_err(db)?;
@@ -134,10 +149,17 @@ impl<'a> Batch<'a> {
                 }
             }
         }
+        let ids: Vec<MessageId> = ids
+            .into_iter()
+            .filter(|id| !self.cache.index.contains_key(id))
+            .collect();
         if !ids.is_empty() {
             let keys: Vec<&str> = ids.iter().map(MessageId::as_str).collect();
             let rows = wait(self.txn.query(
-                "SELECT id, entry FROM message_index WHERE id = ANY($1)",
+                &self.statements.get(
+                    self.txn,
+                    "SELECT id, entry FROM message_index WHERE id = ANY($1)",
+                )?,
                 &[&keys],
             ))
             .map_err(db)?;
@@ -164,11 +186,10 @@ impl<'a> Batch<'a> {
             if self.missing.contains(id) {
                 return Ok(None);
             }
-            let row = wait(
-                self.txn
-                    .query_opt("SELECT record FROM sessions WHERE id = $1", &[&id.as_str()]),
-            )
-            .map_err(db)?;
+            let statement = self
+                .statements
+                .get(self.txn, "SELECT record FROM sessions WHERE id = $1")?;
+            let row = wait(self.txn.query_opt(&statement, &[&id.as_str()])).map_err(db)?;
             match row {
                 Some(row) => {
                     let record = decode("session record", row.get(0))?;
@@ -191,7 +212,10 @@ impl<'a> Batch<'a> {
             return Ok(Some(m.clone()));
         }
         let row = wait(self.txn.query_opt(
-            "SELECT message FROM messages WHERE session = $1 AND seq = $2",
+            &self.statements.get(
+                self.txn,
+                "SELECT message FROM messages WHERE session = $1 AND seq = $2",
+            )?,
             &[&session.as_str(), &(seq.0 as i64)],
         ))
         .map_err(db)?;
@@ -209,7 +233,10 @@ impl<'a> Batch<'a> {
             return Ok(row.clone());
         }
         let row = wait(self.txn.query_opt(
-            "SELECT event FROM events WHERE session = $1 AND seq = $2",
+            &self.statements.get(
+                self.txn,
+                "SELECT event FROM events WHERE session = $1 AND seq = $2",
+            )?,
             &[&session.as_str(), &(seq.0 as i64)],
         ))
         .map_err(db)?
@@ -233,10 +260,17 @@ impl<'a> Batch<'a> {
         if let Some(found) = self.index.get(id) {
             return Ok(found.clone());
         }
-        let row = wait(self.txn.query_opt(
-            "SELECT entry FROM message_index WHERE id = $1",
-            &[&id.as_str()],
-        ))
+        if let Some(entry) = self.cache.index.get(id) {
+            return Ok(Some(entry.clone()));
+        }
+        let row = wait(
+            self.txn.query_opt(
+                &self
+                    .statements
+                    .get(self.txn, "SELECT entry FROM message_index WHERE id = $1")?,
+                &[&id.as_str()],
+            ),
+        )
         .map_err(db)?;
         let found: Option<IndexEntry> = row.map(|r| decode("index entry", r.get(0))).transpose()?;
         self.index.insert(id.clone(), found.clone());
@@ -251,7 +285,10 @@ impl<'a> Batch<'a> {
             return Ok(state.clone());
         }
         let row = wait(self.txn.query_opt(
-            "SELECT state FROM instructions WHERE session = $1",
+            &self.statements.get(
+                self.txn,
+                "SELECT state FROM instructions WHERE session = $1",
+            )?,
             &[&session.as_str()],
         ))
         .map_err(db)?;

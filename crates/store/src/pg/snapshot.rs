@@ -12,7 +12,7 @@ use tokio_postgres::Client;
 use tokio_postgres::types::ToSql;
 
 use super::rows::session_id;
-use super::{Connector, db, wait};
+use super::{Connector, Statements, db, wait};
 use crate::codec::decode;
 use crate::error::{Error, Result};
 use crate::lock;
@@ -23,8 +23,14 @@ use crate::snapshot::Snapshot;
 /// stay idle.
 pub(crate) struct Pool {
     connector: Connector,
-    idle: Mutex<Option<Vec<Client>>>,
+    idle: Mutex<Option<Vec<Conn>>>,
     keep: usize,
+}
+
+/// A pooled connection and the statements prepared on it.
+pub(crate) struct Conn {
+    client: Client,
+    statements: Statements,
 }
 
 impl Pool {
@@ -36,20 +42,23 @@ impl Pool {
         }
     }
 
-    fn get(&self) -> Result<Client> {
+    fn get(&self) -> Result<Conn> {
         let idle = lock(&self.idle).as_mut().ok_or(Error::Closed)?.pop();
         match idle {
-            Some(client) if !client.is_closed() => Ok(client),
-            _ => self.connector.connect(),
+            Some(conn) if !conn.client.is_closed() => Ok(conn),
+            _ => Ok(Conn {
+                client: self.connector.connect()?,
+                statements: Statements::default(),
+            }),
         }
     }
 
-    fn put(&self, client: Client) {
+    fn put(&self, conn: Conn) {
         if let Some(idle) = lock(&self.idle).as_mut()
             && idle.len() < self.keep
-            && !client.is_closed()
+            && !conn.client.is_closed()
         {
-            idle.push(client);
+            idle.push(conn);
         }
     }
 
@@ -59,7 +68,7 @@ impl Pool {
 }
 
 pub(crate) struct PgSnapshot {
-    client: Option<Client>,
+    conn: Option<Conn>,
     pool: Arc<Pool>,
 }
 
@@ -72,25 +81,34 @@ fn limit(n: usize) -> i64 {
 
 impl PgSnapshot {
     pub(crate) fn begin(pool: Arc<Pool>) -> Result<Self> {
-        let client = pool.get()?;
+        let conn = pool.get()?;
         // The snapshot is taken by the first statement of the transaction: run one now, so
         // the snapshot sees what was durable when it was asked for and nothing later.
-        wait(client.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1"))
-            .map_err(db)?;
+        wait(
+            conn.client
+                .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1"),
+        )
+        .map_err(db)?;
         Ok(PgSnapshot {
-            client: Some(client),
+            conn: Some(conn),
             pool,
         })
     }
 
-    fn client(&self) -> &Client {
-        self.client
+    fn conn(&self) -> &Conn {
+        self.conn
             .as_ref()
-            .expect("invariant: the client is taken only on drop")
+            .expect("invariant: the connection is taken only on drop")
     }
 
-    fn query(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<tokio_postgres::Row>> {
-        wait(self.client().query(sql, params)).map_err(db)
+    fn query(
+        &self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>> {
+        let conn = self.conn();
+        let statement = conn.statements.get(&conn.client, sql)?;
+        wait(conn.client.query(&statement, params)).map_err(db)
     }
 
     fn record(&self, id: &SessionId) -> Result<Option<SessionRecord>> {
@@ -100,7 +118,7 @@ impl PgSnapshot {
             .transpose()
     }
 
-    fn ids(&self, sql: &str) -> Result<Vec<SessionId>> {
+    fn ids(&self, sql: &'static str) -> Result<Vec<SessionId>> {
         self.query(sql, &[])?
             .iter()
             .map(|r| session_id(r.get(0)))
@@ -110,14 +128,14 @@ impl PgSnapshot {
 
 impl Drop for PgSnapshot {
     fn drop(&mut self) {
-        let Some(client) = self.client.take() else {
+        let Some(conn) = self.conn.take() else {
             return;
         };
         // End the transaction on the store's runtime, so that dropping never waits.
         let pool = self.pool.clone();
         pool.connector.rt.clone().spawn(async move {
-            if client.batch_execute("ROLLBACK").await.is_ok() {
-                pool.put(client);
+            if conn.client.batch_execute("ROLLBACK").await.is_ok() {
+                pool.put(conn);
             }
         });
     }

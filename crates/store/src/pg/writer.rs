@@ -25,7 +25,7 @@ use tokio_postgres::types::ToSql;
 
 use super::lease::Leases;
 use super::rows::{Batch, Cache, Changes, Encoded, Overlay};
-use super::{Connector, Msg, db, wait};
+use super::{Connector, Msg, Statements, db, wait};
 use crate::error::{Error, Result};
 use crate::ops::{self, Op, Outcome};
 use crate::{Clock, CommitHook, Config, Stats};
@@ -41,6 +41,8 @@ pub(crate) struct Request {
 pub(crate) struct Writer {
     connector: Connector,
     client: Option<Client>,
+    /// The statements prepared on `client`.
+    statements: Statements,
     cache: Cache,
     /// The version of this node's partitions the cache belongs to.
     cache_version: u64,
@@ -87,6 +89,7 @@ impl Writer {
         Writer {
             connector,
             client: None,
+            statements: Statements::default(),
             cache: Cache::default(),
             cache_version: u64::MAX,
             node: crate::cluster::Ownership::node(&*leases).to_owned(),
@@ -184,15 +187,23 @@ impl Writer {
             let session = session_of(op);
             parts.insert(crate::partition_of(session, partitions));
             sessions.push(session.clone());
-            if let Op::Admit(a) = op {
-                ids.push(a.id.clone());
+            match op {
+                Op::Admit(a) => ids.push(a.id.clone()),
+                Op::Write(_, actions) => ids.extend(actions.iter().filter_map(|a| match a {
+                    crate::Action::Append(event) => event.message_id().cloned(),
+                    _ => None,
+                })),
+                Op::Create(_) => {}
             }
         }
         sessions.sort_unstable();
         sessions.dedup();
         let mut client = match self.client.take() {
             Some(client) if !client.is_closed() => client,
-            _ => self.connector.connect()?,
+            _ => {
+                self.statements = Statements::default();
+                self.connector.connect()?
+            }
         };
         let result = self.run_on(&mut client, ops, held, parts, sessions, ids);
         self.client = Some(client);
@@ -213,11 +224,11 @@ impl Writer {
         let txn = wait(client.transaction()).map_err(db)?;
         let parts: Vec<i32> = parts.into_iter().map(|p| p as i32).collect();
         // In partition order, as the lease rounds lock them, so the two never deadlock.
-        let leases = wait(txn.query(
+        let check = self.statements.get(
+            &txn,
             "SELECT part, owner, epoch FROM leases WHERE part = ANY($1) ORDER BY part FOR SHARE",
-            &[&parts],
-        ))
-        .map_err(|e| conflict(&e))?;
+        )?;
+        let leases = wait(txn.query(&check, &[&parts])).map_err(|e| conflict(&e))?;
         let mut holding: HashMap<u32, bool> = HashMap::new();
         for row in leases {
             let part = row.get::<_, i32>(0) as u32;
@@ -226,7 +237,7 @@ impl Writer {
             let ours = owner == Some(self.node.as_str()) && held.epochs.get(&part) == Some(&epoch);
             holding.insert(part, ours);
         }
-        let mut batch = Batch::new(&txn, &mut self.cache);
+        let mut batch = Batch::new(&txn, &self.statements, &mut self.cache);
         batch.prefetch(sessions, ids)?;
         let mut outcomes = Vec::with_capacity(ops.len());
         for op in ops {
@@ -255,27 +266,47 @@ impl Writer {
         let changes = std::mem::take(&mut batch.changes);
         drop(batch);
         if !changes.events.is_empty() {
-            write(&txn, &changes, partitions)?;
+            write(&txn, &self.statements, &changes, partitions)?;
         }
         wait(txn.commit()).map_err(|e| conflict(&e))?;
         Ok((outcomes, changes))
     }
 }
 
+/// The statements of a commit, one per table.
+const INSERT_EVENTS: &str = "INSERT INTO events (session, seq, event)
+     SELECT * FROM UNNEST($1::text[], $2::int8[], $3::bytea[])";
+const UPSERT_SESSIONS: &str = "INSERT INTO sessions (id, part, created, claimed, pending, record)
+     SELECT * FROM UNNEST($1::text[], $2::int4[], $3::int8[], $4::bool[], $5::bool[], $6::bytea[])
+     ON CONFLICT (id) DO UPDATE SET claimed = excluded.claimed,
+         pending = excluded.pending, record = excluded.record";
+const UPSERT_MESSAGES: &str = "INSERT INTO messages (session, seq, message)
+     SELECT * FROM UNNEST($1::text[], $2::int8[], $3::bytea[])
+     ON CONFLICT (session, seq) DO UPDATE SET message = excluded.message";
+/// An entry of another session is never overwritten: the count then falls short.
+const UPSERT_INDEX: &str = "INSERT INTO message_index (id, session, entry)
+     SELECT * FROM UNNEST($1::text[], $2::text[], $3::bytea[])
+     ON CONFLICT (id) DO UPDATE SET entry = excluded.entry
+     WHERE message_index.session = excluded.session";
+const UPSERT_INSTRUCTIONS: &str = "INSERT INTO instructions (session, state)
+     SELECT * FROM UNNEST($1::text[], $2::bytea[])
+     ON CONFLICT (session) DO UPDATE SET state = excluded.state";
+
 /// Writes a batch's rows with one statement per table, all sent at once.
 fn write(
     txn: &tokio_postgres::Transaction<'_>,
+    statements: &Statements,
     changes: &Changes,
     partitions: u32,
 ) -> Result<(), Failed> {
     let e = Encoded::new(changes, partitions);
+    let events = statements.get(txn, INSERT_EVENTS)?;
+    let sessions = statements.get(txn, UPSERT_SESSIONS)?;
+    let messages = statements.get(txn, UPSERT_MESSAGES)?;
+    let index = statements.get(txn, UPSERT_INDEX)?;
+    let instructions = statements.get(txn, UPSERT_INSTRUCTIONS)?;
     let event_params: [&(dyn ToSql + Sync); 3] =
         [&e.event_sessions, &e.event_seqs, &e.event_bodies];
-    let events = txn.execute(
-        "INSERT INTO events (session, seq, event)
-         SELECT * FROM UNNEST($1::text[], $2::int8[], $3::bytea[])",
-        &event_params,
-    );
     let session_params: [&(dyn ToSql + Sync); 6] = [
         &e.session_ids,
         &e.session_parts,
@@ -284,46 +315,18 @@ fn write(
         &e.session_pending,
         &e.session_records,
     ];
-    let sessions = txn.execute(
-        "INSERT INTO sessions (id, part, created, claimed, pending, record)
-         SELECT * FROM UNNEST($1::text[], $2::int4[], $3::int8[], $4::bool[], $5::bool[],
-                              $6::bytea[])
-         ON CONFLICT (id) DO UPDATE SET claimed = excluded.claimed,
-             pending = excluded.pending, record = excluded.record",
-        &session_params,
-    );
     let message_params: [&(dyn ToSql + Sync); 3] =
         [&e.message_sessions, &e.message_seqs, &e.message_bodies];
-    let messages = txn.execute(
-        "INSERT INTO messages (session, seq, message)
-         SELECT * FROM UNNEST($1::text[], $2::int8[], $3::bytea[])
-         ON CONFLICT (session, seq) DO UPDATE SET message = excluded.message",
-        &message_params,
-    );
-    // An entry of another session is never overwritten: the count then falls short.
     let index_params: [&(dyn ToSql + Sync); 3] =
         [&e.index_ids, &e.index_sessions, &e.index_entries];
-    let index = txn.execute(
-        "INSERT INTO message_index (id, session, entry)
-         SELECT * FROM UNNEST($1::text[], $2::text[], $3::bytea[])
-         ON CONFLICT (id) DO UPDATE SET entry = excluded.entry
-         WHERE message_index.session = excluded.session",
-        &index_params,
-    );
     let instruction_params: [&(dyn ToSql + Sync); 2] =
         [&e.instruction_sessions, &e.instruction_states];
-    let instructions = txn.execute(
-        "INSERT INTO instructions (session, state)
-         SELECT * FROM UNNEST($1::text[], $2::bytea[])
-         ON CONFLICT (session) DO UPDATE SET state = excluded.state",
-        &instruction_params,
-    );
     let (events, sessions, messages, index, instructions) = wait(futures::future::join5(
-        events,
-        sessions,
-        messages,
-        index,
-        instructions,
+        txn.execute(&events, &event_params),
+        txn.execute(&sessions, &session_params),
+        txn.execute(&messages, &message_params),
+        txn.execute(&index, &index_params),
+        txn.execute(&instructions, &instruction_params),
     ));
     for result in [&events, &sessions, &messages, &instructions] {
         if let Err(err) = result {

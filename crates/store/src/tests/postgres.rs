@@ -312,3 +312,144 @@ fn a_partition_count_mismatch_stops_the_start() {
     a.close();
     drop_schema(&schema);
 }
+
+/// A TCP proxy in front of the database that can cut every connection and refuse new ones
+/// (the database gone: restarted, or the network between) and let them through again.
+struct Proxy {
+    url: String,
+    up: Arc<std::sync::atomic::AtomicBool>,
+    cut: tokio::sync::watch::Sender<u64>,
+}
+
+impl Proxy {
+    async fn start() -> Proxy {
+        use std::sync::atomic::AtomicBool;
+        let config: tokio_postgres::Config = url().parse().expect("a PostgreSQL URL");
+        let port = config.get_ports().first().copied().unwrap_or(5432);
+        let host = match config.get_hosts().first() {
+            Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+            _ => "127.0.0.1".to_owned(),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("proxy binds");
+        let local = listener.local_addr().expect("addr");
+        let user = config.get_user().unwrap_or("postgres");
+        let password = config
+            .get_password()
+            .map(|p| format!(":{}", String::from_utf8_lossy(p)))
+            .unwrap_or_default();
+        let db = config.get_dbname().unwrap_or(user);
+        let url = format!("postgresql://{user}{password}@{local}/{db}");
+        let up = Arc::new(AtomicBool::new(true));
+        let (cut, cuts) = tokio::sync::watch::channel(0u64);
+        let accepting = up.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    return;
+                };
+                if !accepting.load(Ordering::SeqCst) {
+                    drop(inbound);
+                    continue;
+                }
+                let target = format!("{host}:{port}");
+                let mut cuts = cuts.clone();
+                cuts.mark_unchanged();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = cuts.changed() => {}
+                    }
+                });
+            }
+        });
+        Proxy { url, up, cut }
+    }
+
+    fn down(&self) {
+        self.up.store(false, Ordering::SeqCst);
+        self.cut.send_modify(|n| *n += 1);
+    }
+
+    fn restore(&self) {
+        self.up.store(true, Ordering::SeqCst);
+    }
+}
+
+/// The database goes away and comes back: while it is gone, writes fail with a storage error
+/// (503 through the API), never a success, snapshots fail instead of hanging, and the store
+/// reports itself unreachable; once it is back, writes resume by themselves and every
+/// acknowledged write, and nothing refused, is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_resume_by_themselves_when_the_database_comes_back() {
+    use crate::{Admission, Health, NewSession};
+    use agenthost_model::{Delivery, Prompt};
+    let proxy = Proxy::start().await;
+    let schema = schema();
+    let mut pg = config(&schema, "node-a");
+    pg.url = proxy.url.clone();
+    pg.lease_ttl = Duration::from_millis(900);
+    let store = PgStore::open(Config::new("unused"), pg).expect("opens through the proxy");
+    let s = super::sid("outage");
+    store
+        .create_session(NewSession {
+            id: s.clone(),
+            agent: "default".into(),
+            model: None,
+            title: None,
+        })
+        .await
+        .expect("created");
+    let admit = |n: u32| Admission {
+        session: s.clone(),
+        id: super::mid(&format!("o{n}")),
+        prompt: Prompt::text("work"),
+        delivery: Delivery::Queue,
+    };
+    store.admit(admit(0)).await.expect("admitted");
+    proxy.down();
+    let refused = store.admit(admit(1)).await;
+    assert!(
+        matches!(&refused, Err(e) if e.is_io()),
+        "a storage error, not a success: {refused:?}"
+    );
+    assert!(
+        store.snapshot().is_err(),
+        "a snapshot fails instead of hanging"
+    );
+    until("the store says the database is unreachable", || {
+        matches!(store.health(), Health::Unreachable(_))
+    })
+    .await;
+    proxy.restore();
+    let mut resumed = None;
+    for _ in 0..100 {
+        match store.admit(admit(2)).await {
+            Ok(receipt) => {
+                resumed = Some(receipt);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let receipt = resumed.expect("writes resume once the database is back");
+    until("the store is healthy again", || {
+        store.health() == Health::Ok
+    })
+    .await;
+    let snap = store.snapshot().expect("snapshot");
+    assert!(snap.index(&super::mid("o0")).expect("index").is_some());
+    assert!(
+        snap.index(&super::mid("o1")).expect("index").is_none(),
+        "the refused admission wrote nothing"
+    );
+    assert_eq!(snap.pending(&s).expect("pending").len(), 2);
+    assert_eq!(receipt.admitted_seq, agenthost_model::Seq(2));
+    drop(snap);
+    store.close();
+    drop_schema(&schema);
+}
