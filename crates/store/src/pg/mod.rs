@@ -62,7 +62,9 @@ pub struct PgConfig {
     pub partitions: u32,
     /// How long a lease lasts without renewal; renewed every third of it.
     pub lease_ttl: Duration,
-    /// Most connections kept idle for snapshots.
+    /// Connections for snapshots, at most, per node: a snapshot waits for one when all are in
+    /// use. With the writers' and the lease rounds', a node opens at most `pool_size +
+    /// writers + 1` connections.
     pub pool_size: usize,
     /// Group-commit writers, each with its own connection; a partition's operations always go
     /// to the same writer, so they stay in order.
@@ -175,17 +177,49 @@ impl Statements {
     }
 }
 
-/// Waits for a future on the current thread (the I/O itself runs on the store's runtime). On a
-/// worker of a multi-threaded tokio runtime (a snapshot read in a session's drain, say), the
-/// worker first hands its other tasks to another thread, so a database round trip blocks only
-/// the caller.
+thread_local! {
+    /// A writer thread's own runtime, which drives its connection: a round trip then wakes no
+    /// other thread.
+    static LOCAL: std::cell::OnceCell<tokio::runtime::Runtime> = const { std::cell::OnceCell::new() };
+}
+
+/// Gives the current thread a runtime of its own for [`wait`] (a writer thread).
+pub(crate) fn local_runtime() -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Storage(format!("cannot start a writer's runtime: {e}")))?;
+    LOCAL.with(|cell| {
+        let _ = cell.set(runtime);
+    });
+    Ok(())
+}
+
+/// Waits for a future on the current thread. On a thread with its own runtime (a writer), the
+/// runtime drives the future and the thread's connection. Elsewhere the I/O runs on the
+/// store's runtime; on a worker of a multi-threaded tokio runtime (a snapshot read in a
+/// session's drain, say), the worker first hands its other tasks to another thread, so a
+/// database round trip blocks only the caller.
 pub(crate) fn wait<F: Future>(f: F) -> F::Output {
     use tokio::runtime::{Handle, RuntimeFlavor};
+    LOCAL.with(|cell| match cell.get() {
+        Some(local) => local.block_on(f),
+        None => match Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(|| futures::executor::block_on(f))
+            }
+            _ => futures::executor::block_on(f),
+        },
+    })
+}
+
+/// Runs a blocking call (a wait for a pooled connection); on a worker of a multi-threaded tokio
+/// runtime, the worker first hands its other tasks to another thread.
+pub(crate) fn wait_for<T>(f: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
     match Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(|| futures::executor::block_on(f))
-        }
-        _ => futures::executor::block_on(f),
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
     }
 }
 

@@ -2,7 +2,8 @@
 //! begun (and its snapshot taken) before [`PgSnapshot::begin`] returns, ended when the snapshot
 //! is dropped, after which the connection goes back to the pool.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use agenthost_model::{
     InboxRow, IndexEntry, InstructionState, Message, MessageId, Seq, SessionId, SessionRow, Stored,
@@ -12,20 +13,32 @@ use tokio_postgres::Client;
 use tokio_postgres::types::ToSql;
 
 use super::rows::session_id;
-use super::{Connector, Statements, db, wait};
+use super::{Connector, Statements, db, wait, wait_for};
 use crate::codec::decode;
 use crate::error::{Error, Result};
 use crate::lock;
 use crate::record::{self, SessionRecord};
 use crate::snapshot::Snapshot;
 
-/// Idle connections for snapshots. A snapshot takes one or opens a new one; at most `keep`
-/// stay idle.
+/// Connections for snapshots: at most `size` at once, kept open between snapshots. A snapshot
+/// waits (up to [`POOL_WAIT`]) for a connection when all are in use, so a node never opens more
+/// than `size` of them, whatever the load.
 pub(crate) struct Pool {
     connector: Connector,
-    idle: Mutex<Option<Vec<Conn>>>,
-    keep: usize,
+    state: Mutex<Slots>,
+    freed: Condvar,
+    size: usize,
 }
+
+struct Slots {
+    idle: Vec<Conn>,
+    /// Connections lent out.
+    lent: usize,
+    closed: bool,
+}
+
+/// How long a snapshot waits for a connection before it fails.
+const POOL_WAIT: Duration = Duration::from_secs(10);
 
 /// A pooled connection and the statements prepared on it.
 pub(crate) struct Conn {
@@ -34,36 +47,80 @@ pub(crate) struct Conn {
 }
 
 impl Pool {
-    pub(crate) fn new(connector: Connector, keep: usize) -> Self {
+    pub(crate) fn new(connector: Connector, size: usize) -> Self {
         Pool {
             connector,
-            idle: Mutex::new(Some(Vec::new())),
-            keep,
+            state: Mutex::new(Slots {
+                idle: Vec::new(),
+                lent: 0,
+                closed: false,
+            }),
+            freed: Condvar::new(),
+            size: size.max(1),
         }
     }
 
+    /// Lends a connection: an idle one, or a new one while fewer than `size` are open.
     fn get(&self) -> Result<Conn> {
-        let idle = lock(&self.idle).as_mut().ok_or(Error::Closed)?.pop();
-        match idle {
+        let idle = {
+            let mut slots = lock(&self.state);
+            let deadline = Instant::now() + POOL_WAIT;
+            loop {
+                if slots.closed {
+                    return Err(Error::Closed);
+                }
+                if slots.lent + slots.idle.len() < self.size || !slots.idle.is_empty() {
+                    break;
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(Error::Io(format!(
+                        "PostgreSQL: all {} snapshot connections stayed busy for {POOL_WAIT:?}",
+                        self.size
+                    )));
+                }
+                slots = self
+                    .freed
+                    .wait_timeout(slots, left)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            slots.lent += 1;
+            slots.idle.pop()
+        };
+        let conn = match idle {
             Some(conn) if !conn.client.is_closed() => Ok(conn),
-            _ => Ok(Conn {
-                client: self.connector.connect()?,
+            _ => self.connector.connect().map(|client| Conn {
+                client,
                 statements: Statements::default(),
             }),
+        };
+        if conn.is_err() {
+            self.give_back(None);
         }
+        conn
     }
 
-    fn put(&self, conn: Conn) {
-        if let Some(idle) = lock(&self.idle).as_mut()
-            && idle.len() < self.keep
+    /// Takes a lent connection back (`None`: it is gone).
+    fn give_back(&self, conn: Option<Conn>) {
+        let mut slots = lock(&self.state);
+        slots.lent = slots.lent.saturating_sub(1);
+        if let Some(conn) = conn
+            && !slots.closed
             && !conn.client.is_closed()
         {
-            idle.push(conn);
+            slots.idle.push(conn);
         }
+        drop(slots);
+        self.freed.notify_one();
     }
 
     pub(crate) fn close(&self) {
-        lock(&self.idle).take();
+        let mut slots = lock(&self.state);
+        slots.closed = true;
+        slots.idle.clear();
+        drop(slots);
+        self.freed.notify_all();
     }
 }
 
@@ -81,14 +138,17 @@ fn limit(n: usize) -> i64 {
 
 impl PgSnapshot {
     pub(crate) fn begin(pool: Arc<Pool>) -> Result<Self> {
-        let conn = pool.get()?;
+        let conn = wait_for(|| pool.get())?;
         // The snapshot is taken by the first statement of the transaction: run one now, so
         // the snapshot sees what was durable when it was asked for and nothing later.
-        wait(
+        let begun = wait(
             conn.client
                 .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1"),
-        )
-        .map_err(db)?;
+        );
+        if let Err(e) = begun {
+            pool.give_back(None);
+            return Err(db(e));
+        }
         Ok(PgSnapshot {
             conn: Some(conn),
             pool,
@@ -134,9 +194,8 @@ impl Drop for PgSnapshot {
         // End the transaction on the store's runtime, so that dropping never waits.
         let pool = self.pool.clone();
         pool.connector.rt.clone().spawn(async move {
-            if conn.client.batch_execute("ROLLBACK").await.is_ok() {
-                pool.put(conn);
-            }
+            let ended = conn.client.batch_execute("ROLLBACK").await.is_ok();
+            pool.give_back(ended.then_some(conn));
         });
     }
 }

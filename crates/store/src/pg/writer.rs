@@ -104,6 +104,10 @@ impl Writer {
     }
 
     pub(crate) fn run(mut self, rx: mpsc::Receiver<Msg>) {
+        if let Err(e) = super::local_runtime() {
+            tracing::error!(error = %e, "the PostgreSQL writer cannot start");
+            return;
+        }
         let mut closing = false;
         while !closing {
             let mut batch = match rx.recv() {
@@ -202,7 +206,8 @@ impl Writer {
             Some(client) if !client.is_closed() => client,
             _ => {
                 self.statements = Statements::default();
-                self.connector.connect()?
+                // On this thread's own runtime (see `wait`).
+                wait(self.connector.connect_async())?
             }
         };
         let result = self.run_on(&mut client, ops, held, parts, sessions, ids);
@@ -221,7 +226,9 @@ impl Writer {
     ) -> Result<(Vec<Result<Outcome>>, Changes), Failed> {
         let now = (self.clock)();
         let (pending_limit, partitions) = (self.pending_limit, self.partitions);
+        let t0 = Instant::now();
         let txn = wait(client.transaction()).map_err(db)?;
+        let t_begin = t0.elapsed();
         let parts: Vec<i32> = parts.into_iter().map(|p| p as i32).collect();
         // In partition order, as the lease rounds lock them, so the two never deadlock.
         let check = self.statements.get(
@@ -237,6 +244,7 @@ impl Writer {
             let ours = owner == Some(self.node.as_str()) && held.epochs.get(&part) == Some(&epoch);
             holding.insert(part, ours);
         }
+        let t_lease = t0.elapsed();
         let mut batch = Batch::new(&txn, &self.statements, &mut self.cache);
         batch.prefetch(sessions, ids)?;
         let mut outcomes = Vec::with_capacity(ops.len());
@@ -263,12 +271,26 @@ impl Writer {
                 Err(e) => outcomes.push(Err(e)),
             }
         }
+        let t_ops = t0.elapsed();
         let changes = std::mem::take(&mut batch.changes);
         drop(batch);
         if !changes.events.is_empty() {
             write(&txn, &self.statements, &changes, partitions)?;
         }
+        let t_write = t0.elapsed();
         wait(txn.commit()).map_err(|e| conflict(&e))?;
+        let t_commit = t0.elapsed();
+        if std::env::var_os("PG_TRACE").is_some() {
+            eprintln!(
+                "batch {} begin {:?} lease {:?} ops {:?} write {:?} commit {:?}",
+                ops.len(),
+                t_begin,
+                t_lease,
+                t_ops,
+                t_write,
+                t_commit
+            );
+        }
         Ok((outcomes, changes))
     }
 }

@@ -453,3 +453,34 @@ async fn writes_resume_by_themselves_when_the_database_comes_back() {
     store.close();
     drop_schema(&schema);
 }
+
+/// Snapshots share a bounded pool of connections: with every connection lent, the next
+/// snapshot waits for one to come back instead of opening another.
+#[test]
+fn snapshots_wait_for_a_pooled_connection() {
+    let schema = schema();
+    let mut pg = config(&schema, "node-a");
+    pg.pool_size = 2;
+    let store = Arc::new(PgStore::open(Config::new("unused"), pg).expect("opens"));
+    let held = [
+        store.snapshot().expect("first"),
+        store.snapshot().expect("second"),
+    ];
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiting = store.clone();
+    let third = std::thread::spawn(move || {
+        let snap = waiting.snapshot();
+        tx.send(()).expect("send");
+        snap.map(|_| ())
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_millis(300)).is_err(),
+        "a third snapshot opened a third connection"
+    );
+    drop(held);
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("the third snapshot got a connection back");
+    third.join().expect("thread").expect("snapshot");
+    store.close();
+    drop_schema(&schema);
+}
