@@ -270,7 +270,7 @@ pub(crate) async fn active(State(shared): AppState) -> Response {
 
 /// One session with its usage, status and last seq.
 #[utoipa::path(get, path = "/api/session/{id}", operation_id = "getSession", tag = "session",
-    params(("id" = String, Path, description = "Session id, `ses_…`")),
+    params(("id" = String, Path, description = "Session id, `ses_…`", pattern = r"^ses_[A-Za-z0-9_-]{1,64}$")),
     responses(
         (status = 200, description = "The session", body = Data<wire::Session>),
         (status = 400, description = "Malformed id", body = ErrorEnvelope),
@@ -289,7 +289,7 @@ pub(crate) async fn session(
 /// Admits a prompt durably and idempotently and, unless `resume` is false, wakes the
 /// session. Returns once the input is durable.
 #[utoipa::path(post, path = "/api/session/{id}/prompt", operation_id = "prompt", tag = "session",
-    params(("id" = String, Path, description = "Session id, `ses_…`")),
+    params(("id" = String, Path, description = "Session id, `ses_…`", pattern = r"^ses_[A-Za-z0-9_-]{1,64}$")),
     request_body = wire::Prompt,
     responses(
         (status = 200, description = "The admission receipt (the original one for an exact retry)", body = Data<wire::Admitted>),
@@ -340,7 +340,7 @@ pub(crate) async fn prompt(
 /// stays verbatim. Refused while a drain runs (503) and when there is nothing to compact (400,
 /// no provider call).
 #[utoipa::path(post, path = "/api/session/{id}/compact", operation_id = "compact", tag = "session",
-    params(("id" = String, Path, description = "Session id, `ses_…`")),
+    params(("id" = String, Path, description = "Session id, `ses_…`", pattern = r"^ses_[A-Za-z0-9_-]{1,64}$")),
     responses(
         (status = 200, description = "The compaction outcome", body = Data<wire::DrainOutcome>),
         (status = 400, description = "Nothing to compact, or a malformed request", body = ErrorEnvelope),
@@ -364,7 +364,7 @@ pub(crate) async fn compact(
 /// Starts a forced drain or joins the running one. Without `wait`, answers 202 at once; with
 /// `wait=true`, answers with the drain's outcome (or its error).
 #[utoipa::path(post, path = "/api/session/{id}/resume", operation_id = "resume", tag = "session",
-    params(("id" = String, Path, description = "Session id, `ses_…`"), wire::ResumeQuery),
+    params(("id" = String, Path, description = "Session id, `ses_…`", pattern = r"^ses_[A-Za-z0-9_-]{1,64}$"), wire::ResumeQuery),
     responses(
         (status = 200, description = "With `wait=true`: how the drain ended", body = Data<wire::DrainOutcome>),
         (status = 202, description = "Without `wait`: the resume was handed to the session", body = Data<wire::Accepted>),
@@ -411,7 +411,7 @@ pub(crate) async fn resume(
 
 /// Interrupts the running drain and answers after its durable cleanup.
 #[utoipa::path(post, path = "/api/session/{id}/interrupt", operation_id = "interrupt", tag = "session",
-    params(("id" = String, Path, description = "Session id, `ses_…`")),
+    params(("id" = String, Path, description = "Session id, `ses_…`", pattern = r"^ses_[A-Za-z0-9_-]{1,64}$")),
     responses(
         (status = 200, description = "Whether a drain was running", body = Data<wire::Interrupted>),
         (status = 400, body = ErrorEnvelope),
@@ -433,7 +433,7 @@ pub(crate) async fn interrupt(
 /// Returns when the session has no drain and no follow-up pending, or when `timeout_ms` passed
 /// (then `idle` is false).
 #[utoipa::path(post, path = "/api/session/{id}/wait", operation_id = "waitIdle", tag = "session",
-    params(("id" = String, Path, description = "Session id, `ses_…`"), wire::WaitQuery),
+    params(("id" = String, Path, description = "Session id, `ses_…`", pattern = r"^ses_[A-Za-z0-9_-]{1,64}$"), wire::WaitQuery),
     responses(
         (status = 200, description = "Idle, or not idle when the timeout passed", body = Data<wire::Idle>),
         (status = 400, description = "timeout_ms over the limit", body = ErrorEnvelope),
@@ -469,7 +469,7 @@ pub(crate) async fn wait(
 
 /// A transient, session-aware, one-shot model call; nothing is recorded.
 #[utoipa::path(post, path = "/api/session/{id}/generate", operation_id = "generate", tag = "session",
-    params(("id" = String, Path, description = "Session id, `ses_…`")),
+    params(("id" = String, Path, description = "Session id, `ses_…`", pattern = r"^ses_[A-Za-z0-9_-]{1,64}$")),
     request_body = wire::Generate,
     responses(
         (status = 200, description = "The model's answer (possibly empty)", body = Data<wire::Generated>),
@@ -492,7 +492,7 @@ pub(crate) async fn generate(
 
 /// Messages in seq order, after `after_seq`.
 #[utoipa::path(get, path = "/api/session/{id}/messages", operation_id = "listMessages", tag = "session",
-    params(("id" = String, Path, description = "Session id, `ses_…`"), wire::MessagesQuery),
+    params(("id" = String, Path, description = "Session id, `ses_…`", pattern = r"^ses_[A-Za-z0-9_-]{1,64}$"), wire::MessagesQuery),
     responses(
         (status = 200, description = "Messages; page on with the last one's seq", body = Data<Vec<wire::Message>>),
         (status = 400, body = ErrorEnvelope),
@@ -528,8 +528,8 @@ pub(crate) async fn messages(
 /// history keeps only a head-and-tail preview.
 #[utoipa::path(get, path = "/api/session/{id}/tool-output/{message_id}/{call_id}", operation_id = "getToolOutput", tag = "session",
     params(
-        ("id" = String, Path, description = "Session id, `ses_…`"),
-        ("message_id" = String, Path, description = "The assistant message that made the call, `msg_…`"),
+        ("id" = String, Path, description = "Session id, `ses_…`", pattern = r"^ses_[A-Za-z0-9_-]{1,64}$"),
+        ("message_id" = String, Path, description = "The assistant message that made the call, `msg_…`", pattern = r"^msg_[A-Za-z0-9_-]{1,64}$"),
         ("call_id" = String, Path, description = "The call's id within that message"),
     ),
     responses(
@@ -563,7 +563,7 @@ pub(crate) async fn tool_output(
 
 /// Admitted inputs not yet promoted, in admission order.
 #[utoipa::path(get, path = "/api/session/{id}/inbox", operation_id = "listInbox", tag = "session",
-    params(("id" = String, Path, description = "Session id, `ses_…`")),
+    params(("id" = String, Path, description = "Session id, `ses_…`", pattern = r"^ses_[A-Za-z0-9_-]{1,64}$")),
     responses(
         (status = 200, description = "Pending inputs", body = Data<Vec<wire::InboxItem>>),
         (status = 400, body = ErrorEnvelope),

@@ -46,7 +46,7 @@ const AHEAD: usize = 64 * 1024;
 /// The event stream of one session.
 #[utoipa::path(get, path = "/api/session/{id}/events", operation_id = "streamEvents", tag = "session",
     params(
-        ("id" = String, Path, description = "Session id, `ses_…`"),
+        ("id" = String, Path, description = "Session id, `ses_…`", pattern = r"^ses_[A-Za-z0-9_-]{1,64}$"),
         wire::EventsQuery,
         ("Last-Event-ID" = Option<u64>, Header, description = "Seq of the last event received; replay resumes after it (wins over `after`)"),
     ),
