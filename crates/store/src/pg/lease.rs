@@ -130,8 +130,9 @@ impl Leases {
                     }
                 }
             }
+            // Bounded: a database that does not answer lets the leases expire instead.
             if let Some(client) = &client {
-                leases.release_all(client).await;
+                let _ = tokio::time::timeout(leases.ttl, leases.release_all(client)).await;
             }
         });
         *lock(&self.task) = Some(task);

@@ -226,9 +226,7 @@ impl Writer {
     ) -> Result<(Vec<Result<Outcome>>, Changes), Failed> {
         let now = (self.clock)();
         let (pending_limit, partitions) = (self.pending_limit, self.partitions);
-        let t0 = Instant::now();
         let txn = wait(client.transaction()).map_err(db)?;
-        let t_begin = t0.elapsed();
         let parts: Vec<i32> = parts.into_iter().map(|p| p as i32).collect();
         // In partition order, as the lease rounds lock them, so the two never deadlock.
         let check = self.statements.get(
@@ -244,7 +242,6 @@ impl Writer {
             let ours = owner == Some(self.node.as_str()) && held.epochs.get(&part) == Some(&epoch);
             holding.insert(part, ours);
         }
-        let t_lease = t0.elapsed();
         let mut batch = Batch::new(&txn, &self.statements, &mut self.cache);
         batch.prefetch(sessions, ids)?;
         let mut outcomes = Vec::with_capacity(ops.len());
@@ -271,26 +268,12 @@ impl Writer {
                 Err(e) => outcomes.push(Err(e)),
             }
         }
-        let t_ops = t0.elapsed();
         let changes = std::mem::take(&mut batch.changes);
         drop(batch);
         if !changes.events.is_empty() {
             write(&txn, &self.statements, &changes, partitions)?;
         }
-        let t_write = t0.elapsed();
         wait(txn.commit()).map_err(|e| conflict(&e))?;
-        let t_commit = t0.elapsed();
-        if std::env::var_os("PG_TRACE").is_some() {
-            eprintln!(
-                "batch {} begin {:?} lease {:?} ops {:?} write {:?} commit {:?}",
-                ops.len(),
-                t_begin,
-                t_lease,
-                t_ops,
-                t_write,
-                t_commit
-            );
-        }
         Ok((outcomes, changes))
     }
 }
