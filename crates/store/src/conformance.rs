@@ -508,6 +508,21 @@ pub async fn crash_workload(store: Arc<dyn Store>, round: u32) {
     }
 }
 
+/// The child process's entry: runs [`crash_workload`] on the store `open` returns (opened on a
+/// two-worker runtime of its own), for the round named by `AGENTHOST_CRASH_ROUND`.
+pub fn crash_child(open: impl FnOnce() -> Arc<dyn Store>) {
+    let round: u32 = std::env::var("AGENTHOST_CRASH_ROUND")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async move { crash_workload(open(), round).await });
+}
+
 /// The parent's side: `rounds` times, starts a child running [`crash_workload`] (`spawn(round)`
 /// must pipe its stdout), kills it with SIGKILL after a varied number of acknowledgements, opens
 /// the store again (`open`) and checks that every admission ever acknowledged is there at the

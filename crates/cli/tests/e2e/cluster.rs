@@ -99,6 +99,31 @@ idempotent = false
     path
 }
 
+/// `count` nodes `n0`, `n1`, … over the schema, their URLs read.
+fn start_nodes(count: usize, dir: &Path, schema: &str, provider: &str, tool: &str) -> Vec<Proc> {
+    let url = pg_url();
+    (0..count)
+        .map(|n| {
+            let cfg = node_config(dir, n, schema, provider, tool);
+            let args = [
+                "serve",
+                "--config",
+                cfg.to_str().expect("utf-8"),
+                "--bind",
+                "127.0.0.1:0",
+            ];
+            let mut proc = Proc::spawn_with_env(
+                &format!("node{n}"),
+                dir,
+                &args,
+                &[("AGENTHOST_PG_URL", &url)],
+            );
+            proc.url_cached();
+            proc
+        })
+        .collect()
+}
+
 /// Sends until the answer is not a `503` (ownership moving), within `limit`.
 async fn call_through(
     http: &Http,
@@ -115,6 +140,20 @@ async fn call_through(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Waits (through `via`, retrying `503`s) until session `s` is idle.
+async fn idle(via: &Http, s: &str) {
+    let (status, idle) = call_through(
+        via,
+        reqwest::Method::POST,
+        &format!("/api/session/{s}/wait?timeout_ms=15000"),
+        None,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(status, 200, "{s}: {idle}");
+    assert_eq!(idle["data"]["idle"], true, "{s}: {idle}");
 }
 
 /// The nodes and the partitions each holds, as `node` sees them.
@@ -151,32 +190,12 @@ async fn until_holdings(http: &Http, what: &str, ok: impl Fn(&BTreeMap<String, V
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_share_sessions_forward_requests_and_survive_a_sigkill() {
-    let url = pg_url();
     let dir = tempfile::tempdir().expect("temp dir");
     let d = dir.path();
     let schema = format!("e2e{}", std::process::id());
     let mock = tool_mock(d, "cluster-mock", "80", "0.5");
     let (tool, calls) = counting_tool().await;
-    let provider = mock.url();
-    let mut nodes: Vec<Proc> = (0..3)
-        .map(|n| {
-            let cfg = node_config(d, n, &schema, &provider, &tool);
-            let mut proc = Proc::spawn_with_env(
-                &format!("node{n}"),
-                d,
-                &[
-                    "serve",
-                    "--config",
-                    cfg.to_str().expect("utf-8"),
-                    "--bind",
-                    "127.0.0.1:0",
-                ],
-                &[("AGENTHOST_PG_URL", &url)],
-            );
-            proc.url_cached();
-            proc
-        })
-        .collect();
+    let mut nodes = start_nodes(3, d, &schema, &mock.url(), &tool);
     let http: Vec<Http> = nodes.iter().map(|n| Http::new(&n.cached_url())).collect();
     until_holdings(&http[0], "the partitions spread over three nodes", |held| {
         held.len() == 3
@@ -301,16 +320,7 @@ async fn three_nodes_share_sessions_forward_requests_and_survive_a_sigkill() {
     let mut resumed = 0;
     for (i, (s, acked)) in sessions.iter().enumerate() {
         let via = survivors[i % 2];
-        let (status, idle) = call_through(
-            via,
-            reqwest::Method::POST,
-            &format!("/api/session/{s}/wait?timeout_ms=15000"),
-            None,
-            Duration::from_secs(60),
-        )
-        .await;
-        assert_eq!(status, 200, "{s}: {idle}");
-        assert_eq!(idle["data"]["idle"], true, "{s}: {idle}");
+        idle(via, s).await;
         let row = via.get(&format!("/api/session/{s}")).await["data"].clone();
         assert_eq!(row["pending"], 0, "{s}: {row}");
         assert_eq!(row["claimed"], false, "{s}: {row}");
@@ -383,32 +393,12 @@ async fn a_paused_node_is_fenced_after_a_takeover() {
     } else {
         1
     };
-    let url = pg_url();
     let dir = tempfile::tempdir().expect("temp dir");
     let d = dir.path();
     let schema = format!("fence{}", std::process::id());
     let mock = tool_mock(d, "fence-mock", "60", "0.5");
     let (tool, calls) = counting_tool().await;
-    let provider = mock.url();
-    let nodes: Vec<Proc> = (0..2)
-        .map(|n| {
-            let cfg = node_config(d, n, &schema, &provider, &tool);
-            let mut proc = Proc::spawn_with_env(
-                &format!("node{n}"),
-                d,
-                &[
-                    "serve",
-                    "--config",
-                    cfg.to_str().expect("utf-8"),
-                    "--bind",
-                    "127.0.0.1:0",
-                ],
-                &[("AGENTHOST_PG_URL", &url)],
-            );
-            proc.url_cached();
-            proc
-        })
-        .collect();
+    let nodes = start_nodes(2, d, &schema, &mock.url(), &tool);
     let http: Vec<Http> = nodes.iter().map(|n| Http::new(&n.cached_url())).collect();
     let mut sessions: Vec<(String, usize)> = Vec::new();
     let mut fenced = 0.0;
@@ -444,15 +434,7 @@ async fn a_paused_node_is_fenced_after_a_takeover() {
         })
         .await;
         for (s, _) in &sessions {
-            let (status, idle) = call_through(
-                &http[0],
-                reqwest::Method::POST,
-                &format!("/api/session/{s}/wait?timeout_ms=15000"),
-                None,
-                Duration::from_secs(60),
-            )
-            .await;
-            assert_eq!(status, 200, "{s}: {idle}");
+            idle(&http[0], s).await;
         }
         nodes[1].signal("-CONT");
         // The resumed node notices at its next renewal; whatever it tried meanwhile was refused.
@@ -465,15 +447,7 @@ async fn a_paused_node_is_fenced_after_a_takeover() {
     })
     .await;
     for (s, acked) in &sessions {
-        let (status, _) = call_through(
-            &http[1],
-            reqwest::Method::POST,
-            &format!("/api/session/{s}/wait?timeout_ms=15000"),
-            None,
-            Duration::from_secs(60),
-        )
-        .await;
-        assert_eq!(status, 200);
+        idle(&http[1], s).await;
         let row = http[1].get(&format!("/api/session/{s}")).await["data"].clone();
         let messages = http[1]
             .get(&format!("/api/session/{s}/messages?limit=1000"))

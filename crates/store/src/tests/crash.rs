@@ -18,19 +18,7 @@ fn crash_child_entry() {
     let Some(dir) = std::env::var_os(CHILD_ENV) else {
         return;
     };
-    let round: u32 = std::env::var("AGENTHOST_CRASH_ROUND")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(0);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    runtime.block_on(async move {
-        let store = Arc::new(open(std::path::Path::new(&dir)));
-        crate::conformance::crash_workload(store, round).await;
-    });
+    crate::conformance::crash_child(|| Arc::new(open(std::path::Path::new(&dir))));
 }
 
 #[test]

@@ -53,25 +53,30 @@ pub(crate) fn open(schema: &str, node: &str) -> PgStore {
 
 /// Drops a test's schema.
 pub(crate) fn drop_schema(schema: &str) {
-    let schema = schema.to_owned();
+    sql(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
+}
+
+/// Runs SQL on a connection of its own (from any thread, inside a runtime or not).
+fn sql(statement: &str) {
+    let statement = statement.to_owned();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("runtime");
         rt.block_on(async move {
-            if let Ok((client, connection)) =
-                tokio_postgres::connect(&url(), tokio_postgres::NoTls).await
-            {
-                tokio::spawn(connection);
-                let _ = client
-                    .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
-                    .await;
-            }
+            let (client, connection) = tokio_postgres::connect(&url(), tokio_postgres::NoTls)
+                .await
+                .expect("connects");
+            tokio::spawn(connection);
+            client
+                .batch_execute(&statement)
+                .await
+                .expect("statement runs");
         });
     })
     .join()
-    .expect("schema dropped");
+    .expect("sql");
 }
 
 /// Fresh stores, each in its own schema.
@@ -120,19 +125,7 @@ fn crash_child_entry() {
     let Ok(schema) = std::env::var(CHILD_ENV) else {
         return;
     };
-    let round: u32 = std::env::var("AGENTHOST_CRASH_ROUND")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(0);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    runtime.block_on(async move {
-        let store = Arc::new(open(&schema, "node-a"));
-        crate::conformance::crash_workload(store, round).await;
-    });
+    crate::conformance::crash_child(|| Arc::new(open(&schema, "node-a")));
 }
 
 #[test]
@@ -167,26 +160,33 @@ fn acknowledged_writes_survive_sigkill() {
     drop_schema(&schema);
 }
 
-fn sql(statement: &str) {
-    let statement = statement.to_owned();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let (client, connection) = tokio_postgres::connect(&url(), tokio_postgres::NoTls)
-                .await
-                .expect("connects");
-            tokio::spawn(connection);
-            client
-                .batch_execute(&statement)
-                .await
-                .expect("statement runs");
-        });
-    })
-    .join()
-    .expect("sql");
+/// Creates session `ses_<name>` on `store`; the admissions of it are `msg_<name><n>`.
+async fn session_on(store: &PgStore, name: &str) -> agenthost_model::SessionId {
+    let s = super::sid(name);
+    store
+        .create_session(crate::NewSession {
+            id: s.clone(),
+            agent: "default".into(),
+            model: None,
+            title: None,
+        })
+        .await
+        .expect("created");
+    s
+}
+
+fn admission(
+    s: &agenthost_model::SessionId,
+    name: &str,
+    n: u32,
+    delivery: agenthost_model::Delivery,
+) -> crate::Admission {
+    crate::Admission {
+        session: s.clone(),
+        id: super::mid(&format!("{name}{n}")),
+        prompt: agenthost_model::Prompt::text("work"),
+        delivery,
+    }
 }
 
 async fn until(what: &str, mut done: impl FnMut() -> bool) {
@@ -204,25 +204,11 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
 /// says so; the new owner reads everything the old one committed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_owner_cannot_commit_after_a_takeover() {
-    use crate::{Admission, Lease, NewSession};
-    use agenthost_model::{Delivery, Prompt};
+    use crate::Lease;
     let schema = schema();
     let a = open(&schema, "node-a");
-    let s = super::sid("fenced");
-    a.create_session(NewSession {
-        id: s.clone(),
-        agent: "default".into(),
-        model: None,
-        title: None,
-    })
-    .await
-    .expect("created");
-    let admit = |n: u32| Admission {
-        session: s.clone(),
-        id: super::mid(&format!("f{n}")),
-        prompt: Prompt::text("work"),
-        delivery: Delivery::Steer,
-    };
+    let s = session_on(&a, "fenced").await;
+    let admit = |n| admission(&s, "f", n, agenthost_model::Delivery::Steer);
     a.admit(admit(0)).await.expect("admitted while owner");
     let ownership = a.ownership();
     let mut changes = ownership.subscribe();
@@ -386,30 +372,15 @@ impl Proxy {
 /// acknowledged write, and nothing refused, is there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_resume_by_themselves_when_the_database_comes_back() {
-    use crate::{Admission, Health, NewSession};
-    use agenthost_model::{Delivery, Prompt};
+    use crate::Health;
     let proxy = Proxy::start().await;
     let schema = schema();
     let mut pg = config(&schema, "node-a");
     pg.url = proxy.url.clone();
     pg.lease_ttl = Duration::from_millis(900);
     let store = PgStore::open(Config::new("unused"), pg).expect("opens through the proxy");
-    let s = super::sid("outage");
-    store
-        .create_session(NewSession {
-            id: s.clone(),
-            agent: "default".into(),
-            model: None,
-            title: None,
-        })
-        .await
-        .expect("created");
-    let admit = |n: u32| Admission {
-        session: s.clone(),
-        id: super::mid(&format!("o{n}")),
-        prompt: Prompt::text("work"),
-        delivery: Delivery::Queue,
-    };
+    let s = session_on(&store, "outage").await;
+    let admit = |n| admission(&s, "o", n, agenthost_model::Delivery::Queue);
     store.admit(admit(0)).await.expect("admitted");
     proxy.down();
     let refused = store.admit(admit(1)).await;
