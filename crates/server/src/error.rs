@@ -38,7 +38,8 @@ pub enum ErrorType {
     /// 503: overloaded, shutting down, or a session actor did not answer in time.
     Unavailable,
     /// 500: a storage failure, a configuration that cannot serve the session, or a bug (a
-    /// panicked drain).
+    /// panicked drain). The message gives only a request id (also in `x-request-id`); the
+    /// server's log holds the detail under it.
     Internal,
 }
 
@@ -160,17 +161,33 @@ impl From<agenthost_model::Error> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.kind.status();
-        if status.is_server_error() {
-            tracing::warn!(status = status.as_u16(), error = %self.message, "request failed");
-        }
+        // A 500's detail (a storage error, panic text) names internals: it goes to the log
+        // under a request id, and the client gets the id.
+        let mut request_id = None;
+        let message = if self.kind == ErrorType::Internal {
+            let id = format!("req_{}", ulid::Ulid::new());
+            tracing::error!(request_id = %id, error = %self.message, "request failed");
+            let message =
+                format!("the server failed; its log has the details under request id {id}");
+            request_id = Some(id);
+            message
+        } else {
+            if status.is_server_error() {
+                tracing::warn!(status = status.as_u16(), error = %self.message, "request failed");
+            }
+            self.message
+        };
         let body = ErrorEnvelope {
             error: ErrorBody {
                 kind: self.kind,
-                message: self.message,
+                message,
             },
         };
         let mut response = crate::api::json_response(status, &body);
         let headers = response.headers_mut();
+        if let Some(id) = request_id.and_then(|id| HeaderValue::from_str(&id).ok()) {
+            headers.insert("x-request-id", id);
+        }
         match self.kind {
             ErrorType::Unauthorized => {
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
@@ -256,5 +273,37 @@ mod tests {
             let json = serde_json::to_value(api.kind()).expect("invariant: serializable");
             assert_eq!(json, kind);
         }
+    }
+
+    /// A 500 says only that the server failed and under which request id its log has the
+    /// detail: storage errors and panic text name paths and internals a client must not see.
+    #[tokio::test]
+    async fn a_500_keeps_its_detail_in_the_log() {
+        let secret = "store record message is corrupt at /srv/agenthost/store.redb";
+        let response = ApiError::from(Error::Storage(secret.into())).into_response();
+        assert_eq!(response.status().as_u16(), 500);
+        let id = response
+            .headers()
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .expect("a request id header")
+            .to_owned();
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .expect("body");
+        let body: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+        let message = body["error"]["message"].as_str().expect("message");
+        assert!(
+            !message.contains("/srv") && !message.contains("corrupt"),
+            "{message}"
+        );
+        assert!(message.contains(&id), "{message} names {id}");
+        assert_eq!(body["error"]["type"], "internal");
+        // A 4xx or 503 keeps its message: it tells the client what to change or when to retry.
+        let response = ApiError::invalid("bad cursor").into_response();
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .expect("body");
+        assert!(String::from_utf8_lossy(&body).contains("bad cursor"));
     }
 }
