@@ -40,6 +40,7 @@ pub use anthropic::Anthropic;
 pub use config::{Config, Kind};
 pub use error::{Error, ErrorKind};
 pub use event::{Collector, Event, FinishReason, Reasoning, Response, Usage, collect};
+pub use http::client_builder;
 pub use mock::Mock;
 pub use openai::OpenAi;
 pub use provider::{EventStream, Provider};

@@ -37,8 +37,8 @@ pub struct Client {
 impl Client {
     /// A client of the server at `base_url` (`http://127.0.0.1:4096`).
     pub fn new(base_url: &str, token: Option<Token>) -> Result<Client, Error> {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let http = reqwest::Client::builder()
+        let http = agenthost_llm::client_builder()
+            .map_err(Error::Http)?
             .redirect(reqwest::redirect::Policy::none())
             .tcp_nodelay(true)
             .build()

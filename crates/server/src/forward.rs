@@ -36,15 +36,13 @@ const HOP_BY_HOP: [HeaderName; 6] = [
 ];
 
 /// The HTTP client that forwards, shared by every request.
-pub(crate) fn client() -> reqwest::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
+pub(crate) fn client() -> Result<reqwest::Client, String> {
+    agenthost_llm::client_builder()?
         .redirect(reqwest::redirect::Policy::none())
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)
         .build()
-        // invariant: a client with only these settings and a crypto provider installed builds.
-        .expect("invariant: the forwarding client builds")
+        .map_err(|e| format!("cannot build the forwarding client: {e}"))
 }
 
 /// The session a path is about, when it is one of a session's routes.
@@ -148,8 +146,11 @@ async fn proxy(shared: &Shared, me: &str, base: &str, request: Request) -> Respo
     if let Ok(me) = HeaderValue::from_str(me) {
         headers.insert(FORWARDED, me);
     }
-    let sent = shared
-        .forwarder
+    let forwarder = match &shared.forwarder {
+        Ok(client) => client,
+        Err(e) => return unavailable(format!("this node cannot forward: {e}")),
+    };
+    let sent = forwarder
         .request(parts.method, &target)
         .headers(headers)
         .body(reqwest::Body::wrap_stream(body.into_data_stream()))

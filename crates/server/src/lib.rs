@@ -112,8 +112,8 @@ pub(crate) struct Shared {
     pub counters: metrics::Counters,
     /// Event streams open per session, for `max_streams_per_session`.
     pub streams: events::Streams,
-    /// Forwards requests for sessions another node of the cluster owns.
-    pub forwarder: reqwest::Client,
+    /// Forwards requests for sessions another node of the cluster owns (or why it cannot).
+    pub forwarder: Result<reqwest::Client, String>,
 }
 
 /// The HTTP API over one runtime. Cheap to clone.

@@ -106,10 +106,7 @@ impl Http {
 /// A reqwest client with `timeout` as the whole-call deadline and no redirects (a redirect
 /// would turn the POST into a GET and lose the call).
 pub(crate) fn client(timeout: Duration) -> Result<reqwest::Client, String> {
-    // reqwest is built without a bundled TLS crypto provider (see the workspace manifest);
-    // install ring unless someone installed a provider already, in which case `Err` says so.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
+    agenthost_llm::client_builder()?
         .timeout(timeout)
         .redirect(reqwest::redirect::Policy::none())
         .build()
