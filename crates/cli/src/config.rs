@@ -835,6 +835,136 @@ fn postgres(
     Ok(Some(pg))
 }
 
+/// The effective configuration `settings` (resolved from `file`, named `name`) describe, as
+/// JSON, for `agenthost config check`. Secrets never appear: a token, an API key or a database
+/// URL shows only the variable it comes from and whether it is set.
+pub fn effective(name: &str, file: &File, settings: &Settings) -> serde_json::Value {
+    use serde_json::json;
+    let secret = |var: &str, set: bool| json!({"from_env": var, "set": set, "value": if set { "<redacted>" } else { "" }});
+    let ms = |d: Duration| d.as_millis() as u64;
+    let providers: serde_json::Map<String, serde_json::Value> = if settings.builtin_mock {
+        [("mock".to_owned(), json!({"kind": "mock", "builtin": true}))]
+            .into_iter()
+            .collect()
+    } else {
+        file.providers
+            .iter()
+            .map(|(name, p)| {
+                let key = p
+                    .api_key_env
+                    .as_deref()
+                    .map(|var| secret(var, std::env::var(var).is_ok_and(|v| !v.is_empty())));
+                let value = json!({
+                    "kind": format!("{:?}", p.kind).to_lowercase(),
+                    "base_url": p.base_url,
+                    "api_key": key,
+                    "idle_timeout_ms": p.idle_timeout_ms,
+                });
+                (name.clone(), value)
+            })
+            .collect()
+    };
+    let models: serde_json::Map<String, serde_json::Value> = settings
+        .models
+        .iter()
+        .map(|(name, m)| {
+            let value = json!({
+                "provider": m.provider,
+                "model": m.model,
+                "context_window": m.context_window,
+                "max_output": m.max_output,
+                "tool_choice_none": m.tool_choice_none,
+                "price": {"input": m.price.input, "output": m.price.output,
+                          "cache_read": m.price.cache_read, "cache_write": m.price.cache_write},
+            });
+            (name.clone(), value)
+        })
+        .collect();
+    let agents: serde_json::Map<String, serde_json::Value> = settings
+        .agents
+        .iter()
+        .map(|(name, a)| {
+            let value = json!({
+                "model": a.model,
+                "system": a.system,
+                "steps": a.steps,
+                "tools": a.tools,
+                "temperature": a.temperature,
+            });
+            (name.clone(), value)
+        })
+        .collect();
+    let store = match &settings.postgres {
+        None => json!({
+            "kind": "redb",
+            "path": crate::store_path(&settings.data_dir),
+            "check_on_start": settings.check_on_start,
+        }),
+        Some(pg) => {
+            let url_env = file.store.url_env.as_deref().unwrap_or(DEFAULT_PG_URL_ENV);
+            json!({
+                "kind": "postgres",
+                "url": secret(url_env, true),
+                "schema": pg.schema,
+                "node_id": if pg.node_id.is_empty() { "(the listen address)" } else { &pg.node_id },
+                "advertise_url": if pg.advertise_url.is_empty() { "(http:// and the listen address)" } else { &pg.advertise_url },
+                "partitions": pg.partitions,
+                "lease_ttl_ms": ms(pg.lease_ttl),
+            })
+        }
+    };
+    let l = &settings.limits;
+    let server = agenthost_server::Options::default();
+    json!({
+        "file": name,
+        "data_dir": settings.data_dir,
+        "server": {
+            "bind": settings.bind.to_string(),
+            "token": secret(&settings.token_env, settings.token.is_some()),
+            "body_limit_bytes": settings.body_limit.unwrap_or(server.body_limit),
+            "header_timeout_ms": ms(settings.header_timeout.unwrap_or(server.header_timeout)),
+            "body_timeout_ms": ms(settings.body_timeout.unwrap_or(server.body_timeout)),
+            "max_connections": settings.max_connections.unwrap_or(server.max_connections),
+            "max_streams": settings.max_streams.unwrap_or(server.max_streams),
+            "max_streams_per_session": settings
+                .max_streams_per_session
+                .unwrap_or(server.max_streams_per_session),
+            "protect_metrics": settings.protect_metrics,
+            "protect_healthz": settings.protect_healthz,
+        },
+        "store": store,
+        "providers": providers,
+        "models": models,
+        "agents": agents,
+        "default_agent": settings.default_agent,
+        "tools": settings.tools.iter().map(|t| json!({
+            "name": t.name,
+            "url": t.url,
+            "idempotent": t.idempotent,
+            "timeout_ms": ms(t.timeout),
+        })).collect::<Vec<_>>(),
+        "recovery": {
+            "mode": format!("{:?}", settings.recovery.mode).to_lowercase(),
+            "max_attempts": settings.recovery.max_attempts,
+            "concurrency": settings.recovery.concurrency,
+        },
+        "compaction": {"auto": settings.compaction_auto},
+        "limits": {
+            "concurrent_streams": l.concurrent_streams,
+            "pending_per_session": l.pending_per_session,
+            "waiters_per_session": l.waiters_per_session,
+            "tool_output_bytes": l.tool_output,
+            "history_cache_bytes": l.history_cache,
+            "call_timeout_ms": ms(l.call_timeout),
+            "shutdown_timeout_ms": ms(l.shutdown_timeout),
+            "wake_sweep_ms": ms(l.wake_sweep),
+            "passivate_after_ms": ms(settings
+                .passivate_after
+                .unwrap_or(actors::Config::new("").passivate_after)),
+        },
+    })
+}
+
 /// The runtime's limits from `[limits]`: counts and sizes must be at least 1, except
 /// `history_cache_bytes` (0 turns the cache off) and `wake_sweep_ms` (0 turns the sweep off).
 fn limits(name: &str, file: &Limits) -> Result<(actors::Limits, Option<Duration>), Error> {

@@ -2,8 +2,9 @@
 //!
 //! Commands: `serve` (the HTTP+SSE API over an embedded runtime), `mock-provider` (the
 //! mock model server, OpenAI and Anthropic wire), `loadtest` (many sessions through an embedded runtime or a
-//! running server, with a latency report) and `inspect` (an offline dump and verification of a
-//! store).
+//! running server, with a latency report), `inspect` (an offline dump and verification of a
+//! store), `config check` (validate a configuration and print it, secrets redacted), and
+//! `completions` and `man` (generated from the command definitions).
 //!
 //! It owns the configuration file ([`config`]), logging setup, signal handling and exit codes;
 //! HTTP and JSON belong to `agenthost-server`, execution to `agenthost-actors`.
@@ -63,6 +64,37 @@ enum Command {
     Loadtest(loadtest::Args),
     /// Dump a store offline and verify its projections against a replay.
     Inspect(inspect::Args),
+    /// Check a configuration file.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions { shell: clap_complete::Shell },
+    /// Print the manual page (roff) to stdout.
+    Man,
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Validate a configuration (FILE, else AGENTHOST_CONFIG, else the defaults) with the
+    /// environment it names, and print the effective configuration as JSON, secrets redacted.
+    /// Exit 0 when valid, 2 when not.
+    Check { file: Option<PathBuf> },
+}
+
+/// `agenthost config check [FILE]`.
+fn check_config(file: Option<PathBuf>) -> Result<(), Failure> {
+    let path = file.or_else(|| std::env::var_os("AGENTHOST_CONFIG").map(PathBuf::from));
+    let load = || match &path {
+        Some(path) => config::load(path).map(|f| (path.display().to_string(), f)),
+        None => Ok(("(defaults)".to_owned(), config::File::default())),
+    };
+    let (name, file) = load().usage()?;
+    let settings = config::resolve(&name, file, &|var| std::env::var(var).ok()).usage()?;
+    let (_, file) = load().usage()?;
+    let effective = config::effective(&name, &file, &settings);
+    let text = serde_json::to_string_pretty(&effective).runtime()?;
+    println!("{text}");
+    Ok(())
 }
 
 /// A failure, with the exit code it maps to.
@@ -127,6 +159,20 @@ fn main() -> ExitCode {
             Command::MockProvider(args) => mock::run(args).await,
             Command::Loadtest(args) => loadtest::run(args).await,
             Command::Inspect(args) => inspect::run(args).await,
+            Command::Config(ConfigCommand::Check { file }) => check_config(file),
+            Command::Completions { shell } => {
+                let mut command = <Cli as clap::CommandFactory>::command();
+                clap_complete::generate(shell, &mut command, "agenthost", &mut std::io::stdout());
+                Ok(())
+            }
+            Command::Man => {
+                let command = <Cli as clap::CommandFactory>::command();
+                match clap_mangen::Man::new(command).render(&mut std::io::stdout()) {
+                    // A reader that stopped early (`| head`) is not a failure.
+                    Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e).runtime(),
+                    _ => Ok(()),
+                }
+            }
         }
     });
     // Background tasks (connections, timers) must not hold the exit up.

@@ -1263,3 +1263,52 @@ async fn inspect_verify_reports_a_damaged_file() {
         "{err}"
     );
 }
+
+/// `config check` validates a configuration with its environment and prints the effective
+/// configuration, secrets redacted; `completions` and `man` come from the command definitions.
+#[test]
+fn config_check_completions_and_man() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("agenthost.toml");
+    std::fs::write(
+        &path,
+        "[server]\ntoken_env = \"E2E_TOK\"\n[providers.p]\nkind = \"openai\"\n\
+         api_key_env = \"E2E_KEY\"\n[models.default]\nprovider = \"p\"\nmodel = \"m\"\n",
+    )
+    .expect("config written");
+    let check = |envs: &[(&str, &str)]| {
+        Command::new(BIN)
+            .args(["config", "check", path.to_str().expect("utf-8")])
+            .env_remove("AGENTHOST_CONFIG")
+            .envs(envs.iter().copied())
+            .output()
+            .expect("runs")
+    };
+    let out = check(&[
+        ("E2E_TOK", "tok-very-secret"),
+        ("E2E_KEY", "sk-very-secret"),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !text.contains("very-secret"),
+        "a secret was printed: {text}"
+    );
+    let json: Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(json["providers"]["p"]["api_key"]["set"], true);
+    assert_eq!(json["server"]["token"]["from_env"], "E2E_TOK");
+    assert_eq!(json["models"]["default"]["model"], "m");
+    assert_eq!(json["store"]["kind"], "redb");
+    // The key's variable unset: invalid, exit 2, saying which key and variable.
+    let out = check(&[("E2E_TOK", "tok")]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("E2E_KEY"));
+    let (status, completions, _) = run(&["completions", "bash"]);
+    assert!(status.success() && completions.contains("agenthost"));
+    let (status, man, _) = run(&["man"]);
+    assert!(status.success() && man.contains(".TH agenthost"), "{man}");
+}
