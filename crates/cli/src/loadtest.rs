@@ -243,7 +243,7 @@ async fn read_events(
                 }
                 Ok(_) => continue,
                 Err(e) => {
-                    tracing::debug!(%session, error = %e, "event stream broke");
+                    tracing::debug!(session_id = %session, error = %e, "event stream broke");
                     break;
                 }
             };
@@ -258,7 +258,7 @@ async fn read_events(
         match client.events(&session, Some(last)).await {
             Ok(next) => events = next,
             Err(e) => {
-                tracing::warn!(%session, error = %e, "cannot reopen the event stream");
+                tracing::warn!(session_id = %session, error = %e, "cannot reopen the event stream");
                 return;
             }
         }

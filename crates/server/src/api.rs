@@ -395,8 +395,8 @@ pub(crate) async fn resume(
     // logs the outcome nobody waits for. The tracker lets shutdown wait for it.
     shared.tasks.spawn(async move {
         match runtime.resume(&id).await {
-            Ok(outcome) => tracing::debug!(session = %id, ?outcome, "resume finished"),
-            Err(e) => tracing::warn!(session = %id, error = %e, "resume failed"),
+            Ok(outcome) => tracing::debug!(session_id = %id, ?outcome, "resume finished"),
+            Err(e) => tracing::warn!(session_id = %id, error = %e, "resume failed"),
         }
     });
     Ok(json_response(

@@ -263,7 +263,7 @@ impl Feed {
                     }
                 }
                 Err(RecvError::Lagged(missed)) => {
-                    tracing::debug!(session = %self.session, missed, "event stream lagged; reading the store");
+                    tracing::debug!(session_id = %self.session, missed, "event stream lagged; reading the store");
                     self.shared.counters.sse_lagged();
                     self.reading = Some(Reading::CatchUp);
                 }
@@ -309,7 +309,7 @@ impl Feed {
     }
 
     fn fail(&mut self, error: ApiError) {
-        tracing::warn!(session = %self.session, error = %error, "event stream failed");
+        tracing::warn!(session_id = %self.session, error = %error, "event stream failed");
         let body = wire::ErrorBody {
             kind: error.kind(),
             message: error.message().to_owned(),
