@@ -20,6 +20,7 @@ use agenthost_model::{Event, FailureKind, Finish, InboxRow, Message, MessageId, 
 use futures::StreamExt;
 use futures::future::FutureExt;
 use tokio::task::JoinSet;
+use tracing::Instrument as _;
 
 use crate::bus::{DeltaKind, Live};
 use crate::compaction::{self, threshold};
@@ -183,6 +184,26 @@ fn build_blocking(
 /// Runs step `step`. `ahead` are the inputs promoted in events the drain submitted just before
 /// (see `drain::run`); everything else the drain submitted is durable already.
 pub(crate) async fn run(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd> {
+    let span = tracing::info_span!(
+        "step",
+        session_id = %d.session,
+        step,
+        outcome = tracing::field::Empty
+    );
+    let end = run_step(d, step, ahead).instrument(span.clone()).await;
+    let outcome = match &end {
+        Ok(StepEnd::Done { continuation: true }) => "continue",
+        Ok(StepEnd::Done {
+            continuation: false,
+        }) => "done",
+        Ok(StepEnd::Interrupted) => "interrupted",
+        Ok(StepEnd::Failed(_)) | Err(_) => "failed",
+    };
+    span.record("outcome", outcome);
+    end
+}
+
+async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd> {
     if ahead.is_empty() {
         // The previous step's settlement must be in the snapshot this step is built from.
         d.flush().await?;
@@ -230,40 +251,59 @@ pub(crate) async fn run(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<St
         };
         let mut a = Attempt::default();
         let mut stream = prepared.provider.stream(prepared.request.clone());
-        let cancelled = loop {
-            if d.cancel.is_cancelled() {
-                break true;
-            }
-            // What the stream has ready is handled at once; before waiting for more, the events
-            // of the parts that ended so far go to the store.
-            let next = match stream.next().now_or_never() {
-                Some(next) => next,
-                None => {
-                    d.send();
-                    tokio::select! {
-                        biased;
-                        _ = d.cancel.cancelled() => break true,
-                        next = stream.next() => next,
-                    }
+        let call = tracing::info_span!(
+            "provider_call",
+            session_id = %d.session,
+            step,
+            model = %prepared.model.model,
+            attempt,
+            outcome = tracing::field::Empty
+        );
+        let streamed = async {
+            Ok::<bool, Error>(loop {
+                if d.cancel.is_cancelled() {
+                    break true;
                 }
-            };
-            match next {
-                None => break false,
-                Some(Ok(event)) => {
-                    a.on_event(d, &message, event).await?;
-                    if a.streamed > MAX_STEP_OUTPUT {
-                        a.error = Some(llm::Error::invalid_output(format!(
-                            "the model's answer passed {MAX_STEP_OUTPUT} bytes"
-                        )));
+                // What the stream has ready is handled at once; before waiting for more, the events
+                // of the parts that ended so far go to the store.
+                let next = match stream.next().now_or_never() {
+                    Some(next) => next,
+                    None => {
+                        d.send();
+                        tokio::select! {
+                            biased;
+                            _ = d.cancel.cancelled() => break true,
+                            next = stream.next() => next,
+                        }
+                    }
+                };
+                match next {
+                    None => break false,
+                    Some(Ok(event)) => {
+                        a.on_event(d, &message, event).await?;
+                        if a.streamed > MAX_STEP_OUTPUT {
+                            a.error = Some(llm::Error::invalid_output(format!(
+                                "the model's answer passed {MAX_STEP_OUTPUT} bytes"
+                            )));
+                            break false;
+                        }
+                    }
+                    Some(Err(error)) => {
+                        a.error = Some(error);
                         break false;
                     }
                 }
-                Some(Err(error)) => {
-                    a.error = Some(error);
-                    break false;
-                }
-            }
+            })
         };
+        let cancelled = streamed.instrument(call.clone()).await?;
+        call.record(
+            "outcome",
+            match (&a.error, cancelled) {
+                (_, true) => "cancelled",
+                (Some(e), _) => e.kind().as_str(),
+                (None, false) => "ok",
+            },
+        );
         drop(stream);
         // A permit covers an open stream only: tools, backoffs and compaction run without one,
         // so they never hold up other sessions, and no path ever holds two.
@@ -304,6 +344,7 @@ pub(crate) async fn run(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<St
             (retry::Next::Retry, Some(error)) => {
                 attempt += 1;
                 let delay = backoff(attempt, &error);
+                tracing::warn!(session_id = %d.session, step, attempt, delay_ms = delay.as_millis() as u64, reason = error.kind().as_str(), error = %error, "provider call failed; retrying");
                 let mut events = spent(&message, &a, &prepared);
                 events.push(Event::RetryScheduled {
                     id: message.clone(),
@@ -323,6 +364,7 @@ pub(crate) async fn run(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<St
             (retry::Next::Continue, Some(error)) => {
                 attempt += 1;
                 let delay = backoff(attempt, &error);
+                tracing::warn!(session_id = %d.session, step, attempt, delay_ms = delay.as_millis() as u64, reason = error.kind().as_str(), error = %error, "provider stream cut after output; continuing");
                 a.flush_partials(d, &message).await?;
                 let mut events = spent(&message, &a, &prepared);
                 events.push(Event::RetryScheduled {
@@ -346,6 +388,7 @@ pub(crate) async fn run(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<St
                 message = start(d, step, &prepared);
             }
             (_, Some(error)) => {
+                tracing::warn!(session_id = %d.session, step, attempts = attempt + 1, reason = error.kind().as_str(), error = %error, "provider call failed; the step fails");
                 a.error = Some(error);
                 return fail(d, &message, step, &mut a, &prepared).await;
             }
@@ -711,15 +754,27 @@ async fn run_tools(
             name: call.name.clone(),
             input,
         };
-        tasks.spawn(async move {
-            let run = std::panic::AssertUnwindSafe(tool.executor.execute(call)).catch_unwind();
-            let result = match tokio::time::timeout(tool.timeout, run).await {
-                Ok(Ok(result)) => result,
-                Ok(Err(_)) => Err("the tool panicked".to_owned()),
-                Err(_) => Err(format!("the tool timed out after {:?}", tool.timeout)),
-            };
-            (key, result)
-        });
+        let span = tracing::info_span!(
+            "tool_call",
+            session_id = %d.session,
+            tool = %call.name,
+            call_id = %call.call_id,
+            outcome = tracing::field::Empty
+        );
+        tasks.spawn(
+            async move {
+                let run = std::panic::AssertUnwindSafe(tool.executor.execute(call)).catch_unwind();
+                let result = match tokio::time::timeout(tool.timeout, run).await {
+                    Ok(Ok(result)) => result,
+                    Ok(Err(_)) => Err("the tool panicked".to_owned()),
+                    Err(_) => Err(format!("the tool timed out after {:?}", tool.timeout)),
+                };
+                let span = tracing::Span::current();
+                span.record("outcome", if result.is_ok() { "ok" } else { "failed" });
+                (key, result)
+            }
+            .instrument(span),
+        );
     }
     if !refused.is_empty() {
         d.append(refused).await?;

@@ -46,6 +46,23 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// A short stable name, for logs and metrics labels.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ErrorKind::RateLimit => "rate_limit",
+            ErrorKind::QuotaExceeded => "quota_exceeded",
+            ErrorKind::ProviderInternal { overloaded: true } => "overloaded",
+            ErrorKind::ProviderInternal { overloaded: false } => "provider_internal",
+            ErrorKind::Transport { .. } => "transport",
+            ErrorKind::Authentication => "authentication",
+            ErrorKind::InvalidRequest => "invalid_request",
+            ErrorKind::ContextOverflow => "context_overflow",
+            ErrorKind::ContentPolicy => "content_policy",
+            ErrorKind::IncompleteStream => "incomplete_stream",
+            ErrorKind::InvalidOutput => "invalid_output",
+        }
+    }
+
     /// Whether an error of this kind is worth retrying, absent an `x-should-retry` override.
     ///
     /// Rate limit, provider internal, a transport error (a reset mid-stream is an incomplete

@@ -179,6 +179,12 @@ impl Api {
             .layer(axum::Extension(extract::BodyTimeout(
                 self.shared.options.body_timeout,
             )))
+            // A span per request (method, path, version) and its status and latency, at debug
+            // (`RUST_LOG=tower_http=debug`); failures are logged where they happen, with more
+            // to say (a 500 at error, under its request id).
+            .layer(tower_http::trace::TraceLayer::new_for_http().on_failure(
+                tower_http::trace::DefaultOnFailure::new().level(tracing::Level::DEBUG),
+            ))
     }
 
     /// Serves until `shutdown` resolves, then shuts down gracefully and boundedly: SSE streams

@@ -1,6 +1,7 @@
 //! The agent loop, one test per rule: a scripted transcript in, the rendered
 //! durable log and the recorded provider requests out.
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -1154,4 +1155,103 @@ async fn an_endless_answer_fails_the_step_at_the_output_bound() {
     h.idle(&s).await;
     assert_eq!(h.kinds(&s).last(), Some(&"execution_succeeded"));
     h.assert_replay_equal();
+}
+
+/// A span's name and its fields as text.
+type SpanSeen = (String, BTreeMap<String, String>);
+
+/// Spans as a test sees them: name and fields, in the order they closed.
+#[derive(Clone, Default)]
+struct Spans {
+    open: Arc<std::sync::Mutex<HashMap<u64, SpanSeen>>>,
+    closed: Arc<std::sync::Mutex<Vec<SpanSeen>>>,
+}
+
+struct Fields<'a>(&'a mut BTreeMap<String, String>);
+
+impl tracing::field::Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(
+            field.name().to_owned(),
+            format!("{value:?}").trim_matches('"').to_owned(),
+        );
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Spans {
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut fields = BTreeMap::new();
+        attrs.record(&mut Fields(&mut fields));
+        let name = attrs.metadata().name().to_owned();
+        self.open
+            .lock()
+            .expect("lock")
+            .insert(id.into_u64(), (name, fields));
+    }
+
+    fn on_record(
+        &self,
+        id: &tracing::span::Id,
+        values: &tracing::span::Record<'_>,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if let Some((_, fields)) = self.open.lock().expect("lock").get_mut(&id.into_u64()) {
+            values.record(&mut Fields(fields));
+        }
+    }
+
+    fn on_close(&self, id: tracing::span::Id, _: tracing_subscriber::layer::Context<'_, S>) {
+        if let Some(span) = self.open.lock().expect("lock").remove(&id.into_u64()) {
+            self.closed.lock().expect("lock").push(span);
+        }
+    }
+}
+
+/// A drain, each step, each provider call and each tool call is a span carrying the session id,
+/// the step number and the outcome, so one turn can be followed in any tracing backend.
+#[tokio::test(flavor = "current_thread")]
+async fn drains_steps_provider_calls_and_tools_are_spans() {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let spans = Spans::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
+    let h = harness(vec![call("c1", "echo", r#"{"q":1}"#), text("done")]).await;
+    let (s, _, _) = check(&h, &["look it up"]).await;
+    let closed = spans.closed.lock().expect("lock").clone();
+    let named = |name: &str| -> Vec<BTreeMap<String, String>> {
+        closed
+            .iter()
+            .filter(|(n, f)| n == name && f.get("session_id") == Some(&s.to_string()))
+            .map(|(_, f)| f.clone())
+            .collect()
+    };
+    assert!(!named("drain").is_empty(), "{closed:?}");
+    let steps = named("step");
+    let outcomes: Vec<(&str, &str)> = steps
+        .iter()
+        .map(|f| (f["step"].as_str(), f["outcome"].as_str()))
+        .collect();
+    assert_eq!(outcomes, [("1", "continue"), ("2", "done")], "{closed:?}");
+    let calls = named("provider_call");
+    assert_eq!(calls.len(), 2, "{closed:?}");
+    assert!(
+        calls
+            .iter()
+            .all(|f| f["outcome"] == "ok" && f["attempt"] == "0" && f.contains_key("model"))
+    );
+    let tools = named("tool_call");
+    assert_eq!(tools.len(), 1, "{closed:?}");
+    assert_eq!(
+        (
+            tools[0]["tool"].as_str(),
+            tools[0]["call_id"].as_str(),
+            tools[0]["outcome"].as_str()
+        ),
+        ("echo", "c1", "ok")
+    );
 }
