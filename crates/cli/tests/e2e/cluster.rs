@@ -142,6 +142,24 @@ async fn call_through(
     }
 }
 
+/// Prompts every session once, the i-th through node `(i + shift) % nodes`, and counts the
+/// acknowledged input.
+async fn prompt_all(http: &[Http], sessions: &mut [(String, usize)], shift: usize, text: &str) {
+    for (i, (s, acked)) in sessions.iter_mut().enumerate() {
+        let via = &http[(i + shift) % http.len()];
+        let (status, reply) = call_through(
+            via,
+            reqwest::Method::POST,
+            &format!("/api/session/{s}/prompt"),
+            Some(json!({ "text": text })),
+            LIMIT,
+        )
+        .await;
+        assert_eq!(status, 200, "{reply}");
+        *acked += 1;
+    }
+}
+
 /// Waits (through `via`, retrying `503`s) until session `s` is idle.
 async fn idle(via: &Http, s: &str) {
     let (status, idle) = call_through(
@@ -244,19 +262,7 @@ async fn three_nodes_share_sessions_forward_requests_and_survive_a_sigkill() {
     let watched = sessions[3].0.clone();
     let mut stream = http[0].events(&watched).await;
     stream.until("synced").await;
-    for (i, (s, acked)) in sessions.iter_mut().enumerate() {
-        let via = &http[(i + 1) % 3];
-        let (status, reply) = call_through(
-            via,
-            reqwest::Method::POST,
-            &format!("/api/session/{s}/prompt"),
-            Some(json!({"text": "look it up, then answer"})),
-            LIMIT,
-        )
-        .await;
-        assert_eq!(status, 200, "{reply}");
-        *acked += 1;
-    }
+    prompt_all(&http, &mut sessions, 1, "look it up, then answer").await;
     // An admission retried through another node gets the original receipt.
     let (retried, _) = &sessions[0];
     let body = json!({"text": "once only", "id": "msg_retried_across_nodes"});
@@ -298,19 +304,7 @@ async fn three_nodes_share_sessions_forward_requests_and_survive_a_sigkill() {
     drop(resumed);
 
     // A second prompt each, then kill n1 while turns (and tool calls) run.
-    for (i, (s, acked)) in sessions.iter_mut().enumerate() {
-        let via = &http[i % 3];
-        let (status, reply) = call_through(
-            via,
-            reqwest::Method::POST,
-            &format!("/api/session/{s}/prompt"),
-            Some(json!({"text": "and once more"})),
-            LIMIT,
-        )
-        .await;
-        assert_eq!(status, 200, "{reply}");
-        *acked += 1;
-    }
+    prompt_all(&http, &mut sessions, 0, "and once more").await;
     tokio::time::sleep(Duration::from_millis(250)).await;
     nodes[1].sigkill();
     let killed = Instant::now();
@@ -414,18 +408,13 @@ async fn a_paused_node_is_fenced_after_a_takeover() {
                 }
             }
         }
-        for (s, acked) in sessions.iter_mut() {
-            let (status, reply) = call_through(
-                &http[0],
-                reqwest::Method::POST,
-                &format!("/api/session/{s}/prompt"),
-                Some(json!({"text": format!("round {round}: look it up")})),
-                LIMIT,
-            )
-            .await;
-            assert_eq!(status, 200, "{reply}");
-            *acked += 1;
-        }
+        prompt_all(
+            &http,
+            &mut sessions,
+            0,
+            &format!("round {round}: look it up"),
+        )
+        .await;
         tokio::time::sleep(Duration::from_millis(150 + 70 * (round % 4))).await;
         nodes[1].signal("-STOP");
         until_holdings(&http[0], "the running node took every partition", |held| {

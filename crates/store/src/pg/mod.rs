@@ -15,11 +15,12 @@
 //! - **Group commit** (`writer`): a few writer threads, each with its own connection and a
 //!   share of the partitions, batch concurrent operations into one transaction, as the embedded
 //!   writer does, running the same operations (`ops`).
-//! - **Snapshots** (`snapshot`): a `REPEATABLE READ` read-only transaction on a pooled
-//!   connection.
+//! - **Snapshots** (`snapshot`): a `REPEATABLE READ` read-only transaction on a connection of a
+//!   bounded pool.
 //!
-//! I/O runs on the store's own small tokio runtime, so the synchronous [`Snapshot`] methods and
-//! the writer thread block on it from any thread, inside another runtime or not.
+//! Each writer thread drives its own connection on a runtime of its own thread; every other
+//! connection (snapshots, the lease rounds) runs on the store's small tokio runtime, so the
+//! synchronous [`Snapshot`] methods block on it from any thread, inside another runtime or not.
 
 mod lease;
 mod rows;
@@ -110,7 +111,8 @@ pub(crate) fn db(e: tokio_postgres::Error) -> Error {
     }
 }
 
-/// Connects to the database, each connection driven on the store's runtime.
+/// Connects to the database: [`Connector::connect`] drives the connection on the store's
+/// runtime, [`Connector::connect_async`] on the caller's.
 #[derive(Clone)]
 pub(crate) struct Connector {
     config: tokio_postgres::Config,
@@ -398,11 +400,6 @@ impl PgStore {
             rt: Mutex::new(Some(rt)),
             schema: pg.schema,
         })
-    }
-
-    /// Which partitions this node holds, and how to follow changes.
-    pub fn ownership(&self) -> Arc<dyn Ownership> {
-        self.leases.clone()
     }
 
     fn submit(&self, op: Op) -> BoxFuture<'static, Result<Outcome>> {

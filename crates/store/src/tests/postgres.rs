@@ -51,6 +51,13 @@ pub(crate) fn open(schema: &str, node: &str) -> PgStore {
     PgStore::open(Config::new("unused"), config(schema, node)).expect("the PostgreSQL store opens")
 }
 
+/// The store's partition ownership (a PostgreSQL store always has one).
+fn cluster(store: &PgStore) -> Arc<dyn crate::Ownership> {
+    store
+        .ownership()
+        .expect("a PostgreSQL store is part of a cluster")
+}
+
 /// Drops a test's schema.
 pub(crate) fn drop_schema(schema: &str) {
     sql(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
@@ -210,7 +217,7 @@ async fn a_stale_owner_cannot_commit_after_a_takeover() {
     let s = session_on(&a, "fenced").await;
     let admit = |n| admission(&s, "f", n, agenthost_model::Delivery::Steer);
     a.admit(admit(0)).await.expect("admitted while owner");
-    let ownership = a.ownership();
+    let ownership = cluster(&a);
     let mut changes = ownership.subscribe();
     let part = ownership.partition(&s);
     assert!(ownership.owns(&s));
@@ -246,7 +253,7 @@ async fn a_stale_owner_cannot_commit_after_a_takeover() {
     // The new owner (here: a process with that node id) holds it and writes after what the old
     // owner committed.
     let b = open(&schema, "node-b");
-    assert!(b.ownership().owns(&s));
+    assert!(cluster(&b).owns(&s));
     let receipt = b.admit(admit(1)).await.expect("the new owner admits");
     assert_eq!(receipt.admitted_seq, agenthost_model::Seq(2));
     b.close();
@@ -266,9 +273,9 @@ async fn nodes_share_the_partitions() {
             .find(|n| n.id == node)
             .map_or(0, |n| n.partitions.len())
     };
-    assert_eq!(held(&*a.ownership(), "node-a"), 8);
+    assert_eq!(held(&*cluster(&a), "node-a"), 8);
     let b = open(&schema, "node-b");
-    let (oa, ob) = (a.ownership(), b.ownership());
+    let (oa, ob) = (cluster(&a), cluster(&b));
     until("each node holds half", || {
         held(&*oa, "node-a") == 4 && held(&*ob, "node-b") == 4 && held(&*ob, "node-a") == 4
     })
