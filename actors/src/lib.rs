@@ -54,8 +54,3 @@ pub use settle::STOPPED_TOOL;
 pub use step::{CONTINUE_NOTE, CUT as TOOL_OUTPUT_CUT, MAX_STEP_OUTPUT};
 pub use summary::{SECTIONS as SUMMARY_SECTIONS, SUMMARY_REQUEST};
 pub use tools::{Call, Executor, Tool, Tools};
-
-/// The README's Rust examples, compiled and run as doctests so they cannot rot.
-#[doc = include_str!("../../README.md")]
-#[cfg(doctest)]
-pub struct ReadmeDoctests;

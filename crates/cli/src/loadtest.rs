@@ -19,10 +19,9 @@ use std::time::{Duration, Instant};
 use agenthost_actors::{
     Call, Config, CreateSession, Executor, Extensions, Live, PromptRequest, Runtime, Tool, Tools,
 };
+use agenthost_api::{Client, Events, Frame, wire};
 use agenthost_llm as llm;
 use agenthost_model::{Event, Seq, SessionId};
-use agenthost_server::client::{self, Client, Frame};
-use agenthost_server::{Token, wire};
 use anyhow::{Context, anyhow};
 use clap::Parser;
 use futures::FutureExt;
@@ -126,14 +125,9 @@ impl Target {
                     .await?;
                 let id = SessionId::parse(&session.id)?;
                 // Opened before the first prompt: the server subscribes before it answers.
-                let events = client.events(&session.id, Some(session.last_seq)).await?;
-                let reader = tokio::spawn(read_events(
-                    client.clone(),
-                    session.id.clone(),
-                    events,
-                    session.last_seq,
-                    tx,
-                ));
+                let mut events = client.events(&session.id, Some(session.last_seq));
+                events.open().await?;
+                let reader = tokio::spawn(read_events(session.id.clone(), events, tx));
                 Ok(Session {
                     id,
                     signals,
@@ -213,54 +207,31 @@ async fn forward(
     }
 }
 
-/// Reads one session's event stream, reconnecting after the last seen seq if it breaks.
-async fn read_events(
-    client: Client,
-    session: String,
-    mut events: client::Events,
-    mut last: u64,
-    tx: mpsc::UnboundedSender<Signal>,
-) {
-    let mut reconnects = 0;
-    loop {
-        while let Some(frame) = events.next().await {
-            let signal = match frame {
-                Ok(Frame::Delta(_)) => Signal::Token,
-                Ok(Frame::Event(event)) => {
-                    last = event.seq;
-                    match event.body {
-                        wire::EventBody::ExecutionSucceeded => Signal::End {
-                            seq: event.seq,
-                            ok: true,
-                        },
-                        wire::EventBody::ExecutionFailed { .. }
-                        | wire::EventBody::ExecutionInterrupted { .. } => Signal::End {
-                            seq: event.seq,
-                            ok: false,
-                        },
-                        _ => continue,
-                    }
-                }
-                Ok(_) => continue,
-                Err(e) => {
-                    tracing::debug!(session_id = %session, error = %e, "event stream broke");
-                    break;
-                }
-            };
-            if tx.send(signal).is_err() {
-                return;
-            }
-        }
-        reconnects += 1;
-        if reconnects > 3 {
-            return;
-        }
-        match client.events(&session, Some(last)).await {
-            Ok(next) => events = next,
+/// Reads one session's event stream (which reconnects by itself after the last seen seq).
+async fn read_events(session: String, mut events: Events, tx: mpsc::UnboundedSender<Signal>) {
+    while let Some(frame) = events.next().await {
+        let signal = match frame {
+            Ok(Frame::Delta(_)) => Signal::Token,
+            Ok(Frame::Event(event)) => match event.body {
+                wire::EventBody::ExecutionSucceeded => Signal::End {
+                    seq: event.seq,
+                    ok: true,
+                },
+                wire::EventBody::ExecutionFailed { .. }
+                | wire::EventBody::ExecutionInterrupted { .. } => Signal::End {
+                    seq: event.seq,
+                    ok: false,
+                },
+                _ => continue,
+            },
+            Ok(_) => continue,
             Err(e) => {
-                tracing::warn!(session_id = %session, error = %e, "cannot reopen the event stream");
+                tracing::warn!(session_id = %session, error = %e, "the event stream ended");
                 return;
             }
+        };
+        if tx.send(signal).is_err() {
+            return;
         }
     }
 }
@@ -471,8 +442,13 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let mut temp = None;
     let target = match &args.url {
         Some(url) => {
-            let token = std::env::var(&args.token_env).ok().and_then(Token::new);
-            let client = Client::new(url, token).usage()?;
+            let mut client = Client::new(url).usage()?;
+            if let Some(token) = std::env::var(&args.token_env)
+                .ok()
+                .filter(|t| !t.is_empty())
+            {
+                client = client.with_token(token);
+            }
             Target::Remote { client }
         }
         None => {

@@ -184,11 +184,10 @@ struct Http {
 
 impl Http {
     fn new(base: &str) -> Http {
-        // reqwest is built without a bundled TLS provider (see the workspace manifest).
-        let _ = rustls::crypto::ring::default_provider().install_default();
         Http {
             base: base.to_owned(),
-            client: reqwest::Client::builder()
+            client: agenthost_llm::client_builder()
+                .expect("a client builder")
                 .timeout(LIMIT)
                 .build()
                 .expect("client"),
@@ -258,27 +257,17 @@ impl Http {
     }
 
     async fn events_with(&self, session: &str, last: Option<u64>) -> Sse {
-        let mut request = self
-            .client
-            .get(format!("{}/api/session/{session}/events", self.base));
-        if let Some(last) = last {
-            request = request.header("last-event-id", last.to_string());
-        }
-        let response = request
-            // The stream outlives the client's default deadline.
-            .timeout(Duration::from_secs(120))
-            .send()
+        let client = agenthost_api::Client::new(&self.base).expect("API client");
+        let mut events = client.events(session, last);
+        tokio::time::timeout(LIMIT, events.open())
             .await
+            .expect("stream opened in time")
             .expect("stream opened");
-        assert_eq!(response.status(), 200);
-        Sse {
-            response,
-            buffer: String::new(),
-            partial: Vec::new(),
-        }
+        Sse(events)
     }
 }
 
+/// A frame as the tests look at it: its SSE event name, id and JSON data.
 #[derive(Debug)]
 struct Frame {
     event: String,
@@ -286,50 +275,32 @@ struct Frame {
     data: Value,
 }
 
-struct Sse {
-    response: reqwest::Response,
-    buffer: String,
-    /// The start of a character a chunk boundary split.
-    partial: Vec<u8>,
-}
+/// An event stream, read with the API client's reconnecting [`agenthost_api::Events`].
+struct Sse(agenthost_api::Events);
 
 impl Sse {
     async fn next(&mut self) -> Frame {
-        loop {
-            if let Some(end) = self.buffer.find("\n\n") {
-                let raw: String = self.buffer.drain(..end + 2).collect();
-                let (mut event, mut id, mut data) = (String::new(), None, String::new());
-                for line in raw.lines() {
-                    if let Some(v) = line.strip_prefix("event: ") {
-                        event = v.to_owned();
-                    } else if let Some(v) = line.strip_prefix("id: ") {
-                        id = v.parse().ok();
-                    } else if let Some(v) = line.strip_prefix("data: ") {
-                        data.push_str(v);
-                    }
-                }
-                if event.is_empty() {
-                    continue;
-                }
-                let data = serde_json::from_str(&data).expect("JSON data");
-                return Frame { event, id, data };
-            }
-            let chunk = tokio::time::timeout(LIMIT, self.response.chunk())
-                .await
-                .expect("an event in time")
-                .expect("stream readable")
-                .expect("stream open");
-            self.partial.extend_from_slice(&chunk);
-            let valid = match std::str::from_utf8(&self.partial) {
-                Ok(text) => text.len(),
-                Err(e) if e.error_len().is_none() => e.valid_up_to(),
-                Err(e) => panic!("not UTF-8: {e}"),
-            };
-            let rest = self.partial.split_off(valid);
-            let text = std::mem::replace(&mut self.partial, rest);
-            self.buffer
-                .push_str(std::str::from_utf8(&text).expect("checked"));
+        use agenthost_api::Frame as F;
+        let frame = tokio::time::timeout(LIMIT, self.0.next())
+            .await
+            .expect("a frame in time")
+            .expect("stream open")
+            .expect("a frame");
+        fn json(value: &impl serde::Serialize) -> Value {
+            serde_json::to_value(value).expect("JSON")
         }
+        let (event, id, data) = match &frame {
+            F::Event(e) => {
+                let data = json(e);
+                let name = data["type"].as_str().expect("an event type").to_owned();
+                (name, Some(e.seq), data)
+            }
+            F::Synced(s) => ("synced".to_owned(), None, json(s)),
+            F::Delta(d) => ("delta".to_owned(), None, json(d)),
+            F::Status(s) => ("status".to_owned(), None, json(s)),
+            F::Error(e) => ("error".to_owned(), None, json(e)),
+        };
+        Frame { event, id, data }
     }
 
     /// Frames up to and including the first named `event`.

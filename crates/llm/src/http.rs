@@ -134,30 +134,12 @@ pub(crate) fn stream_headers() -> HeaderMap {
     headers
 }
 
-/// A reqwest client builder whose TLS uses ring and the system's trust store, given to this
-/// client only: nothing process-wide is installed, so an embedder's own choice of crypto provider
-/// stands (reqwest is built without a bundled provider; see the workspace manifest). Every HTTP
-/// client of agenthost starts here.
-pub fn client_builder() -> Result<reqwest::ClientBuilder, String> {
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let verifier = rustls_platform_verifier::Verifier::new(provider.clone())
-        .map_err(|e| format!("cannot load the system's TLS trust store: {e}"))?;
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("cannot configure TLS: {e}"))?
-        .dangerous()
-        .with_custom_certificate_verifier(std::sync::Arc::new(verifier))
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(reqwest::Client::builder().tls_backend_preconfigured(tls))
-}
-
 /// Builds the client shared by every call of one provider.
 ///
 /// No total timeout: it would kill long streams. Idle time is enforced per read in
 /// [`stream`] instead.
 fn client(connect_timeout: Duration) -> Result<reqwest::Client, Error> {
-    client_builder()
+    agenthost_http::client_builder()
         .map_err(|reason| Error::new(ErrorKind::InvalidRequest, reason))?
         .connect_timeout(connect_timeout)
         .redirect(reqwest::redirect::Policy::none())
@@ -418,17 +400,12 @@ fn reqwest_kind(error: &reqwest::Error) -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    /// Building clients (a provider's, or any agenthost client) sets no process-wide state: an
+    /// Building a provider's client sets no process-wide state: an
     /// embedder's choice of rustls crypto provider, or its absence, stands.
     #[test]
     fn clients_install_no_process_wide_crypto_provider() {
         let client = super::client(std::time::Duration::from_secs(1)).expect("a provider client");
         drop(client);
-        let other = super::client_builder()
-            .expect("a builder")
-            .build()
-            .expect("a client");
-        drop(other);
         assert!(
             rustls::crypto::CryptoProvider::get_default().is_none(),
             "a library installed a process-wide crypto provider"

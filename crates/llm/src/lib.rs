@@ -33,14 +33,13 @@ mod request;
 pub mod rules;
 pub mod scripted;
 mod secret;
-pub mod sse;
 mod wire;
 
+pub use agenthost_http::{client_builder, sse};
 pub use anthropic::Anthropic;
 pub use config::{Config, Kind};
 pub use error::{Error, ErrorKind};
 pub use event::{Collector, Event, FinishReason, Reasoning, Response, Usage, collect};
-pub use http::client_builder;
 pub use mock::Mock;
 pub use openai::OpenAi;
 pub use provider::{EventStream, Provider};

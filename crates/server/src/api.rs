@@ -333,7 +333,7 @@ pub(crate) async fn prompt(
             resume: body.resume.unwrap_or(true),
         })
         .await?;
-    Ok(data(wire::Admitted::from(&receipt)))
+    Ok(data(wire::admitted(&receipt)))
 }
 
 /// Compacts the session's active history now: the older part becomes a summary, the recent part
@@ -384,7 +384,7 @@ pub(crate) async fn resume(
 ) -> Result<Response, ApiError> {
     if query.wait.unwrap_or(false) {
         let outcome = shared.runtime.resume(&id).await?;
-        return Ok(data(wire::DrainOutcome::from(outcome)));
+        return Ok(data(wire::outcome(outcome)));
     }
     row(&shared, &id).await?;
     if shared.closing.is_cancelled() {

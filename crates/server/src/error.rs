@@ -4,81 +4,14 @@
 use agenthost_actors::Error;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
 use crate::wire::{ErrorBody, ErrorEnvelope};
 
-/// The `type` of an error body. Stable: clients branch on it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorType {
-    /// 404: the session does not exist.
-    SessionNotFound,
-    /// 409: a prompt id was reused with a different prompt, session or delivery.
-    PromptConflict,
-    /// 400: malformed JSON, an unknown field, an invalid id, value or query parameter.
-    InvalidRequest,
-    /// 413: the body or the prompt is over its size limit.
-    PayloadTooLarge,
-    /// 415: a body sent with a content type other than JSON.
-    UnsupportedMediaType,
-    /// 408: the request body did not arrive in time.
-    RequestTimeout,
-    /// 422: the session's history does not fit the model's context window.
-    ContextOverflow,
-    /// 401: a token is configured and the request lacks it or has another one.
-    Unauthorized,
-    /// 404: no such route.
-    NotFound,
-    /// 405: the route exists, the method does not.
-    MethodNotAllowed,
-    /// 502: the model provider failed.
-    ProviderError,
-    /// 503: overloaded, shutting down, or a session actor did not answer in time.
-    Unavailable,
-    /// 500: a storage failure, a configuration that cannot serve the session, or a bug (a
-    /// panicked drain). The message gives only a request id (also in `x-request-id`); the
-    /// server's log holds the detail under it.
-    Internal,
-}
+pub use agenthost_api::wire::ErrorType;
 
-impl ErrorType {
-    pub fn status(self) -> StatusCode {
-        match self {
-            ErrorType::SessionNotFound | ErrorType::NotFound => StatusCode::NOT_FOUND,
-            ErrorType::PromptConflict => StatusCode::CONFLICT,
-            ErrorType::InvalidRequest => StatusCode::BAD_REQUEST,
-            ErrorType::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            ErrorType::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ErrorType::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
-            ErrorType::ContextOverflow => StatusCode::UNPROCESSABLE_ENTITY,
-            ErrorType::Unauthorized => StatusCode::UNAUTHORIZED,
-            ErrorType::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ErrorType::ProviderError => StatusCode::BAD_GATEWAY,
-            ErrorType::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-            ErrorType::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-        }
-    }
-
-    /// The wire name, as in the body's `type`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorType::SessionNotFound => "session_not_found",
-            ErrorType::PromptConflict => "prompt_conflict",
-            ErrorType::InvalidRequest => "invalid_request",
-            ErrorType::PayloadTooLarge => "payload_too_large",
-            ErrorType::UnsupportedMediaType => "unsupported_media_type",
-            ErrorType::RequestTimeout => "request_timeout",
-            ErrorType::ContextOverflow => "context_overflow",
-            ErrorType::Unauthorized => "unauthorized",
-            ErrorType::NotFound => "not_found",
-            ErrorType::MethodNotAllowed => "method_not_allowed",
-            ErrorType::ProviderError => "provider_error",
-            ErrorType::Unavailable => "unavailable",
-            ErrorType::Internal => "internal",
-        }
-    }
+/// The HTTP status of an error type.
+pub fn status(kind: ErrorType) -> StatusCode {
+    StatusCode::from_u16(kind.status()).expect("invariant: error types carry valid statuses")
 }
 
 /// A failed request: its type (which decides the status) and a message for humans.
@@ -160,7 +93,7 @@ impl From<agenthost_model::Error> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status = self.kind.status();
+        let status = status(self.kind);
         // A 500's detail (a storage error, panic text) names internals: it goes to the log
         // under a request id, and the client gets the id.
         let mut request_id = None;
@@ -268,7 +201,7 @@ mod tests {
         ];
         for (error, status, kind) in cases {
             let api = ApiError::from(error.clone());
-            assert_eq!(api.kind().status().as_u16(), status, "{error:?}");
+            assert_eq!(api.kind().status(), status, "{error:?}");
             assert_eq!(api.kind().as_str(), kind, "{error:?}");
             let json = serde_json::to_value(api.kind()).expect("invariant: serializable");
             assert_eq!(json, kind);

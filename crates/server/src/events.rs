@@ -250,7 +250,7 @@ impl Feed {
                         } => {
                             let delta = wire::Delta {
                                 message_id: message.to_string(),
-                                kind: (*kind).into(),
+                                kind: wire::delta_type(*kind),
                                 part: *part,
                                 delta: delta.clone(),
                             };

@@ -1,11 +1,12 @@
 //! `agenthost-server`: the HTTP+SSE API over the agenthost runtime.
 //!
-//! **Owns**: every HTTP and JSON wire type of agenthost ([`wire`]), the axum router ([`Api`]),
+//! **Owns**: the conversions to the wire types ([`wire`]), the axum router ([`Api`]),
 //! the one error-to-status mapping ([`ApiError`]), the JSON/query/path extractors that give
 //! malformed input our error shape ([`extract`]), bearer-token authentication ([`auth`]), the
 //! SSE event stream with replay and resume (module `events`, whose doc specifies the frames),
-//! Prometheus metrics ([`metrics`]), the generated OpenAPI document ([`openapi`]), HTTP tools
-//! ([`tools`]) and a typed client of this API ([`client`], used by `agenthost loadtest --url`).
+//! Prometheus metrics ([`metrics`]), the generated OpenAPI document ([`openapi`]) and HTTP tools
+//! ([`tools`]). The wire types and the typed client live in `agenthost-api`, which this crate
+//! serves.
 //!
 //! **Must not**: decide execution or touch storage directly (everything goes through
 //! [`agenthost_actors::Runtime`] and read-only snapshots); read configuration files or the
@@ -13,12 +14,11 @@
 //! [`Token`]s with a redacted `Debug`).
 //!
 //! Main types: [`Api`] (router and graceful serving), [`Options`], [`ApiError`] and
-//! [`ErrorType`], [`Token`], [`tools::Http`], [`metrics::Timed`], [`Client`].
+//! [`ErrorType`], [`Token`], [`tools::Http`], [`metrics::Timed`].
 //!
 
 mod api;
 pub mod auth;
-pub mod client;
 mod error;
 mod events;
 pub mod extract;
@@ -42,8 +42,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use auth::Token;
-pub use client::Client;
 pub use error::{ApiError, ErrorType};
+
+/// The README's Rust examples (embedding, the client), compiled and run as doctests so they
+/// cannot rot.
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
 
 /// The default bind address: loopback only.
 pub const DEFAULT_BIND: &str = "127.0.0.1:4096";

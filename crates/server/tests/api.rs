@@ -906,6 +906,26 @@ async fn openapi_document_lists_every_route() {
     assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
 }
 
+/// The document the clients build on (`agenthost-api`'s `openapi.json`, from which the
+/// TypeScript types are generated) is the one the server serves. After a change to the API:
+/// `AGENTHOST_BLESS=1 cargo test -p agenthost-server openapi`, then regenerate the TypeScript
+/// types (`npm run generate` in `clients/typescript`).
+#[test]
+fn the_clients_openapi_document_is_the_served_one() {
+    let served = agenthost_server::openapi::json();
+    if std::env::var_os("AGENTHOST_BLESS").is_some() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../api/openapi.json");
+        std::fs::write(path, served).expect("write the golden document");
+        return;
+    }
+    assert!(
+        served == agenthost_api::OPENAPI,
+        "crates/api/openapi.json differs from the document the server serves: run \
+         AGENTHOST_BLESS=1 cargo test -p agenthost-server openapi, then npm run generate in \
+         clients/typescript"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // The event stream.
 
@@ -916,10 +936,11 @@ struct Frame {
     data: Value,
 }
 
-/// Reads SSE frames from a response body.
+/// Reads SSE frames from a response body, with the clients' decoder.
 struct Frames {
     body: axum::body::BodyDataStream,
-    buffer: String,
+    decoder: agenthost_http::sse::Decoder,
+    pending: std::collections::VecDeque<agenthost_http::sse::Frame>,
 }
 
 impl Frames {
@@ -944,42 +965,28 @@ impl Frames {
         );
         Frames {
             body: response.into_body().into_data_stream(),
-            buffer: String::new(),
+            decoder: agenthost_http::sse::Decoder::new(),
+            pending: Default::default(),
         }
     }
 
     async fn next(&mut self) -> Frame {
         loop {
-            if let Some(end) = self.buffer.find("\n\n") {
-                let raw: String = self.buffer.drain(..end + 2).collect();
-                let mut frame = Frame {
-                    event: String::new(),
-                    id: None,
-                    data: Value::Null,
+            if let Some(raw) = self.pending.pop_front() {
+                return Frame {
+                    id: raw.id.map(|id| id.parse().expect("numeric id")),
+                    event: raw.event,
+                    data: serde_json::from_str(&raw.data).expect("JSON data"),
                 };
-                let mut data = String::new();
-                for line in raw.lines() {
-                    if let Some(v) = line.strip_prefix("event: ") {
-                        frame.event = v.to_owned();
-                    } else if let Some(v) = line.strip_prefix("id: ") {
-                        frame.id = Some(v.parse().expect("numeric id"));
-                    } else if let Some(v) = line.strip_prefix("data: ") {
-                        data.push_str(v);
-                    }
-                }
-                if frame.event.is_empty() {
-                    continue; // a keep-alive comment
-                }
-                frame.data = serde_json::from_str(&data).expect("JSON data");
-                return frame;
             }
             let chunk = tokio::time::timeout(LIMIT, self.body.next())
                 .await
                 .expect("a frame in time")
                 .expect("stream open")
                 .expect("body chunk");
-            self.buffer
-                .push_str(std::str::from_utf8(&chunk).expect("utf-8"));
+            let mut out = Vec::new();
+            self.decoder.feed(&chunk, &mut out);
+            self.pending.extend(out);
         }
     }
 

@@ -3,9 +3,10 @@
 //!
 //! It follows the WHATWG event-stream rules that matter for a single POST response: lines end
 //! with `\r\n`, `\n` or `\r` (a `\r\n` split across chunks counts once); `:` lines are comments;
-//! `data:` lines accumulate joined by `\n`; `event:` names the frame; `id` and `retry` are
-//! ignored because we never reconnect; one space after the colon is dropped; a leading BOM is
-//! skipped. Lines are decoded only once complete, so a UTF-8 character split across network
+//! `data:` lines accumulate joined by `\n`; `event:` names the frame; `id:` sets the last event
+//! id, which persists across frames (a value holding NUL is ignored) and is what a reconnecting
+//! client sends back as `Last-Event-ID`; `retry` is ignored; one space after the colon is dropped;
+//! a leading BOM is skipped. Lines are decoded only once complete, so a UTF-8 character split across network
 //! chunks is reassembled. Unlike a browser, [`Decoder::finish`] dispatches a final frame that
 //! lacks its blank line, as some servers end that way.
 //!
@@ -19,6 +20,9 @@ pub struct Frame {
     pub event: String,
     /// The `data:` lines joined by `\n`.
     pub data: String,
+    /// The `id:` this frame itself gave, if any. (The SSE "last event id", which persists
+    /// across frames, is [`Decoder::last_event_id`].)
+    pub id: Option<String>,
 }
 
 /// Incremental decoder: feed it chunks in order, then call [`Decoder::finish`] at end of input.
@@ -32,6 +36,10 @@ pub struct Decoder {
     at_start: bool,
     event: String,
     data: String,
+    /// The last `id:` seen; not reset between frames.
+    last_id: String,
+    /// The pending frame gave an `id:`.
+    frame_has_id: bool,
     /// At least one `data` line arrived for the pending frame (an empty `data:` still counts).
     has_data: bool,
     /// A line or a frame passed [`MAX_FRAME`]: nothing more is decoded.
@@ -39,6 +47,17 @@ pub struct Decoder {
 }
 
 const BOM: &[u8] = "\u{feff}".as_bytes();
+
+/// The longest event id kept; a longer one is ignored (ids are sequence numbers here).
+const MAX_ID: usize = 256;
+
+fn frame(event: &str, data: &str, id: Option<&str>) -> Frame {
+    Frame {
+        event: event.to_owned(),
+        data: data.to_owned(),
+        id: id.map(str::to_owned),
+    }
+}
 
 /// The longest line, and the most `data` one frame may carry, in bytes. Real frames are a few
 /// hundred bytes; a whole tool input in one frame stays far below this.
@@ -59,6 +78,8 @@ impl Decoder {
             at_start: true,
             event: String::new(),
             data: String::new(),
+            last_id: String::new(),
+            frame_has_id: false,
             has_data: false,
             overflowed: false,
         }
@@ -79,29 +100,40 @@ impl Decoder {
         self.has_data = false;
     }
 
+    /// The last event id the stream gave (empty when none).
+    pub fn last_event_id(&self) -> &str {
+        &self.last_id
+    }
+
     /// Decodes `chunk`, appending every completed frame to `out`.
     pub fn feed(&mut self, chunk: &[u8], out: &mut Vec<Frame>) {
-        self.feed_with(chunk, |event, data| {
-            out.push(Frame {
-                event: event.to_owned(),
-                data: data.to_owned(),
-            });
+        self.feed_frames(chunk, &mut |event, data, id| {
+            out.push(frame(event, data, id))
         });
     }
 
     /// Ends the input, appending the last frames to `out` (see [`Decoder::finish_with`]).
     pub fn finish(&mut self, out: &mut Vec<Frame>) {
-        self.finish_with(|event, data| {
-            out.push(Frame {
-                event: event.to_owned(),
-                data: data.to_owned(),
-            });
-        });
+        self.finish_frames(&mut |event, data, id| out.push(frame(event, data, id)));
     }
 
     /// Decodes `chunk`, calling `on_frame(event, data)` for every completed frame. The strings
     /// are lent from the decoder's reused buffers, so decoding allocates nothing per frame.
-    pub fn feed_with(&mut self, mut chunk: &[u8], mut on_frame: impl FnMut(&str, &str)) {
+    pub fn feed_with(&mut self, chunk: &[u8], mut on_frame: impl FnMut(&str, &str)) {
+        self.feed_frames(chunk, &mut |event, data, _| on_frame(event, data));
+    }
+
+    /// Ends the input: a trailing line without its line ending is processed, and a pending
+    /// frame without its blank line is dispatched.
+    pub fn finish_with(&mut self, mut on_frame: impl FnMut(&str, &str)) {
+        self.finish_frames(&mut |event, data, _| on_frame(event, data));
+    }
+
+    fn feed_frames(
+        &mut self,
+        mut chunk: &[u8],
+        on_frame: &mut impl FnMut(&str, &str, Option<&str>),
+    ) {
         if self.overflowed {
             return;
         }
@@ -122,14 +154,18 @@ impl Decoder {
                 let mut head = std::mem::take(&mut self.line);
                 head.extend_from_slice(chunk);
                 let head = head.strip_prefix(BOM).unwrap_or(&head).to_vec();
-                return self.feed_lines(&head, &mut on_frame);
+                return self.feed_lines(&head, on_frame);
             }
             chunk = chunk.strip_prefix(BOM).unwrap_or(chunk);
         }
-        self.feed_lines(chunk, &mut on_frame);
+        self.feed_lines(chunk, on_frame);
     }
 
-    fn feed_lines(&mut self, mut chunk: &[u8], on_frame: &mut impl FnMut(&str, &str)) {
+    fn feed_lines(
+        &mut self,
+        mut chunk: &[u8],
+        on_frame: &mut impl FnMut(&str, &str, Option<&str>),
+    ) {
         while let Some(end) = chunk.iter().position(|&b| b == b'\n' || b == b'\r') {
             if self.line.is_empty() {
                 self.line_complete(&chunk[..end], on_frame);
@@ -160,9 +196,7 @@ impl Decoder {
         self.line.extend_from_slice(chunk);
     }
 
-    /// Ends the input: a trailing line without its line ending is processed, and a pending
-    /// frame without its blank line is dispatched.
-    pub fn finish_with(&mut self, mut on_frame: impl FnMut(&str, &str)) {
+    fn finish_frames(&mut self, on_frame: &mut impl FnMut(&str, &str, Option<&str>)) {
         if self.overflowed {
             return;
         }
@@ -170,12 +204,12 @@ impl Decoder {
         if !self.line.is_empty() {
             let line = std::mem::take(&mut self.line);
             let line = line.strip_prefix(BOM).unwrap_or(&line);
-            self.line_complete(line, &mut on_frame);
+            self.line_complete(line, on_frame);
         }
-        self.dispatch(&mut on_frame);
+        self.dispatch(on_frame);
     }
 
-    fn line_complete(&mut self, line: &[u8], on_frame: &mut impl FnMut(&str, &str)) {
+    fn line_complete(&mut self, line: &[u8], on_frame: &mut impl FnMut(&str, &str, Option<&str>)) {
         if line.is_empty() {
             return self.dispatch(on_frame);
         }
@@ -204,15 +238,25 @@ impl Decoder {
                 self.event.clear();
                 self.event.push_str(&String::from_utf8_lossy(value));
             }
-            // `id`, `retry` and unknown fields only matter to a reconnecting client.
+            b"id" if !value.contains(&0) && value.len() <= MAX_ID => {
+                self.last_id.clear();
+                self.last_id.push_str(&String::from_utf8_lossy(value));
+                self.frame_has_id = true;
+            }
+            // `retry` and unknown fields.
             _ => {}
         }
     }
 
-    fn dispatch(&mut self, on_frame: &mut impl FnMut(&str, &str)) {
+    fn dispatch(&mut self, on_frame: &mut impl FnMut(&str, &str, Option<&str>)) {
         if self.has_data {
-            on_frame(&self.event, &self.data);
+            on_frame(
+                &self.event,
+                &self.data,
+                self.frame_has_id.then_some(self.last_id.as_str()),
+            );
         }
+        self.frame_has_id = false;
         // Cleared, not replaced: the buffers keep their capacity for the next frame.
         self.has_data = false;
         self.event.clear();
@@ -274,10 +318,25 @@ mod tests {
     }
 
     fn frame(event: &str, data: &str) -> Frame {
-        Frame {
-            event: event.into(),
-            data: data.into(),
-        }
+        super::frame(event, data, None)
+    }
+
+    #[test]
+    fn the_last_event_id_persists_across_frames() {
+        let input = b"id: 7\ndata: a\n\ndata: b\n\nid\ndata: c\n\nid: x\0y\ndata: d\n\n";
+        let mut decoder = Decoder::new();
+        let mut out = Vec::new();
+        decoder.feed(input, &mut out);
+        let ids: Vec<Option<&str>> = out.iter().map(|f| f.id.as_deref()).collect();
+        // `id` with no value resets it; one holding NUL is ignored.
+        assert_eq!(ids, [Some("7"), None, Some(""), None]);
+        assert_eq!(decoder.last_event_id(), "");
+        decoder.feed(b"id: 9\n\n", &mut out);
+        assert_eq!(
+            decoder.last_event_id(),
+            "9",
+            "an id without data still counts"
+        );
     }
 
     #[test]
@@ -288,7 +347,7 @@ mod tests {
 
     #[test]
     fn comments_and_unknown_fields_are_skipped() {
-        let input = b": keep-alive\n\nid: 7\nretry: 100\nfoo: bar\ndata: x\n: inside\n\n";
+        let input = b": keep-alive\n\nretry: 100\nfoo: bar\ndata: x\n: inside\n\n";
         assert_eq!(frames(input), vec![frame("", "x")]);
     }
 

@@ -1,0 +1,588 @@
+//! Conversions from the domain types ([`agenthost_model`]) to the wire types, for the server
+//! (the `domain` feature). A client does not need them.
+
+use agenthost_model as model;
+use serde_json::Value;
+
+use crate::wire::*;
+
+impl Session {
+    pub fn from_row(row: &model::SessionRow, running: bool) -> Self {
+        Session {
+            id: row.id.to_string(),
+            agent: row.agent.clone(),
+            model: row.model.clone(),
+            title: row.title.clone(),
+            created: row.created.0,
+            updated: row.updated.0,
+            last_seq: row.last_seq.0,
+            usage: Usage::from(&row.usage),
+            status: Status::new(running),
+            claimed: row.claim.is_some(),
+            pending: row.pending,
+            resume_attempts: row.resume_attempts,
+            halted: row.halted.clone(),
+        }
+    }
+}
+
+impl From<&model::Usage> for Usage {
+    fn from(u: &model::Usage) -> Self {
+        Usage {
+            input: u.input,
+            output: u.output,
+            reasoning: u.reasoning,
+            cache_read: u.cache_read,
+            cache_write: u.cache_write,
+            cost_nanos: u.cost_nanos,
+        }
+    }
+}
+
+impl From<model::Delivery> for Delivery {
+    fn from(d: model::Delivery) -> Self {
+        match d {
+            model::Delivery::Steer => Delivery::Steer,
+            model::Delivery::Queue => Delivery::Queue,
+        }
+    }
+}
+
+impl From<&model::InboxRow> for InboxItem {
+    fn from(row: &model::InboxRow) -> Self {
+        InboxItem {
+            id: row.id.to_string(),
+            admitted_seq: row.admitted_seq.0,
+            delivery: row.delivery.into(),
+            text: row.prompt.text.clone(),
+            files: files(&row.prompt),
+        }
+    }
+}
+
+impl From<&model::StepError> for StepError {
+    fn from(e: &model::StepError) -> Self {
+        StepError {
+            kind: match e.kind {
+                model::FailureKind::Aborted => FailureKind::Aborted,
+                model::FailureKind::Restarted => FailureKind::Restarted,
+                model::FailureKind::Provider => FailureKind::Provider,
+                model::FailureKind::ContextOverflow => FailureKind::ContextOverflow,
+                model::FailureKind::Internal => FailureKind::Internal,
+            },
+            message: e.message.clone(),
+        }
+    }
+}
+
+/// The wire name of a finish reason.
+pub fn finish(f: &model::Finish) -> String {
+    match f {
+        model::Finish::Stop => "stop".into(),
+        model::Finish::Length => "length".into(),
+        model::Finish::ToolCalls => "tool_calls".into(),
+        model::Finish::ContentFilter => "content_filter".into(),
+        model::Finish::Other(other) => other.clone(),
+    }
+}
+
+/// Tool input as JSON: parsed when valid, else the raw text.
+pub fn tool_input(raw: &str) -> Value {
+    serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.to_owned()))
+}
+
+impl From<&model::Message> for Message {
+    fn from(m: &model::Message) -> Self {
+        match m {
+            model::Message::User {
+                id,
+                seq,
+                admitted_seq,
+                delivery,
+                prompt,
+                time,
+            } => Message::User {
+                id: id.to_string(),
+                seq: seq.0,
+                text: prompt.text.clone(),
+                files: files(prompt),
+                admitted_seq: admitted_seq.0,
+                delivery: (*delivery).into(),
+                time: Time {
+                    created: time.0,
+                    completed: None,
+                },
+            },
+            model::Message::Assistant(a) => Message::Assistant {
+                id: a.id.to_string(),
+                seq: a.seq.0,
+                step: a.step,
+                agent: a.agent.clone(),
+                model: a.model.clone(),
+                content: a.parts.iter().map(Part::from).collect(),
+                finish: a.finish.as_ref().map(finish),
+                error: a.error.as_ref().map(StepError::from),
+                usage: Usage::from(&a.usage),
+                retries: a.retries,
+                time: Time {
+                    created: a.created.0,
+                    completed: a.completed.map(|t| t.0),
+                },
+            },
+            model::Message::System {
+                id,
+                seq,
+                text,
+                time,
+            } => Message::System {
+                id: id.to_string(),
+                seq: seq.0,
+                text: text.clone(),
+                time: Time {
+                    created: time.0,
+                    completed: None,
+                },
+            },
+            model::Message::Compaction {
+                id,
+                seq,
+                auto,
+                state,
+                time,
+            } => Message::Compaction {
+                id: id.to_string(),
+                seq: seq.0,
+                auto: *auto,
+                state: match state {
+                    model::CompactionState::Running => Compaction::Running,
+                    model::CompactionState::Completed { summary, kept_from } => {
+                        Compaction::Completed {
+                            summary: summary.clone(),
+                            kept_from: kept_from.0,
+                        }
+                    }
+                    model::CompactionState::Failed { error } => Compaction::Failed {
+                        error: error.clone(),
+                    },
+                },
+                time: Time {
+                    created: time.0,
+                    completed: None,
+                },
+            },
+        }
+    }
+}
+
+impl From<&model::Part> for Part {
+    fn from(p: &model::Part) -> Self {
+        match p {
+            model::Part::Text { text, incomplete } => Part::Text {
+                text: text.clone(),
+                incomplete: *incomplete,
+            },
+            model::Part::Reasoning {
+                text, incomplete, ..
+            } => Part::Reasoning {
+                text: text.clone(),
+                incomplete: *incomplete,
+            },
+            model::Part::Tool(t) => Part::Tool {
+                call_id: t.call_id.clone(),
+                name: t.name.clone(),
+                input: tool_input(&t.input),
+                state: match &t.state {
+                    model::ToolState::Running => ToolState::Running,
+                    model::ToolState::Completed { output, truncated } => ToolState::Completed {
+                        output: output.clone(),
+                        truncated: *truncated,
+                    },
+                    model::ToolState::Error { error } => ToolState::Error {
+                        error: error.clone(),
+                    },
+                },
+            },
+        }
+    }
+}
+
+impl From<&model::Stored> for Event {
+    fn from(stored: &model::Stored) -> Self {
+        use model::Event as E;
+        let body = match &stored.event {
+            E::SessionCreated {
+                agent,
+                model,
+                title,
+            } => EventBody::SessionCreated {
+                agent: agent.clone(),
+                model: model.clone(),
+                title: title.clone(),
+            },
+            E::PromptAdmitted {
+                id,
+                delivery,
+                prompt,
+            } => EventBody::PromptAdmitted {
+                id: id.to_string(),
+                delivery: (*delivery).into(),
+                text: prompt.text.clone(),
+                files: files(prompt),
+            },
+            E::PromptPromoted { id } => EventBody::PromptPromoted { id: id.to_string() },
+            E::InstructionsUpdated { id, changed, text } => EventBody::InstructionsUpdated {
+                id: id.to_string(),
+                changed: changed
+                    .iter()
+                    .map(|(source, value)| InstructionChange {
+                        source: source.clone(),
+                        value: value.clone(),
+                    })
+                    .collect(),
+                text: text.clone(),
+            },
+            E::ExecutionStarted { forced } => EventBody::ExecutionStarted { forced: *forced },
+            E::ExecutionSucceeded => EventBody::ExecutionSucceeded,
+            E::ExecutionFailed { error, halted } => EventBody::ExecutionFailed {
+                error: error.clone(),
+                halted: *halted,
+            },
+            E::ExecutionInterrupted { reason } => EventBody::ExecutionInterrupted {
+                reason: match reason {
+                    model::InterruptReason::User => InterruptReason::User,
+                    model::InterruptReason::Shutdown => InterruptReason::Shutdown,
+                },
+            },
+            E::RecoveryAttempted { attempt } => EventBody::RecoveryAttempted { attempt: *attempt },
+            E::StepStarted {
+                id,
+                step,
+                agent,
+                model,
+            } => EventBody::StepStarted {
+                id: id.to_string(),
+                step: *step,
+                agent: agent.clone(),
+                model: model.clone(),
+            },
+            E::TextEnded {
+                id,
+                text,
+                incomplete,
+            } => EventBody::TextEnded {
+                id: id.to_string(),
+                text: text.clone(),
+                incomplete: *incomplete,
+            },
+            E::ReasoningEnded {
+                id,
+                text,
+                incomplete,
+                ..
+            } => EventBody::ReasoningEnded {
+                id: id.to_string(),
+                text: text.clone(),
+                incomplete: *incomplete,
+            },
+            E::ToolCalled {
+                id,
+                call_id,
+                name,
+                input,
+            } => EventBody::ToolCalled {
+                id: id.to_string(),
+                call_id: call_id.clone(),
+                name: name.clone(),
+                input: tool_input(input),
+            },
+            E::ToolSucceeded {
+                id,
+                call_id,
+                output,
+                truncated,
+            } => EventBody::ToolSucceeded {
+                id: id.to_string(),
+                call_id: call_id.clone(),
+                output: output.clone(),
+                truncated: *truncated,
+            },
+            E::ToolFailed { id, call_id, error } => EventBody::ToolFailed {
+                id: id.to_string(),
+                call_id: call_id.clone(),
+                error: error.clone(),
+            },
+            E::StepEnded { id, finish, usage } => EventBody::StepEnded {
+                id: id.to_string(),
+                finish: self::finish(finish),
+                usage: usage.into(),
+            },
+            E::StepFailed { id, error } => EventBody::StepFailed {
+                id: id.to_string(),
+                error: error.into(),
+            },
+            E::RetryScheduled {
+                id,
+                attempt,
+                delay_ms,
+                error,
+            } => EventBody::RetryScheduled {
+                id: id.to_string(),
+                attempt: *attempt,
+                delay_ms: *delay_ms,
+                error: error.into(),
+            },
+            E::CompactionStarted { id, auto } => EventBody::CompactionStarted {
+                id: id.to_string(),
+                auto: *auto,
+            },
+            E::CompactionEnded {
+                id,
+                summary,
+                kept_from,
+                usage,
+            } => EventBody::CompactionEnded {
+                id: id.to_string(),
+                summary: summary.clone(),
+                kept_from: kept_from.0,
+                usage: usage.into(),
+            },
+            E::CompactionFailed { id, error } => EventBody::CompactionFailed {
+                id: id.to_string(),
+                error: error.clone(),
+            },
+            E::UsageRecorded { usage } => EventBody::UsageRecorded {
+                usage: usage.into(),
+            },
+            E::StepUsage { id, usage } => EventBody::StepUsage {
+                id: id.to_string(),
+                usage: usage.into(),
+            },
+            E::ToolOutput {
+                id,
+                call_id,
+                output,
+            } => EventBody::ToolOutput {
+                id: id.to_string(),
+                call_id: call_id.clone(),
+                bytes: output.len() as u64,
+            },
+        };
+        Event {
+            seq: stored.seq.0,
+            time: stored.time.0,
+            body,
+        }
+    }
+}
+
+fn files(prompt: &model::Prompt) -> Vec<File> {
+    prompt
+        .files
+        .iter()
+        .map(|f| File {
+            mime: f.mime.clone(),
+            url: f.url.clone(),
+            filename: f.filename.clone(),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agenthost_model::{
+        Event as E, FailureKind as F, Finish, InterruptReason as R, MessageId, Prompt, Seq,
+        StepError as SE, Stored, Timestamp,
+    };
+
+    fn every_event() -> Vec<E> {
+        let id = MessageId::parse("msg_1").expect("invariant: valid id");
+        let err = SE {
+            kind: F::Provider,
+            message: "x".into(),
+        };
+        vec![
+            E::SessionCreated {
+                agent: "a".into(),
+                model: None,
+                title: None,
+            },
+            E::PromptAdmitted {
+                id: id.clone(),
+                delivery: model::Delivery::Queue,
+                prompt: Prompt::text("hi"),
+            },
+            E::PromptPromoted { id: id.clone() },
+            E::InstructionsUpdated {
+                id: id.clone(),
+                changed: vec![("system".into(), "be brief".into())],
+                text: "be brief".into(),
+            },
+            E::ExecutionStarted { forced: true },
+            E::ExecutionSucceeded,
+            E::ExecutionFailed {
+                error: "e".into(),
+                halted: false,
+            },
+            E::ExecutionInterrupted { reason: R::User },
+            E::RecoveryAttempted { attempt: 2 },
+            E::StepStarted {
+                id: id.clone(),
+                step: 1,
+                agent: "a".into(),
+                model: "m".into(),
+            },
+            E::TextEnded {
+                id: id.clone(),
+                text: "t".into(),
+                incomplete: false,
+            },
+            E::ReasoningEnded {
+                id: id.clone(),
+                text: "r".into(),
+                metadata: Some("sig".into()),
+                incomplete: true,
+            },
+            E::ToolCalled {
+                id: id.clone(),
+                call_id: "c".into(),
+                name: "n".into(),
+                input: r#"{"q":1}"#.into(),
+            },
+            E::ToolSucceeded {
+                id: id.clone(),
+                call_id: "c".into(),
+                output: "o".into(),
+                truncated: false,
+            },
+            E::ToolFailed {
+                id: id.clone(),
+                call_id: "c".into(),
+                error: "e".into(),
+            },
+            E::StepEnded {
+                id: id.clone(),
+                finish: Finish::ToolCalls,
+                usage: model::Usage::default(),
+            },
+            E::StepFailed {
+                id: id.clone(),
+                error: err.clone(),
+            },
+            E::RetryScheduled {
+                id: id.clone(),
+                attempt: 1,
+                delay_ms: 2000,
+                error: err,
+            },
+            E::CompactionStarted {
+                id: id.clone(),
+                auto: true,
+            },
+            E::CompactionEnded {
+                id: id.clone(),
+                summary: "s".into(),
+                kept_from: Seq(4),
+                usage: model::Usage::default(),
+            },
+            E::CompactionFailed {
+                id,
+                error: "e".into(),
+            },
+            E::UsageRecorded {
+                usage: model::Usage::default(),
+            },
+            E::StepUsage {
+                id: MessageId::parse("msg_x").expect("id"),
+                usage: model::Usage::default(),
+            },
+            E::ToolOutput {
+                id: MessageId::parse("msg_x").expect("id"),
+                call_id: "c".into(),
+                output: "whole".into(),
+            },
+        ]
+    }
+
+    #[test]
+    fn event_type_is_the_model_kind_and_round_trips() {
+        for (n, event) in every_event().into_iter().enumerate() {
+            let stored = Stored {
+                seq: Seq(n as u64),
+                time: Timestamp(1000 + n as u64),
+                event: event.clone(),
+            };
+            let wire = Event::from(&stored);
+            let json = serde_json::to_value(&wire).expect("invariant: serializable");
+            assert_eq!(json["type"], event.kind(), "{json}");
+            assert_eq!(json["seq"], n as u64);
+            assert_eq!(json["time"], 1000 + n as u64);
+            let back: Event = serde_json::from_value(json.clone()).expect("round trip");
+            assert_eq!(back, wire, "{json}");
+        }
+    }
+
+    #[test]
+    fn rendering_is_stable() {
+        let stored = Stored {
+            seq: Seq(7),
+            time: Timestamp(42),
+            event: E::ToolCalled {
+                id: MessageId::parse("msg_a").expect("invariant: valid id"),
+                call_id: "c1".into(),
+                name: "lookup".into(),
+                input: r#"{"q":"x"}"#.into(),
+            },
+        };
+        assert_eq!(
+            serde_json::to_string(&Event::from(&stored)).expect("invariant: serializable"),
+            r#"{"seq":7,"time":42,"type":"tool_called","id":"msg_a","call_id":"c1","name":"lookup","input":{"q":"x"}}"#
+        );
+        let invalid = tool_input("{not json");
+        assert_eq!(invalid, Value::String("{not json".into()));
+    }
+
+    #[test]
+    fn message_json_has_the_documented_fields() {
+        let assistant = model::Message::Assistant(model::AssistantMessage {
+            id: MessageId::parse("msg_b").expect("invariant: valid id"),
+            seq: Seq(3),
+            step: 1,
+            agent: "default".into(),
+            model: "m".into(),
+            parts: vec![
+                model::Part::Text {
+                    text: "hi".into(),
+                    incomplete: false,
+                },
+                model::Part::Tool(model::ToolPart {
+                    call_id: "c1".into(),
+                    name: "lookup".into(),
+                    input: "{}".into(),
+                    state: model::ToolState::Completed {
+                        output: "ok".into(),
+                        truncated: false,
+                    },
+                }),
+            ],
+            finish: Some(Finish::Stop),
+            error: None,
+            usage: model::Usage::default(),
+            retries: 0,
+            created: Timestamp(5),
+            completed: Some(Timestamp(6)),
+        });
+        let json = serde_json::to_value(Message::from(&assistant)).expect("serializable");
+        assert_eq!(json["type"], "assistant");
+        assert_eq!(json["id"], "msg_b");
+        assert_eq!(json["seq"], 3);
+        assert_eq!(json["finish"], "stop");
+        assert_eq!(json["error"], Value::Null);
+        assert_eq!(json["time"]["completed"], 6);
+        assert_eq!(json["content"][0]["type"], "text");
+        assert_eq!(json["content"][1]["type"], "tool");
+        assert_eq!(json["content"][1]["state"]["status"], "completed");
+        assert_eq!(json["content"][1]["state"]["output"], "ok");
+        assert_eq!(json["usage"]["input"], 0);
+    }
+}

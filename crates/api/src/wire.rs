@@ -1,0 +1,743 @@
+//! The JSON wire types of the API. The server serializes them and the [`crate::Client`]
+//! deserializes them, so the two cannot disagree about a field; with the `domain` feature, the
+//! conversions from the domain types ([`agenthost_model`]) come along (module `domain`): the
+//! domain has no JSON shape of its own.
+//!
+//! Request bodies reject unknown fields, so a misspelled option is an error rather than being
+//! silently ignored. Every type derives both `Serialize` and `Deserialize`.
+//!
+//! Conventions: ids are strings (`ses_…`, `msg_…`), `seq` and times are integers (times in
+//! milliseconds since the Unix epoch), enums are snake_case strings, tagged unions carry a
+//! `type` (or, for tool states, `status`) field.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+
+/// Every successful `/api` response: the payload under `data`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Data<T> {
+    pub data: T,
+}
+
+/// The `type` of an error body. Stable: clients branch on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorType {
+    /// 404: the session does not exist.
+    SessionNotFound,
+    /// 409: a prompt id was reused with a different prompt, session or delivery.
+    PromptConflict,
+    /// 400: malformed JSON, an unknown field, an invalid id, value or query parameter.
+    InvalidRequest,
+    /// 413: the body or the prompt is over its size limit.
+    PayloadTooLarge,
+    /// 415: a body sent with a content type other than JSON.
+    UnsupportedMediaType,
+    /// 408: the request body did not arrive in time.
+    RequestTimeout,
+    /// 422: the session's history does not fit the model's context window.
+    ContextOverflow,
+    /// 401: a token is configured and the request lacks it or has another one.
+    Unauthorized,
+    /// 404: no such route.
+    NotFound,
+    /// 405: the route exists, the method does not.
+    MethodNotAllowed,
+    /// 502: the model provider failed.
+    ProviderError,
+    /// 503: overloaded, shutting down, or a session actor did not answer in time.
+    Unavailable,
+    /// 500: a storage failure, a configuration that cannot serve the session, or a bug (a
+    /// panicked drain). The message gives only a request id (also in `x-request-id`); the
+    /// server's log holds the detail under it.
+    Internal,
+}
+
+impl ErrorType {
+    /// The HTTP status an error of this type comes with.
+    pub fn status(self) -> u16 {
+        match self {
+            ErrorType::SessionNotFound | ErrorType::NotFound => 404,
+            ErrorType::PromptConflict => 409,
+            ErrorType::InvalidRequest => 400,
+            ErrorType::PayloadTooLarge => 413,
+            ErrorType::UnsupportedMediaType => 415,
+            ErrorType::RequestTimeout => 408,
+            ErrorType::ContextOverflow => 422,
+            ErrorType::Unauthorized => 401,
+            ErrorType::MethodNotAllowed => 405,
+            ErrorType::ProviderError => 502,
+            ErrorType::Unavailable => 503,
+            ErrorType::Internal => 500,
+        }
+    }
+
+    /// The wire name, as in the body's `type`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorType::SessionNotFound => "session_not_found",
+            ErrorType::PromptConflict => "prompt_conflict",
+            ErrorType::InvalidRequest => "invalid_request",
+            ErrorType::PayloadTooLarge => "payload_too_large",
+            ErrorType::UnsupportedMediaType => "unsupported_media_type",
+            ErrorType::RequestTimeout => "request_timeout",
+            ErrorType::ContextOverflow => "context_overflow",
+            ErrorType::Unauthorized => "unauthorized",
+            ErrorType::NotFound => "not_found",
+            ErrorType::MethodNotAllowed => "method_not_allowed",
+            ErrorType::ProviderError => "provider_error",
+            ErrorType::Unavailable => "unavailable",
+            ErrorType::Internal => "internal",
+        }
+    }
+}
+
+/// Every error response.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ErrorEnvelope {
+    pub error: ErrorBody,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    #[serde(rename = "type")]
+    pub kind: ErrorType,
+    pub message: String,
+}
+
+/// `GET /api/cluster`: the nodes sharing the store and the partitions each holds.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Cluster {
+    /// `redb` (one node, the embedded store) or `postgres` (a cluster).
+    pub store: String,
+    /// The node that answered.
+    pub node: String,
+    /// Partitions sessions hash into (1 on the embedded store).
+    pub partitions: u32,
+    pub nodes: Vec<ClusterNode>,
+}
+
+/// One node of a cluster.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ClusterNode {
+    pub id: String,
+    /// How the other nodes reach it.
+    pub url: String,
+    /// Renewed its membership within the lease TTL.
+    pub alive: bool,
+    /// The partitions it holds an unexpired lease on.
+    pub partitions: Vec<u32>,
+}
+
+/// `GET /healthz`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    /// `ok`; `disk_full` (status 200: reads work, writes are refused until there is space, then
+    /// resume by themselves); `store_failed` (503: an I/O error stopped writes until a restart);
+    /// `store_unreachable` (503: the shared PostgreSQL database cannot be reached; both work
+    /// again once it is back); or `shutting_down` (503).
+    pub status: String,
+    /// Why, when not `ok`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Requests.
+
+/// `POST /api/session`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSession {
+    /// A client-chosen id (`ses_` plus up to 64 of `[A-Za-z0-9_-]`); an existing id returns
+    /// that session unchanged. Minted when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The agent; the configured default agent when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    /// Reserved: a session's model is its agent's model. Any value is refused with
+    /// `invalid_request` until the runtime supports per-session models.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+}
+
+/// `POST /api/session/{id}/prompt`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Prompt {
+    /// The idempotency key (`msg_…`). Re-sending the same id with the same prompt returns the
+    /// original receipt; any difference is a `prompt_conflict`. Minted when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub text: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<File>,
+    /// `steer` (default) or `queue`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<String>,
+    /// Wake the session once the input is durable (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<bool>,
+}
+
+/// A file attached to a prompt, by URL (`data:`, `file:` or `http(s):`); not fetched by the
+/// server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct File {
+    pub mime: String,
+    pub url: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filename: Option<String>,
+}
+
+/// `POST /api/session/{id}/generate`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Generate {
+    pub prompt: String,
+}
+
+/// Query of `GET /api/session`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Sessions per page, 1–1000 (default 50).
+    pub limit: Option<usize>,
+    /// `cursor.next` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// Query of `GET /api/session/{id}/messages`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct MessagesQuery {
+    /// Only messages with a larger seq (default: from the start).
+    pub after_seq: Option<u64>,
+    /// Messages per page, 1–1000 (default 100).
+    pub limit: Option<usize>,
+}
+
+/// No options: `POST /api/session/{id}/interrupt` and `…/compact` take none (an empty body or
+/// `{}` is fine).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoOptions {}
+
+/// Options of `POST /api/session/{id}/resume`, as query parameters or a JSON body.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ResumeQuery {
+    /// Wait for the drain to end and return its outcome (default false: 202 at once).
+    pub wait: Option<bool>,
+}
+
+/// Options of `POST /api/session/{id}/wait`, as query parameters or a JSON body.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct WaitQuery {
+    /// Longest wait in milliseconds (default 30000, at most the server's limit, 600000).
+    pub timeout_ms: Option<u64>,
+}
+
+/// Query of `GET /api/session/{id}/events`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct EventsQuery {
+    /// Replay durable events with a larger seq (default: from seq 0). A `Last-Event-ID`
+    /// header, sent by reconnecting SSE clients, takes precedence.
+    pub after: Option<u64>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sessions.
+
+/// A session as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Session {
+    pub id: String,
+    pub agent: String,
+    pub model: Option<String>,
+    pub title: Option<String>,
+    /// Creation time, ms since the Unix epoch.
+    pub created: u64,
+    pub updated: u64,
+    /// Seq of the latest durable event.
+    pub last_seq: u64,
+    /// Token and cost totals.
+    pub usage: Usage,
+    pub status: Status,
+    /// An execution holds a durable claim (it is running, or a crash left it for recovery).
+    pub claimed: bool,
+    /// Admitted inputs not yet promoted.
+    pub pending: u32,
+    pub resume_attempts: u32,
+    /// Why the runtime stopped resuming the session automatically, if it did.
+    pub halted: Option<String>,
+}
+
+/// Whether a drain is in progress in this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Status {
+    #[serde(rename = "type")]
+    pub kind: StatusType,
+}
+
+impl Status {
+    pub fn new(running: bool) -> Self {
+        Status {
+            kind: if running {
+                StatusType::Running
+            } else {
+                StatusType::Idle
+            },
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StatusType {
+    Idle,
+    Running,
+}
+
+/// `GET /api/session`: one page, newest first.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SessionPage {
+    pub sessions: Vec<Session>,
+    pub cursor: Cursor,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Cursor {
+    /// Pass as `cursor` to get the next page; `null` on the last page.
+    pub next: Option<String>,
+}
+
+/// Token usage and cost. `input` excludes cached tokens; `input + cache_read + cache_write` is
+/// the whole prompt; `reasoning` is part of `output`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+pub struct Usage {
+    pub input: u64,
+    pub output: u64,
+    pub reasoning: u64,
+    pub cache_read: u64,
+    pub cache_write: u64,
+    /// Cost in billionths of a US dollar.
+    pub cost_nanos: u64,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Admission and execution.
+
+/// The admission receipt. An exact retry returns the same receipt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Admitted {
+    pub id: String,
+    pub session_id: String,
+    /// Seq of the `prompt_admitted` event.
+    pub admitted_seq: u64,
+    pub delivery: Delivery,
+    /// Seq of the `prompt_promoted` event once the input became a user message.
+    pub promoted_seq: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Delivery {
+    Steer,
+    Queue,
+}
+
+/// `POST /api/session/{id}/resume` without `wait`: the resume was handed to the session.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Accepted {
+    /// Always `accepted`.
+    pub status: String,
+}
+
+/// How a drain ended (`POST /api/session/{id}/resume?wait=true`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum DrainOutcome {
+    /// Nothing was owed; nothing was written.
+    Idle,
+    /// Ran `steps` steps and settled.
+    Completed { steps: u32 },
+    /// Stopped by an interrupt or a shutdown, after durable cleanup.
+    Interrupted,
+    /// A manual compaction finished; history before `kept_from` is summarized.
+    Compacted { kept_from: u64 },
+}
+
+/// `POST /api/session/{id}/interrupt`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Interrupted {
+    /// Whether a drain was running (and is now stopped and cleaned up).
+    pub interrupted: bool,
+}
+
+/// `POST /api/session/{id}/wait`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Idle {
+    /// `true` when the session is idle; `false` when the timeout passed first.
+    pub idle: bool,
+}
+
+/// `POST /api/session/{id}/generate`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Generated {
+    pub text: String,
+}
+
+/// A tool call's whole output (`GET /api/session/{id}/tool-output/{message_id}/{call_id}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ToolOutput {
+    pub message_id: String,
+    pub call_id: String,
+    /// The output, or the error when the call failed.
+    pub output: String,
+    /// Its length in bytes.
+    pub bytes: u64,
+    pub failed: bool,
+    /// Whether history keeps only a preview of it.
+    pub cut: bool,
+}
+
+/// An admitted input not yet promoted (`GET /api/session/{id}/inbox`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct InboxItem {
+    pub id: String,
+    pub admitted_seq: u64,
+    pub delivery: Delivery,
+    pub text: String,
+    pub files: Vec<File>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Messages.
+
+/// A message of session history, in seq order. `seq` is the seq of the event that created it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Message {
+    User {
+        id: String,
+        seq: u64,
+        text: String,
+        files: Vec<File>,
+        /// Seq of its `prompt_admitted` event.
+        admitted_seq: u64,
+        delivery: Delivery,
+        time: Time,
+    },
+    Assistant {
+        id: String,
+        seq: u64,
+        /// Step number within its exchange.
+        step: u32,
+        agent: String,
+        model: String,
+        content: Vec<Part>,
+        /// Why the model stopped, once settled successfully: `stop`, `length`, `tool_calls`,
+        /// `content_filter` or a provider-specific reason.
+        finish: Option<String>,
+        /// Why the step failed, once settled with an error.
+        error: Option<StepError>,
+        usage: Usage,
+        /// Retries of this step (each recorded as `retry_scheduled`).
+        retries: u32,
+        time: Time,
+    },
+    /// A chronological instruction update.
+    System {
+        id: String,
+        seq: u64,
+        text: String,
+        time: Time,
+    },
+    Compaction {
+        id: String,
+        seq: u64,
+        auto: bool,
+        state: Compaction,
+        time: Time,
+    },
+}
+
+/// When a message was created and, for an assistant message, settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Time {
+    pub created: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed: Option<u64>,
+}
+
+/// A content part of an assistant message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Part {
+    /// `incomplete` marks text cut short by a failed or interrupted stream.
+    Text {
+        text: String,
+        incomplete: bool,
+    },
+    Reasoning {
+        text: String,
+        incomplete: bool,
+    },
+    Tool {
+        call_id: String,
+        name: String,
+        /// The arguments: parsed JSON when the model sent valid JSON, otherwise the raw text
+        /// as a string.
+        #[schema(value_type = Object)]
+        input: Value,
+        state: ToolState,
+    },
+}
+
+/// A tool call's state. `pending` (input still streaming) is only ever seen live.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum ToolState {
+    Pending,
+    Running,
+    Completed {
+        output: String,
+        /// The output was cut to the configured bound, with a marker.
+        truncated: bool,
+    },
+    Error {
+        error: String,
+    },
+}
+
+/// Why a step failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct StepError {
+    pub kind: FailureKind,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureKind {
+    /// Interrupted by the user or a shutdown.
+    Aborted,
+    /// Left incomplete by a process that stopped; closed by recovery.
+    Restarted,
+    Provider,
+    ContextOverflow,
+    Internal,
+}
+
+/// The state of a compaction message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum Compaction {
+    Running,
+    /// History before `kept_from` is replaced by `summary`.
+    Completed {
+        summary: String,
+        kept_from: u64,
+    },
+    Failed {
+        error: String,
+    },
+}
+
+// ---------------------------------------------------------------------------------------------
+// Events (the SSE stream).
+
+/// A durable event as the SSE stream sends it (`event: <type>`, `id: <seq>`, this as `data`).
+/// The `type` is the model's stable event name (`Event::kind()`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Event {
+    pub seq: u64,
+    /// When it was written, ms since the Unix epoch.
+    pub time: u64,
+    #[serde(flatten)]
+    pub body: EventBody,
+}
+
+/// The kinds of durable event and their fields.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum EventBody {
+    /// Always seq 0.
+    SessionCreated {
+        agent: String,
+        model: Option<String>,
+        title: Option<String>,
+    },
+    /// Input recorded in the inbox, not yet visible to the model.
+    PromptAdmitted {
+        id: String,
+        delivery: Delivery,
+        text: String,
+        files: Vec<File>,
+    },
+    /// The admitted input `id` became a user message at this seq.
+    PromptPromoted {
+        id: String,
+    },
+    /// Instruction sources changed; `text` is the rendered system message.
+    InstructionsUpdated {
+        id: String,
+        changed: Vec<InstructionChange>,
+        text: String,
+    },
+    /// A drain began executing and took the claim.
+    ExecutionStarted {
+        forced: bool,
+    },
+    ExecutionSucceeded,
+    /// `halted`: no automatic resumption until an explicit resume.
+    ExecutionFailed {
+        error: String,
+        halted: bool,
+    },
+    ExecutionInterrupted {
+        reason: InterruptReason,
+    },
+    RecoveryAttempted {
+        attempt: u32,
+    },
+    /// Creates the assistant message `id`.
+    StepStarted {
+        id: String,
+        step: u32,
+        agent: String,
+        model: String,
+    },
+    TextEnded {
+        id: String,
+        text: String,
+        incomplete: bool,
+    },
+    /// Reasoning text; the provider's opaque metadata (signatures) is not sent.
+    ReasoningEnded {
+        id: String,
+        text: String,
+        incomplete: bool,
+    },
+    /// Recorded before the tool runs.
+    ToolCalled {
+        id: String,
+        call_id: String,
+        name: String,
+        #[schema(value_type = Object)]
+        input: Value,
+    },
+    ToolSucceeded {
+        id: String,
+        call_id: String,
+        output: String,
+        truncated: bool,
+    },
+    ToolFailed {
+        id: String,
+        call_id: String,
+        error: String,
+    },
+    StepEnded {
+        id: String,
+        finish: String,
+        usage: Usage,
+    },
+    StepFailed {
+        id: String,
+        error: StepError,
+    },
+    RetryScheduled {
+        id: String,
+        attempt: u32,
+        delay_ms: u64,
+        error: StepError,
+    },
+    CompactionStarted {
+        id: String,
+        auto: bool,
+    },
+    CompactionEnded {
+        id: String,
+        summary: String,
+        kept_from: u64,
+        usage: Usage,
+    },
+    CompactionFailed {
+        id: String,
+        error: String,
+    },
+    /// Usage of a model call that is not a step.
+    UsageRecorded {
+        usage: Usage,
+    },
+    /// Usage of an attempt of step `id` that did not end it (retried, cut off or failed); it
+    /// counts in the message's usage and in the session totals.
+    StepUsage {
+        id: String,
+        usage: Usage,
+    },
+    /// The whole output of a call history keeps a preview of was stored (`bytes` long); read it
+    /// from `GET /api/session/{id}/tool-output/{message_id}/{call_id}`.
+    ToolOutput {
+        id: String,
+        call_id: String,
+        bytes: u64,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct InstructionChange {
+    pub source: String,
+    pub value: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum InterruptReason {
+    User,
+    Shutdown,
+}
+
+/// A streamed fragment of an assistant part (`event: delta`, no `id`). Ephemeral: the part's
+/// durable `*_ended` or `tool_called` event follows and is authoritative.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Delta {
+    /// The assistant message.
+    pub message_id: String,
+    pub kind: DeltaType,
+    /// Part number within the message.
+    pub part: u32,
+    pub delta: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DeltaType {
+    Text,
+    Reasoning,
+    ToolInput,
+    /// A compaction's summary; `message_id` is the compaction's.
+    Summary,
+}
+
+/// `event: synced`: the replay is complete; live events follow.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Synced {
+    /// Seq of the last durable event sent so far (`null` when none was).
+    pub last_seq: Option<u64>,
+}
