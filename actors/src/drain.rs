@@ -164,10 +164,7 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
     // The claim is taken in the drain's first write, together with whatever that write does
     // (instructions, promotion, or the first step's start and, when the stream is quick, its
     // whole settlement). Recovery takes it first, with the attempt it counts.
-    d.shared
-        .metrics
-        .drains
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    d.shared.metrics.drains.inc();
     let mut course = match recovering {
         false => Course::new(true, d.forced, 1),
         true => match recover(d, &row).await? {

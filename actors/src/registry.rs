@@ -111,11 +111,7 @@ impl Registry {
         state.restarting.insert(session.clone());
         let backoff = policy.backoff * 2u32.saturating_pow(recent.len() as u32);
         recent.push_back(now);
-        state
-            .shared
-            .metrics
-            .restarts
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        state.shared.metrics.restarts.inc();
         tracing::warn!(session_id = %session, %reason, ?backoff, "session actor failed; restarting");
         // The timer task only sends a message; if the registry is gone by then, it is a no-op.
         drop(myself.send_after(backoff, move || Msg::Restart(session)));

@@ -9,7 +9,7 @@
 //! passivated or died in between) is routed again: messages are idempotent up to their effect.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use agenthost_model::{Delivery, InterruptReason, MessageId, Prompt, SessionId, SessionRow};
@@ -25,6 +25,7 @@ use crate::drain::Outcome;
 use crate::error::{Error, Result};
 use crate::generate::Pool;
 use crate::hooks::Hook;
+use crate::metrics::Metrics;
 use crate::prepare::Catalog;
 use crate::recovery;
 use crate::registry::{self, Registry};
@@ -35,19 +36,6 @@ use crate::tools::Tools;
 /// Preparers in the generate pool. Preparation is a snapshot read plus a request build (well
 /// under a millisecond for ordinary histories), so a few workers keep up with many callers.
 const PREPARERS: usize = 4;
-
-/// Counters the runtime keeps for metrics.
-#[derive(Debug, Default)]
-pub struct Metrics {
-    /// Session actors restarted after a panic.
-    pub restarts: AtomicU64,
-    /// Sessions resumed by the boot sweep.
-    pub recovered: AtomicU64,
-    /// Drains that started executing (`ExecutionStarted` written).
-    pub drains: AtomicU64,
-    /// Steps started, continuations of cut-off streams included.
-    pub steps: AtomicU64,
-}
 
 /// A session to create.
 #[derive(Debug, Clone, Default)]
@@ -119,6 +107,8 @@ impl Runtime {
         let mut store_config = config.store;
         store_config.pending_limit = config.limits.pending_per_session;
         let commits = bus.clone();
+        let metrics = Metrics::default();
+        let counted = metrics.clone();
         // An embedder's own commit hook (a test's fault injection, say) runs first.
         let embedder = store_config.on_commit.take();
         store_config.on_commit = Some(Arc::new(move |events| {
@@ -126,6 +116,7 @@ impl Runtime {
                 hook(events);
             }
             for (session, stored) in events {
+                counted.committed(&stored.event);
                 // The commit hook runs on the store's committer thread: copy an event only for
                 // a listener.
                 if commits.listening(session) {
@@ -153,7 +144,7 @@ impl Runtime {
             compaction: config.compaction,
             recovery: config.recovery.clone(),
             history_budget,
-            metrics: Metrics::default(),
+            metrics,
             shutting_down: AtomicBool::new(false),
             stopping: Default::default(),
             released: Default::default(),

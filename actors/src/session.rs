@@ -337,6 +337,7 @@ impl Actor for SessionActor {
                         .shared
                         .actors
                         .remove_if(&state.session, |_, a| a.get_id() == myself.get_id());
+                    state.shared.metrics.passivations.inc();
                     myself.stop(Some("passivated".into()));
                     return Ok(());
                 }

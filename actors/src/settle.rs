@@ -48,10 +48,7 @@ pub(crate) async fn recover(d: &Drain, row: &agenthost_model::SessionRow) -> Res
     let left = owed::leftovers(&messages);
     let decision = owed::owed(row, &messages, &policy);
     tracing::info!(session_id = %d.session, attempt, ?decision, "recovering");
-    d.shared
-        .metrics
-        .recovered
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    d.shared.metrics.recoveries.inc();
     if let Owed::Fail(reason) = decision {
         let mut events = vec![Event::RecoveryAttempted { attempt }];
         events.extend(owed::close(&left, STOPPED_TOOL));

@@ -15,8 +15,8 @@ use crate::IdMap;
 use crate::bus::Bus;
 use crate::config::{Limits, Supervision};
 use crate::hooks::Hook;
+use crate::metrics::Metrics;
 use crate::prepare::Catalog;
-use crate::runtime::Metrics;
 use crate::session;
 use crate::tools::Tools;
 

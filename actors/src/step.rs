@@ -69,10 +69,6 @@ async fn build(d: &Drain, step: u32) -> Result<Prepared> {
 /// (tool calls running, the step's settlement) waits for its own writes, which the writer
 /// applies after this one.
 fn start(d: &Drain, step: u32, prepared: &Prepared) -> MessageId {
-    d.shared
-        .metrics
-        .steps
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let message = mint::message_id();
     d.keep(d.shared.bus.hold(&message));
     d.submit(vec![Event::StepStarted {
@@ -200,6 +196,7 @@ pub(crate) async fn run(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<St
         Ok(StepEnd::Failed(_)) | Err(_) => "failed",
     };
     span.record("outcome", outcome);
+    d.shared.metrics.step(outcome);
     end
 }
 
@@ -343,6 +340,7 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
             }
             (retry::Next::Retry, Some(error)) => {
                 attempt += 1;
+                shared.metrics.retry(error.kind().as_str());
                 let delay = backoff(attempt, &error);
                 tracing::warn!(session_id = %d.session, step, attempt, delay_ms = delay.as_millis() as u64, reason = error.kind().as_str(), error = %error, "provider call failed; retrying");
                 let mut events = spent(&message, &a, &prepared);
@@ -363,6 +361,7 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
             // message with a fixed note, under the same retry budget and step number.
             (retry::Next::Continue, Some(error)) => {
                 attempt += 1;
+                shared.metrics.retry(error.kind().as_str());
                 let delay = backoff(attempt, &error);
                 tracing::warn!(session_id = %d.session, step, attempt, delay_ms = delay.as_millis() as u64, reason = error.kind().as_str(), error = %error, "provider stream cut after output; continuing");
                 a.flush_partials(d, &message).await?;
@@ -728,6 +727,11 @@ async fn run_tools(
             }
         };
         if let Some(error) = refusal {
+            let tool = match shared.tools.get(&call.name) {
+                Some(_) => call.name.as_str(),
+                None => "unknown",
+            };
+            shared.metrics.tool_call(tool, "refused");
             refused.push(Event::ToolFailed {
                 id: message.clone(),
                 call_id: call.id.clone(),
@@ -802,6 +806,8 @@ async fn run_tools(
             .collect();
         d.append(events).await?;
         for call_id in ids {
+            let outcome = if result.is_ok() { "ok" } else { "failed" };
+            shared.metrics.tool_call(&name, outcome);
             let report = ToolReport {
                 session: d.session.clone(),
                 message: message.clone(),

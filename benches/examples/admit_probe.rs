@@ -10,7 +10,6 @@
 //! the store bench's pattern.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use agenthost_benches::{entropy, thread_cpu, tokio_runtime, written_bytes};
@@ -53,17 +52,14 @@ fn main() {
     });
     let fold_stats = |store: &RedbStore| {
         let stats = store.stats();
-        (
-            stats.maintenance_runs.load(Ordering::Relaxed),
-            stats.maintenance_micros.load(Ordering::Relaxed),
-        )
+        (stats.maintenance_runs.get(), stats.maintenance_micros.get())
     };
     for round in 0..rounds {
         let (folds, fold_micros) = fold_stats(&store);
         let (written, commits, commit_micros) = (
             written_bytes(),
-            store.stats().commits.load(Ordering::Relaxed),
-            store.stats().commit_micros.load(Ordering::Relaxed),
+            store.stats().commits.get(),
+            store.stats().commit_micros.get(),
         );
         // The writer's two threads: the planner runs operations, the committer writes them.
         let writer = || {
@@ -104,7 +100,7 @@ fn main() {
             }
         });
         let n = (sessions * per) as f64;
-        let commits = store.stats().commits.load(Ordering::Relaxed) - commits;
+        let commits = store.stats().commits.get() - commits;
         let (planner, committer) = writer();
         let per = |now: std::time::Duration, then: std::time::Duration| {
             (now - then).as_secs_f64() * 1e6 / n
@@ -126,9 +122,7 @@ fn main() {
         println!(
             "    other threads (the admitting tasks): {:.1} µs per admission; {:.2} ms per commit in redb's commit (writes and fsync)",
             others.as_secs_f64() * 1e6 / n,
-            (store.stats().commit_micros.load(Ordering::Relaxed) - commit_micros) as f64
-                / 1000.0
-                / commits as f64
+            (store.stats().commit_micros.get() - commit_micros) as f64 / 1000.0 / commits as f64
         );
         let (folds_now, micros_now) = fold_stats(&store);
         if folds_now > folds {

@@ -125,10 +125,7 @@ fn main() {
     });
     let elapsed = started.elapsed();
     let total = admitted.load(Ordering::Relaxed);
-    let commits: u64 = stores
-        .iter()
-        .map(|s| s.stats().commits.load(Ordering::Relaxed))
-        .sum();
+    let commits: u64 = stores.iter().map(|s| s.stats().commits.get()).sum();
     println!(
         "{mode}: {sessions} sessions, {total} admissions in {elapsed:.1?}: {:.0} admissions/s, {:.0} per commit",
         total as f64 / elapsed.as_secs_f64(),

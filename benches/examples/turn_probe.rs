@@ -5,7 +5,6 @@
 //! `cargo run --release -p agenthost-benches --example turn_probe -- [sessions] [turns each]`
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use agenthost_actors::{Config, CreateSession, PromptRequest, Runtime};
@@ -41,7 +40,7 @@ fn main() {
         // Histories grow from pass to pass, and so does the cost of a step's request.
         for pass in 0..3 {
             let stats = runtime.store().stats();
-            let (commits, ops) = (stats.commits.load(Ordering::Relaxed), stats.ops.load(Ordering::Relaxed));
+            let (commits, ops) = (stats.commits.get(), stats.ops.get());
             let (cpu, threads) = (process_cpu(), thread_cpu());
             let start = Instant::now();
             let mut tasks = tokio::task::JoinSet::new();
@@ -71,8 +70,8 @@ fn main() {
             println!("    admission {:?} per turn, rest of the turn {:?}", a / per, w / per);
             let elapsed = start.elapsed();
             let turns = (n * rounds) as f64;
-            let commits = (stats.commits.load(Ordering::Relaxed) - commits) as f64;
-            let ops = (stats.ops.load(Ordering::Relaxed) - ops) as f64;
+            let commits = (stats.commits.get() - commits) as f64;
+            let ops = (stats.ops.get() - ops) as f64;
             println!(
                 "pass {pass}: {:.0} turns/s, {:.0} µs CPU per turn, {:.1} writer ops per turn, {:.2} commits per turn, {:.2} ms per commit",
                 turns / elapsed.as_secs_f64(),

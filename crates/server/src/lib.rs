@@ -111,10 +111,11 @@ pub(crate) struct Shared {
     pub options: Options,
     /// Cancelled when shutdown begins: SSE streams end, `/healthz` turns 503.
     pub closing: CancellationToken,
-    /// Background work started by requests (`resume` without `wait`, the metrics listener);
+    /// Background work started by requests (`resume` without `wait`);
     /// shutdown waits for it.
     pub tasks: TaskTracker,
     pub counters: metrics::Counters,
+    pub metrics: metrics::Metrics,
     /// Event streams open per session, for `max_streams_per_session`.
     pub streams: events::Streams,
     /// Forwards requests for sessions another node of the cluster owns (or why it cannot).
@@ -128,19 +129,20 @@ pub struct Api {
 }
 
 impl Api {
-    /// An API over `runtime`. Starts the metrics listener (it counts durable events by kind
-    /// from the runtime's bus), so call it inside a tokio runtime.
+    /// An API over `runtime`.
     pub fn new(runtime: Runtime, options: Options) -> Api {
+        let counters = metrics::Counters::default();
+        let metrics = metrics::Metrics::new(&runtime, &counters, options.providers.as_deref());
         let shared = Arc::new(Shared {
             runtime,
             options,
             closing: CancellationToken::new(),
             tasks: TaskTracker::new(),
-            counters: metrics::Counters::default(),
+            counters,
+            metrics,
             streams: Default::default(),
             forwarder: forward::client(),
         });
-        metrics::listen(&shared);
         Api { shared }
     }
 

@@ -156,19 +156,24 @@ async fn health_metrics_and_unknown_routes() {
 
     let reply = h.get("/metrics").await;
     assert_eq!(reply.status, StatusCode::OK);
-    let text = reply.json.as_str().expect("plain text");
+    assert!(
+        reply.headers[header::CONTENT_TYPE]
+            .to_str()
+            .is_ok_and(|t| t.starts_with("application/openmetrics-text; version=1.0.0"))
+    );
+    let text = reply.json.as_str().expect("text");
+    assert!(text.ends_with("# EOF\n"), "{text}");
     for metric in [
         "agenthost_sessions_live ",
         "agenthost_sessions_active ",
         "agenthost_actor_restarts_total ",
         "agenthost_sessions_recovered_total ",
         "agenthost_store_commits_total ",
-        "agenthost_store_commit_batch_size_bucket{le=\"1\"}",
+        "agenthost_store_commit_batch_size_bucket{le=\"1.0\"}",
+        "agenthost_store_commit_seconds_bucket{le=\"0.0001\"}",
         "agenthost_store_maintenance_total ",
-        "agenthost_store_commit_seconds_total ",
-        "agenthost_store_maintenance_seconds_total ",
         "agenthost_drains_total ",
-        "agenthost_steps_total ",
+        "agenthost_admissions_total ",
         "agenthost_sse_streams ",
     ] {
         assert!(text.contains(metric), "{metric} missing from\n{text}");
@@ -183,6 +188,129 @@ async fn health_metrics_and_unknown_routes() {
         405,
         "method_not_allowed",
     );
+}
+
+/// A tool that answers with its input.
+#[derive(Debug)]
+struct Echo;
+
+impl agenthost_actors::Executor for Echo {
+    fn execute(
+        &self,
+        call: agenthost_actors::Call,
+    ) -> futures::future::BoxFuture<'static, Result<String, String>> {
+        Box::pin(async move { Ok(call.input.to_string()) })
+    }
+}
+
+/// `name{labels} value` lines of an OpenMetrics text, by `name{labels}`.
+fn samples(text: &str) -> std::collections::HashMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (key, value) = l.rsplit_once(' ')?;
+            Some((key.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Counters are kept where things happen, so a scripted run moves each by exactly what
+/// happened: 3 prompts, 1 tool call, 1 retry. Read over HTTP with the API client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_exactly_what_happened() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let scripted = Scripted::new([
+        text("one"),
+        Script::new()
+            .tool_call("call_1", "echo", r#"{"x":1}"#)
+            .finish(FinishReason::ToolCalls),
+        text("after the tool"),
+        Script::new().error(LlmError::rate_limit(None)),
+        text("after the retry"),
+    ]);
+    let providers = Arc::new(agenthost_server::metrics::Providers::default());
+    let config = Config::new(dir.path().join("store.redb"))
+        .with_provider("scripted", providers.wrap("scripted", Arc::new(scripted)));
+    let mut tools = agenthost_actors::Tools::default();
+    tools.register(agenthost_actors::Tool::new(
+        "echo",
+        "echoes",
+        json!({"type": "object"}),
+        Arc::new(Echo),
+    ));
+    let extensions = agenthost_actors::Extensions {
+        tools,
+        ..Default::default()
+    };
+    let runtime = Runtime::start_with(config, extensions)
+        .await
+        .expect("runtime starts");
+    let options = Options {
+        providers: Some(providers),
+        ..Options::default()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let server = tokio::spawn(Api::new(runtime, options).serve(listener, std::future::pending()));
+    let client = agenthost_api::Client::new(&url).expect("client");
+
+    let session = client
+        .create_session(&agenthost_api::wire::CreateSession::default())
+        .await
+        .expect("session");
+    for text in ["a", "b", "c"] {
+        let prompt = agenthost_api::wire::Prompt {
+            text: text.into(),
+            ..Default::default()
+        };
+        client.prompt(&session.id, &prompt).await.expect("admitted");
+        let idle = client.wait(&session.id, LIMIT).await.expect("waited");
+        assert!(idle.idle);
+    }
+    let metrics = samples(&client.metrics().await.expect("metrics"));
+    for (sample, want) in [
+        ("agenthost_admissions_total", 3.0),
+        ("agenthost_promotions_total", 3.0),
+        ("agenthost_drains_total", 3.0),
+        ("agenthost_steps_total{outcome=\"done\"}", 3.0),
+        ("agenthost_steps_total{outcome=\"continue\"}", 1.0),
+        ("agenthost_retries_total{reason=\"rate_limit\"}", 1.0),
+        (
+            "agenthost_tool_calls_total{tool=\"echo\",outcome=\"ok\"}",
+            1.0,
+        ),
+        ("agenthost_events_total{kind=\"session_created\"}", 1.0),
+        ("agenthost_events_total{kind=\"prompt_admitted\"}", 3.0),
+        ("agenthost_events_total{kind=\"retry_scheduled\"}", 1.0),
+        ("agenthost_events_total{kind=\"execution_succeeded\"}", 3.0),
+        (
+            "agenthost_provider_requests_total{provider=\"scripted\"}",
+            5.0,
+        ),
+        (
+            "agenthost_provider_errors_total{provider=\"scripted\"}",
+            1.0,
+        ),
+        (
+            "agenthost_provider_first_token_seconds_count{provider=\"scripted\"}",
+            4.0,
+        ),
+        (
+            "agenthost_provider_call_seconds_count{provider=\"scripted\"}",
+            4.0,
+        ),
+        ("agenthost_actor_restarts_total", 0.0),
+        ("agenthost_sessions_active", 0.0),
+    ] {
+        assert_eq!(metrics.get(sample), Some(&want), "{sample}: {metrics:#?}");
+    }
+    assert!(
+        !metrics.keys().any(|k| k.contains("ses_")),
+        "no session id in a label"
+    );
+    server.abort();
 }
 
 #[tokio::test]

@@ -34,7 +34,6 @@ mod writer;
 
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -55,7 +54,7 @@ pub use readonly::{Integrity, ReadOnlyStore, check_integrity};
 pub use slot::Health;
 pub use snapshot::Snapshot;
 pub use verify::{Verified, verify};
-pub use writer::{BUCKETS, Clock, CommitHook, Stats};
+pub use writer::{Clock, CommitHook, Stats};
 
 use crate::error::storage;
 use crate::ops::{Op, Outcome};
@@ -230,7 +229,7 @@ impl fmt::Debug for RedbStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedbStore")
             .field("path", &self.path)
-            .field("commits", &self.stats.commits.load(Ordering::Relaxed))
+            .field("commits", &self.stats.commits.get())
             .finish_non_exhaustive()
     }
 }

@@ -24,11 +24,13 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use agenthost_model::{SessionId, Stored, Timestamp};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use redb::{Durability, ReadableDatabase as _};
 use tokio::sync::oneshot;
 
@@ -82,35 +84,61 @@ pub(crate) enum Done {
     Dropped,
 }
 
-/// Batch-size buckets: 1, 2–3, 4–7, …, ≥ 2^(BUCKETS-1).
-pub const BUCKETS: usize = 12;
-
-/// Counters of the writer, readable at any time.
-#[derive(Debug, Default)]
+/// What the writers count, where they commit: counters and histograms in OpenMetrics form,
+/// readable at any time (`get`) and registered by whoever exports them (the server's
+/// `/metrics`). Clones share their values.
+#[derive(Debug, Clone)]
 pub struct Stats {
-    pub commits: AtomicU64,
-    pub ops: AtomicU64,
-    pub failed_commits: AtomicU64,
+    /// Write transactions committed.
+    pub commits: Counter,
+    /// Operations committed.
+    pub ops: Counter,
+    /// Write transactions that failed as a whole.
+    pub failed_commits: Counter,
     /// Operations refused because this node did not hold the session's partition at the epoch
     /// it took it (a cluster's fencing).
-    pub fenced: AtomicU64,
-    /// Histogram of operations per commit by power of two.
-    pub batch_sizes: [AtomicU64; BUCKETS],
+    pub fenced: Counter,
+    /// Operations per commit (group commit).
+    pub batch_size: Histogram,
+    /// Time one commit took: page writes and the fsync (redb), the round trips and the commit
+    /// (PostgreSQL).
+    pub commit_seconds: Histogram,
+    /// The same time, summed, in microseconds (for benches that difference two readings).
+    pub commit_micros: Counter,
     /// Background work a backend does inside its commits (the embedded store folds the front
     /// of its log into per-session tables): runs, rows moved, and time in microseconds.
-    pub maintenance_runs: AtomicU64,
-    pub maintenance_rows: AtomicU64,
-    pub maintenance_micros: AtomicU64,
-    /// Time spent committing (page writes and the fsync), in microseconds.
-    pub commit_micros: AtomicU64,
+    pub maintenance_runs: Counter,
+    pub maintenance_rows: Counter,
+    pub maintenance_micros: Counter,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            commits: Counter::default(),
+            ops: Counter::default(),
+            failed_commits: Counter::default(),
+            fenced: Counter::default(),
+            // 1, 2, 4, … 2048 operations.
+            batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
+            // 100 µs to about 3 s.
+            commit_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            commit_micros: Counter::default(),
+            maintenance_runs: Counter::default(),
+            maintenance_rows: Counter::default(),
+            maintenance_micros: Counter::default(),
+        }
+    }
 }
 
 impl Stats {
-    pub(crate) fn record(&self, ops: usize) {
-        self.commits.fetch_add(1, Ordering::Relaxed);
-        self.ops.fetch_add(ops as u64, Ordering::Relaxed);
-        let bucket = (usize::BITS - ops.max(1).leading_zeros() - 1) as usize;
-        self.batch_sizes[bucket.min(BUCKETS - 1)].fetch_add(1, Ordering::Relaxed);
+    /// A commit of `ops` operations that took `took`.
+    pub(crate) fn record(&self, ops: usize, took: Duration) {
+        self.commits.inc();
+        self.ops.inc_by(ops as u64);
+        self.batch_size.observe(ops as f64);
+        self.commit_seconds.observe(took.as_secs_f64());
+        self.commit_micros.inc_by(took.as_micros() as u64);
     }
 }
 
@@ -453,7 +481,7 @@ pub(crate) struct Committer {
     /// Tests: how many of the next commits to fail, at the last moment (after the next batch
     /// may have been handed over).
     #[cfg(test)]
-    pub(crate) fail_commits: Arc<AtomicU64>,
+    pub(crate) fail_commits: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Committer {
@@ -483,10 +511,10 @@ impl Committer {
                 .writable()
                 .and_then(|()| self.commit(n, fold, &writes, planner));
             match committed {
-                Ok(()) => {
+                Ok(took) => {
                     self.db.set_health(Health::Ok);
                     let _ = planner.send(Signal::Committed(n, Done::Durable, Box::new(writes)));
-                    self.stats.record(count);
+                    self.stats.record(count, took);
                     if let (Some(hook), false) = (&self.on_commit, events.is_empty()) {
                         hook(&events);
                     }
@@ -496,7 +524,7 @@ impl Committer {
                     }
                 }
                 Err(e) => {
-                    self.stats.failed_commits.fetch_add(1, Ordering::Relaxed);
+                    self.stats.failed_commits.inc();
                     match &e {
                         Error::DiskFull(reason) => {
                             self.db.set_health(Health::DiskFull(reason.clone()))
@@ -531,15 +559,15 @@ impl Committer {
         }
     }
 
-    /// One write transaction for the whole batch. A storage error fails the whole batch,
-    /// because redb poisons a transaction that failed part-way.
+    /// One write transaction for the whole batch, returning how long its commit took. A storage
+    /// error fails the whole batch, because redb poisons a transaction that failed part-way.
     fn commit(
         &self,
         n: u64,
         fold: bool,
         writes: &Writes,
         planner: &mpsc::Sender<Signal>,
-    ) -> Result<()> {
+    ) -> Result<Duration> {
         let mut txn = self.db.get()?.begin_write().map_err(storage)?;
         txn.set_durability(Durability::Immediate).map_err(storage)?;
         let mut folded = None;
@@ -550,30 +578,29 @@ impl Committer {
         }
         writes.apply(&txn)?;
         if let Some((rows, took)) = folded {
-            self.stats.maintenance_runs.fetch_add(1, Ordering::Relaxed);
-            self.stats
-                .maintenance_rows
-                .fetch_add(rows as u64, Ordering::Relaxed);
+            self.stats.maintenance_runs.inc();
+            self.stats.maintenance_rows.inc_by(rows as u64);
             self.stats
                 .maintenance_micros
-                .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+                .inc_by(took.as_micros() as u64);
         }
         // The planner may hand over the next batch while this one syncs.
         let _ = planner.send(Signal::Committing(n));
         #[cfg(test)]
         if self
             .fail_commits
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .fetch_update(
+                std::sync::atomic::Ordering::SeqCst,
+                std::sync::atomic::Ordering::SeqCst,
+                |n| n.checked_sub(1),
+            )
             .is_ok()
         {
             return Err(Error::Storage("injected commit failure".into()));
         }
         let start = Instant::now();
         txn.commit().map_err(storage)?;
-        self.stats
-            .commit_micros
-            .fetch_add(start.elapsed().as_micros() as u64, Ordering::Relaxed);
-        Ok(())
+        Ok(start.elapsed())
     }
 }
 

@@ -411,13 +411,7 @@ async fn a_ready_stream_settles_its_turn_in_one_write() {
         .finish(FinishReason::Stop)])
     .await;
     let s = h.session().await;
-    let ops = || {
-        h.runtime
-            .store()
-            .stats()
-            .ops
-            .load(std::sync::atomic::Ordering::Relaxed)
-    };
+    let ops = || h.runtime.store().stats().ops.get();
     let before = ops();
     h.prompt(&s, "go").await;
     h.idle(&s).await;

@@ -58,7 +58,7 @@ async fn a_panicking_drain_restarts_the_actor_and_owed_work_continues() {
     // The settlement is durable before the drain reports back to its actor: wait for that.
     h.idle(&s).await;
     assert_eq!(h.provider.calls(), 1);
-    assert_eq!(h.runtime.metrics().restarts.load(Ordering::Relaxed), 1);
+    assert_eq!(h.runtime.metrics().restarts.get(), 1);
     assert!(h.runtime.active().is_empty());
     h.assert_replay_equal();
 }
@@ -79,7 +79,7 @@ async fn the_restart_limit_halts_the_session_until_an_explicit_resume() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
     assert!(halted.claim.is_none());
-    assert_eq!(h.runtime.metrics().restarts.load(Ordering::Relaxed), 5);
+    assert_eq!(h.runtime.metrics().restarts.get(), 5);
     // A wake does not revive a halted session; an explicit resume does.
     h.runtime.wake(&s).await.expect("wake");
     h.idle(&s).await;

@@ -13,7 +13,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::Instant;
 
@@ -141,10 +140,7 @@ impl Writer {
         }
         match result {
             Ok((outcomes, committed)) => {
-                self.stats.record(batch.len());
-                self.stats
-                    .commit_micros
-                    .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+                self.stats.record(batch.len(), started.elapsed());
                 if let Some(hook) = &self.on_commit
                     && !committed.events.is_empty()
                 {
@@ -156,7 +152,7 @@ impl Writer {
                 }
             }
             Err(failed) => {
-                self.stats.failed_commits.fetch_add(1, Ordering::Relaxed);
+                self.stats.failed_commits.inc();
                 self.cache.clear();
                 let e = match failed {
                     Failed::Again => Error::Storage(
@@ -249,7 +245,7 @@ impl Writer {
             let session = session_of(op).clone();
             let partition = crate::partition_of(&session, partitions);
             if !holding.get(&partition).copied().unwrap_or(false) {
-                self.stats.fenced.fetch_add(1, Ordering::Relaxed);
+                self.stats.fenced.inc();
                 outcomes.push(Err(Error::NotOwner { session, partition }));
                 continue;
             }

@@ -422,10 +422,7 @@ async fn write_runs_its_actions_in_one_transaction() {
         .await
         .expect("admitted");
 
-    let commits = store
-        .stats()
-        .commits
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let commits = store.stats().commits.get();
     let written = store
         .write(
             s.clone(),
@@ -438,13 +435,7 @@ async fn write_runs_its_actions_in_one_transaction() {
         .expect("written");
     let kinds: Vec<_> = written.iter().map(|e| e.event.kind()).collect();
     assert_eq!(kinds, ["execution_started", "prompt_promoted"]);
-    assert_eq!(
-        store
-            .stats()
-            .commits
-            .load(std::sync::atomic::Ordering::Relaxed),
-        commits + 1
-    );
+    assert_eq!(store.stats().commits.get(), commits + 1);
 
     // Something is pending: no success is written, and nothing else either.
     store
@@ -527,18 +518,8 @@ async fn write_runs_its_actions_in_one_transaction() {
     // The test store folds every few rows: these writes went through folds, and were read back
     // across them.
     let stats = store.stats();
-    assert!(
-        stats
-            .maintenance_runs
-            .load(std::sync::atomic::Ordering::Relaxed)
-            > 0
-    );
-    assert!(
-        stats
-            .maintenance_rows
-            .load(std::sync::atomic::Ordering::Relaxed)
-            > 0
-    );
+    assert!(stats.maintenance_runs.get() > 0);
+    assert!(stats.maintenance_rows.get() > 0);
 }
 
 #[tokio::test]

@@ -76,7 +76,7 @@ async fn a_failed_commit_fails_its_batch_and_the_planner_starts_over() {
 
     store.fail_commits.store(1, Ordering::SeqCst);
     let during = admit_all(&store, &sessions, 20, "b").await;
-    assert_eq!(store.stats().failed_commits.load(Ordering::Relaxed), 1);
+    assert_eq!(store.stats().failed_commits.get(), 1);
     assert!(
         during.iter().any(|(_, _, r)| r.is_err()),
         "the failed commit's batch is refused"
