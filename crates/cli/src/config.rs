@@ -69,6 +69,18 @@ pub struct File {
     store: StoreSection,
     #[serde(default)]
     cluster: Cluster,
+    #[serde(default)]
+    telemetry: TelemetrySection,
+}
+
+/// `[telemetry]`: export traces to an OpenTelemetry collector.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TelemetrySection {
+    /// The collector's OTLP/HTTP base URL; traces go to `<otlp_endpoint>/v1/traces`.
+    otlp_endpoint: Option<String>,
+    /// `service.name` of the exported spans (default `agenthost`).
+    service_name: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -280,6 +292,8 @@ pub struct Settings {
     pub tools: Vec<tools::Spec>,
     pub limits: actors::Limits,
     pub passivate_after: Option<Duration>,
+    /// Where traces go, when `[telemetry] otlp_endpoint` is set.
+    pub telemetry: Option<crate::telemetry::Telemetry>,
 }
 
 impl std::fmt::Debug for Settings {
@@ -725,6 +739,35 @@ pub fn resolve(
 
     let (limits, passivate_after) = limits(name, &file.limits)?;
     let postgres = postgres(name, &file.store, &file.cluster, env)?;
+    let telemetry = match (&file.telemetry.otlp_endpoint, &file.telemetry.service_name) {
+        (Some(endpoint), service) => {
+            check_url(endpoint).map_err(|reason| invalid("telemetry.otlp_endpoint", reason))?;
+            if cfg!(not(feature = "otlp")) {
+                return Err(invalid(
+                    "telemetry.otlp_endpoint",
+                    "this agenthost was built without the otlp feature".into(),
+                ));
+            }
+            let service_name = service.clone().unwrap_or_else(|| "agenthost".to_owned());
+            if service_name.trim().is_empty() {
+                return Err(invalid(
+                    "telemetry.service_name",
+                    "must not be empty".into(),
+                ));
+            }
+            Some(crate::telemetry::Telemetry {
+                otlp_endpoint: endpoint.clone(),
+                service_name,
+            })
+        }
+        (None, Some(_)) => {
+            return Err(invalid(
+                "telemetry.service_name",
+                "needs telemetry.otlp_endpoint (nothing is exported without it)".into(),
+            ));
+        }
+        (None, None) => None,
+    };
 
     Ok(Settings {
         data_dir: file
@@ -753,6 +796,7 @@ pub fn resolve(
         tools: specs,
         limits,
         passivate_after,
+        telemetry,
     })
 }
 
@@ -933,6 +977,10 @@ pub fn effective(name: &str, file: &File, settings: &Settings) -> serde_json::Va
             "protect_healthz": settings.protect_healthz,
         },
         "store": store,
+        "telemetry": settings.telemetry.as_ref().map(|t| json!({
+            "otlp_endpoint": t.otlp_endpoint,
+            "service_name": t.service_name,
+        })),
         "providers": providers,
         "models": models,
         "agents": agents,
@@ -1200,6 +1248,18 @@ auto = false
             ),
             ("[limits]\ncall_timeout_ms = 0", "`limits.call_timeout_ms`"),
             ("[server]\nbody_limit = 10", "unknown field `body_limit`"),
+            (
+                "[telemetry]\notlp_endpoint = \"localhost:4318\"",
+                "`telemetry.otlp_endpoint`",
+            ),
+            (
+                "[telemetry]\nservice_name = \"x\"",
+                "`telemetry.service_name`",
+            ),
+            (
+                "[telemetry]\nendpoint = \"http://x\"",
+                "unknown field `endpoint`",
+            ),
             (
                 "[providers.p]\nkind = \"openai\"\nidle_timeout_secs = 5",
                 "unknown field `idle_timeout_secs`",

@@ -25,6 +25,7 @@ mod inspect;
 mod loadtest;
 mod mock;
 mod serve;
+mod telemetry;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -142,7 +143,11 @@ impl<T, E: Into<anyhow::Error>> Classify<T> for Result<T, E> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_json);
+    // `serve` installs its subscriber once its configuration (and `[telemetry]`) is known.
+    let _logs = match &cli.command {
+        Command::Serve(_) => None,
+        _ => telemetry::init(cli.log_json, None).ok(),
+    };
     let tokio = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -155,7 +160,7 @@ fn main() -> ExitCode {
     };
     let result = tokio.block_on(async {
         match cli.command {
-            Command::Serve(args) => serve::run(args).await,
+            Command::Serve(args) => serve::run(args, cli.log_json).await,
             Command::MockProvider(args) => mock::run(args).await,
             Command::Loadtest(args) => loadtest::run(args).await,
             Command::Inspect(args) => inspect::run(args).await,
@@ -183,21 +188,6 @@ fn main() -> ExitCode {
             eprintln!("error: {:#}", failure.error());
             ExitCode::from(failure.code())
         }
-    }
-}
-
-fn init_logging(json: bool) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    use std::io::IsTerminal;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
     }
 }
 

@@ -54,8 +54,11 @@ pub fn settings(args: &Args) -> Result<Settings, Failure> {
     Ok(settings)
 }
 
-pub async fn run(args: Args) -> Result<(), Failure> {
+pub async fn run(args: Args, log_json: bool) -> Result<(), Failure> {
     let settings = settings(&args)?;
+    // Flushes the trace export when `serve` ends.
+    let _telemetry = crate::telemetry::init(log_json, settings.telemetry.as_ref())
+        .map_err(|e| Failure::Usage(anyhow!(e)))?;
     let providers = Arc::new(metrics::Providers::default());
     let mut config = settings.runtime(crate::store_path(&settings.data_dir));
     // Time every provider call for /metrics.

@@ -1283,3 +1283,72 @@ fn config_check_completions_and_man() {
     let (status, man, _) = run(&["man"]);
     assert!(status.success() && man.contains(".TH agenthost"), "{man}");
 }
+
+/// With `[telemetry] otlp_endpoint`, `serve` exports its spans over OTLP/HTTP: a loopback
+/// collector gets a turn's drain, step and provider-call spans with the session id, under the
+/// configured service name, by the time a SIGTERM has stopped the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traces_reach_an_otlp_collector() {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+    use prost::Message as _;
+
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+    let collector = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let tx = tx.clone();
+            async move {
+                let _ = tx.send(body.to_vec());
+                ""
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let endpoint = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, collector).await });
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let telemetry =
+        format!("[telemetry]\notlp_endpoint = \"{endpoint}\"\nservice_name = \"agenthost-e2e\"");
+    let mut server = serve_with(dir.path(), "traced", &telemetry);
+    let http = Http::new(&server.url());
+    let (session, _) = http.turn("hello").await;
+    server.signal("-TERM");
+    assert!(server.wait_exit().success(), "{}", server.log_text());
+
+    let mut names = Vec::new();
+    let mut service = None;
+    let mut steps_of_session = 0;
+    while let Ok(body) = rx.try_recv() {
+        let request = ExportTraceServiceRequest::decode(body.as_slice()).expect("OTLP protobuf");
+        for resource in request.resource_spans {
+            for attr in resource.resource.iter().flat_map(|r| &r.attributes) {
+                if attr.key == "service.name" {
+                    service = attr.value.as_ref().and_then(|v| v.value.clone());
+                }
+            }
+            for span in resource.scope_spans.into_iter().flat_map(|s| s.spans) {
+                let session_attr = span.attributes.iter().any(|a| {
+                    a.key == "session_id"
+                        && a.value.as_ref().and_then(|v| v.value.as_ref())
+                            == Some(&Any::StringValue(session.clone()))
+                });
+                if span.name == "step" && session_attr {
+                    steps_of_session += 1;
+                }
+                names.push(span.name);
+            }
+        }
+    }
+    for name in ["drain", "step", "provider_call"] {
+        assert!(
+            names.iter().any(|n| n == name),
+            "no {name} span in {names:?}"
+        );
+    }
+    assert_eq!(steps_of_session, 1, "{names:?}");
+    assert_eq!(service, Some(Any::StringValue("agenthost-e2e".into())));
+}

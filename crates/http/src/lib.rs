@@ -2,7 +2,8 @@
 //! (`agenthost-llm`) and the API client (`agenthost-api`) alike.
 //!
 //! **Owns**: the incremental server-sent-events decoder ([`sse::Decoder`]) and
-//! [`client_builder`], where every reqwest client of agenthost starts.
+//! [`client_builder`] (and, with the `blocking` feature, `blocking_client_builder`), where every
+//! reqwest client of agenthost starts.
 //!
 //! **Must not**: depend on any other agenthost crate, or set process-wide state (no global
 //! crypto provider, no global client).
@@ -16,6 +17,17 @@ use std::sync::Arc;
 /// stands (reqwest is built without a bundled provider; see the workspace manifest). Every HTTP
 /// client of agenthost starts here.
 pub fn client_builder() -> Result<reqwest::ClientBuilder, String> {
+    Ok(reqwest::Client::builder().tls_backend_preconfigured(tls()?))
+}
+
+/// [`client_builder`] for a blocking client, with the same TLS.
+#[cfg(feature = "blocking")]
+pub fn blocking_client_builder() -> Result<reqwest::blocking::ClientBuilder, String> {
+    Ok(reqwest::blocking::Client::builder().tls_backend_preconfigured(tls()?))
+}
+
+/// TLS with ring and the system's trust store, for one client.
+fn tls() -> Result<rustls::ClientConfig, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let verifier = rustls_platform_verifier::Verifier::new(provider.clone())
         .map_err(|e| format!("cannot load the system's TLS trust store: {e}"))?;
@@ -26,7 +38,7 @@ pub fn client_builder() -> Result<reqwest::ClientBuilder, String> {
         .with_custom_certificate_verifier(Arc::new(verifier))
         .with_no_client_auth();
     tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(reqwest::Client::builder().tls_backend_preconfigured(tls))
+    Ok(tls)
 }
 
 #[cfg(test)]

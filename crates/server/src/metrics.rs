@@ -66,6 +66,8 @@ pub(crate) struct Metrics {
     live: Gauge,
     active: Gauge,
     health: Gauge,
+    pending: Gauge,
+    claimed: Gauge,
 }
 
 impl Metrics {
@@ -79,6 +81,8 @@ impl Metrics {
             live: Gauge::default(),
             active: Gauge::default(),
             health: Gauge::default(),
+            pending: Gauge::default(),
+            claimed: Gauge::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -90,6 +94,16 @@ impl Metrics {
             "agenthost_sessions_active",
             "Sessions with a drain in progress (holding their claim) on this node",
             metrics.active.clone(),
+        );
+        r.register(
+            "agenthost_inputs_pending",
+            "Inputs admitted and not yet promoted, in the store",
+            metrics.pending.clone(),
+        );
+        r.register(
+            "agenthost_sessions_claimed",
+            "Sessions holding a claim (a drain running, or one a crash left to recover), in the store",
+            metrics.claimed.clone(),
         );
         let m = runtime.metrics();
         r.register(
@@ -212,6 +226,23 @@ impl Metrics {
         }
     }
 
+    /// Reads the store's pending inputs and claims (from its working set, not a scan).
+    async fn read_store(&self, runtime: &Runtime) {
+        let counts = crate::read(runtime, |snap| {
+            let mut pending = 0;
+            for id in snap.with_pending()? {
+                pending += snap.session(&id)?.map_or(0, |row| row.pending);
+            }
+            Ok((pending, snap.claimed()?.len()))
+        })
+        .await;
+        // A store that cannot be read leaves the last values; its health says why.
+        if let Ok((pending, claimed)) = counts {
+            self.pending.set(pending as i64);
+            self.claimed.set(claimed as i64);
+        }
+    }
+
     fn render(&self, runtime: &Runtime) -> String {
         self.live.set(runtime.live() as i64);
         self.active.set(runtime.active().len() as i64);
@@ -232,6 +263,7 @@ impl Metrics {
 #[utoipa::path(get, path = "/metrics", operation_id = "metrics", tag = "meta",
     responses((status = 200, description = "OpenMetrics text format 1.0.0", content_type = "application/openmetrics-text", body = String)))]
 pub(crate) async fn render(State(shared): State<Arc<Shared>>) -> Response {
+    shared.metrics.read_store(&shared.runtime).await;
     let text = shared.metrics.render(&shared.runtime);
     ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response()
 }

@@ -303,6 +303,8 @@ async fn metrics_count_exactly_what_happened() {
         ),
         ("agenthost_actor_restarts_total", 0.0),
         ("agenthost_sessions_active", 0.0),
+        ("agenthost_sessions_claimed", 0.0),
+        ("agenthost_inputs_pending", 0.0),
     ] {
         assert_eq!(metrics.get(sample), Some(&want), "{sample}: {metrics:#?}");
     }
@@ -310,6 +312,17 @@ async fn metrics_count_exactly_what_happened() {
         !metrics.keys().any(|k| k.contains("ses_")),
         "no session id in a label"
     );
+    // An input admitted without a wake stays pending.
+    let parked = agenthost_api::wire::Prompt {
+        text: "later".into(),
+        resume: Some(false),
+        ..Default::default()
+    };
+    client.prompt(&session.id, &parked).await.expect("admitted");
+    let metrics = samples(&client.metrics().await.expect("metrics"));
+    assert_eq!(metrics.get("agenthost_inputs_pending"), Some(&1.0));
+    assert_eq!(metrics.get("agenthost_admissions_total"), Some(&4.0));
+    assert_eq!(metrics.get("agenthost_promotions_total"), Some(&3.0));
     server.abort();
 }
 

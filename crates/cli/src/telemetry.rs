@@ -1,0 +1,138 @@
+//! Where the binary's logs and traces go: logs to stderr (text or JSON lines, filtered by
+//! `RUST_LOG`, default `info`) and, with `[telemetry] otlp_endpoint` and the `otlp` feature,
+//! every span (drains, steps, provider and tool calls, requests) to an OpenTelemetry collector
+//! over OTLP/HTTP (protobuf), batched on a thread of its own.
+
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, Layer, Registry};
+
+/// `[telemetry]`, resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Telemetry {
+    /// The collector's OTLP/HTTP base URL (`http://127.0.0.1:4318`); traces go to
+    /// `<endpoint>/v1/traces`.
+    pub otlp_endpoint: String,
+    /// The `service.name` of the exported spans.
+    pub service_name: String,
+}
+
+/// Keeps the trace export running; dropping it flushes what is batched (bounded by the
+/// exporter's timeout).
+#[must_use = "dropping the guard stops the trace export"]
+pub struct Guard {
+    #[cfg(feature = "otlp")]
+    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+}
+
+impl std::fmt::Debug for Guard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("telemetry::Guard")
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        // On a thread of its own: the exporter's blocking client must not be dropped on an
+        // async runtime's thread.
+        #[cfg(feature = "otlp")]
+        if let Some(provider) = self.provider.take() {
+            let flushed = std::thread::spawn(move || provider.shutdown()).join();
+            if let Ok(Err(e)) = flushed {
+                eprintln!("agenthost: the trace export did not flush: {e}");
+            }
+        }
+    }
+}
+
+type Boxed = Box<dyn Layer<Registry> + Send + Sync>;
+
+fn filter() -> EnvFilter {
+    EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"))
+}
+
+/// Installs the process's subscriber: call once, from the binary only.
+pub fn init(json: bool, telemetry: Option<&Telemetry>) -> Result<Guard, String> {
+    use std::io::IsTerminal;
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
+    let fmt: Boxed = match json {
+        true => fmt.json().with_filter(filter()).boxed(),
+        false => fmt.with_filter(filter()).boxed(),
+    };
+    #[cfg_attr(not(feature = "otlp"), allow(unused_mut))]
+    let mut layers = vec![fmt];
+    #[cfg_attr(not(feature = "otlp"), allow(unused_mut))]
+    let mut guard = Guard {
+        #[cfg(feature = "otlp")]
+        provider: None,
+    };
+    if let Some(telemetry) = telemetry {
+        #[cfg(feature = "otlp")]
+        {
+            // Built on a thread of its own: the exporter's blocking client starts (and would
+            // drop) a runtime, which an async runtime's thread must not do.
+            let telemetry = telemetry.clone();
+            let (layer, provider) = std::thread::spawn(move || otlp::layer(&telemetry))
+                .join()
+                .map_err(|_| "building the OTLP exporter panicked".to_owned())??;
+            layers.push(layer);
+            guard.provider = Some(provider);
+        }
+        #[cfg(not(feature = "otlp"))]
+        return Err(format!(
+            "[telemetry] otlp_endpoint = {:?} needs an agenthost built with the otlp feature",
+            telemetry.otlp_endpoint
+        ));
+    }
+    tracing_subscriber::registry()
+        .with(layers)
+        .try_init()
+        .map_err(|e| format!("cannot install the log subscriber: {e}"))?;
+    Ok(guard)
+}
+
+#[cfg(feature = "otlp")]
+mod otlp {
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
+    use opentelemetry_sdk::Resource;
+    use opentelemetry_sdk::trace::SdkTracerProvider;
+    use tracing_subscriber::Layer as _;
+
+    use super::{Boxed, Telemetry, filter};
+
+    /// The OpenTelemetry layer and the provider that batches and exports its spans.
+    pub(super) fn layer(telemetry: &Telemetry) -> Result<(Boxed, SdkTracerProvider), String> {
+        // The exporter's own client, with our TLS (see agenthost_http): nothing process-wide.
+        let client = agenthost_http::blocking_client_builder()?
+            .timeout(std::time::Duration::from_secs(10))
+            .build()
+            .map_err(|e| format!("cannot build the OTLP client: {e}"))?;
+        let endpoint = format!(
+            "{}/v1/traces",
+            telemetry.otlp_endpoint.trim_end_matches('/')
+        );
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_http_client(client)
+            .with_endpoint(endpoint)
+            .build()
+            .map_err(|e| format!("[telemetry] otlp_endpoint: {e}"))?;
+        let provider = SdkTracerProvider::builder()
+            .with_batch_exporter(exporter)
+            .with_resource(
+                Resource::builder()
+                    .with_service_name(telemetry.service_name.clone())
+                    .build(),
+            )
+            .build();
+        let tracer = provider.tracer("agenthost");
+        let layer = tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .with_filter(filter())
+            .boxed();
+        Ok((layer, provider))
+    }
+}
