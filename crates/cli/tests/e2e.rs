@@ -1352,3 +1352,149 @@ async fn traces_reach_an_otlp_collector() {
     assert_eq!(steps_of_session, 1, "{names:?}");
     assert_eq!(service, Some(Any::StringValue("agenthost-e2e".into())));
 }
+
+/// The Rust API client against the real binary: one call of every route, typed answers and
+/// typed errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rust_client_drives_every_route() {
+    use agenthost_api::{Client, Frame, wire};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = serve_with(dir.path(), "client", "");
+    let client = Client::new(&server.url()).expect("client");
+
+    assert_eq!(client.health().await.expect("health").status, "ok");
+    assert_eq!(
+        client.openapi().await.expect("document"),
+        agenthost_api::OPENAPI
+    );
+    assert!(
+        client
+            .metrics()
+            .await
+            .expect("metrics")
+            .ends_with("# EOF\n")
+    );
+    assert_eq!(client.cluster().await.expect("cluster").store, "redb");
+
+    let create = wire::CreateSession {
+        id: Some("ses_client".into()),
+        title: Some("typed".into()),
+        ..Default::default()
+    };
+    let session = client.create_session(&create).await.expect("created");
+    assert_eq!(session.id, "ses_client");
+    let again = client.create_session(&create).await.expect("same session");
+    assert_eq!(again.created, session.created);
+    let page = client
+        .sessions(&wire::ListQuery {
+            limit: Some(10),
+            cursor: None,
+        })
+        .await
+        .expect("listed");
+    assert!(page.sessions.iter().any(|s| s.id == "ses_client"));
+
+    // A turn, watched on the event stream.
+    let mut events = client.events(&session.id, None);
+    events.open().await.expect("stream opened");
+    let prompt = wire::Prompt {
+        id: Some("msg_client_1".into()),
+        text: "hello".into(),
+        ..Default::default()
+    };
+    let receipt = client.prompt(&session.id, &prompt).await.expect("admitted");
+    let retried = client.prompt(&session.id, &prompt).await.expect("retried");
+    assert_eq!(
+        (retried.id, retried.admitted_seq),
+        (receipt.id, receipt.admitted_seq),
+        "an exact retry gets the original admission"
+    );
+    let mut text = String::new();
+    loop {
+        match tokio::time::timeout(LIMIT, events.next())
+            .await
+            .expect("in time")
+        {
+            Some(Ok(Frame::Delta(delta))) => text.push_str(&delta.delta),
+            Some(Ok(Frame::Event(e))) if matches!(e.body, wire::EventBody::ExecutionSucceeded) => {
+                break;
+            }
+            Some(Ok(_)) => {}
+            other => panic!("stream ended: {other:?}"),
+        }
+    }
+    assert!(!text.is_empty(), "deltas arrived");
+    assert!(client.wait(&session.id, LIMIT).await.expect("waited").idle);
+    assert!(client.active().await.expect("active").is_empty());
+    let messages = client
+        .messages(&session.id, &wire::MessagesQuery::default())
+        .await
+        .expect("messages");
+    assert_eq!(messages.len(), 2);
+
+    // Parked input, then a resume that waits, then one that does not.
+    let parked = wire::Prompt {
+        text: "later".into(),
+        resume: Some(false),
+        ..Default::default()
+    };
+    client.prompt(&session.id, &parked).await.expect("parked");
+    assert_eq!(client.inbox(&session.id).await.expect("inbox").len(), 1);
+    let outcome = client.resume_and_wait(&session.id).await.expect("resumed");
+    assert!(
+        matches!(outcome, wire::DrainOutcome::Completed { .. }),
+        "{outcome:?}"
+    );
+    assert!(client.inbox(&session.id).await.expect("inbox").is_empty());
+    assert_eq!(
+        client.resume(&session.id).await.expect("accepted").status,
+        "accepted"
+    );
+    assert!(client.wait(&session.id, LIMIT).await.expect("waited").idle);
+
+    let generated = client
+        .generate(&session.id, "summarize")
+        .await
+        .expect("generated");
+    assert!(!generated.text.is_empty());
+    // So short a history fits in the part a compaction keeps verbatim.
+    let compact = client
+        .compact(&session.id)
+        .await
+        .expect_err("nothing to compact");
+    assert_eq!(
+        compact.kind(),
+        Some(wire::ErrorType::InvalidRequest),
+        "{compact}"
+    );
+    assert!(
+        !client
+            .interrupt(&session.id)
+            .await
+            .expect("interrupt")
+            .interrupted
+    );
+
+    // Typed errors.
+    let missing = client.session("ses_missing").await.expect_err("no session");
+    assert_eq!(
+        missing.kind(),
+        Some(wire::ErrorType::SessionNotFound),
+        "{missing}"
+    );
+    let output = client
+        .tool_output(&session.id, "msg_none", "call_none")
+        .await
+        .expect_err("no such call");
+    assert!(output.kind().is_some(), "{output}");
+    let mut gone = client.events("ses_missing", None);
+    match tokio::time::timeout(LIMIT, gone.next())
+        .await
+        .expect("in time")
+    {
+        Some(Err(e)) => assert_eq!(e.kind(), Some(wire::ErrorType::SessionNotFound)),
+        other => panic!("expected the API error: {other:?}"),
+    }
+    assert!(gone.next().await.is_none());
+}
