@@ -382,6 +382,11 @@ impl Runtime {
         active
     }
 
+    /// Whether `session` has a drain in progress in this process.
+    pub fn is_active(&self, session: &SessionId) -> bool {
+        self.shared.active.contains_key(session)
+    }
+
     /// Session actors alive right now (passivated sessions are not counted).
     pub fn live(&self) -> usize {
         self.shared.actors.len()

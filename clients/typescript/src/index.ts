@@ -145,7 +145,8 @@ export interface Agenthost {
   api: Client<paths>;
   /**
    * The session's event stream: durable events from seq 0 (or after `after`), a `synced` frame
-   * once the replay is complete, then live durable events, deltas and status changes.
+   * once the replay is complete and a `status` frame with the session's state at that moment,
+   * then live durable events, deltas and status changes.
    *
    * Opening the stream throws an {@link AgenthostError} for an error answer: 4xx at once
    * (`session_not_found`, `invalid_request`, `unauthorized`), 5xx once the retries are used up.
@@ -154,9 +155,9 @@ export interface Agenthost {
    * shuts down or after an `error` frame) is followed by a reconnection, with exponential
    * backoff, sending `Last-Event-ID` with the seq of the last durable event yielded: no
    * durable event is yielded twice or skipped (a repeated one is dropped; a gap in the seqs is
-   * treated as a dropped connection). Each reconnection yields a new `synced`. Deltas and status
-   * changes that happened while disconnected are lost (they are not durable): the durable
-   * events that follow are authoritative, and `GET /api/session/{id}` gives the current status.
+   * treated as a dropped connection). Each reconnection yields a new `synced` and the current
+   * `status`. Deltas that were sent while disconnected are lost (they are not durable): the
+   * durable events that follow are authoritative.
    *
    * The server's stream never ends on its own (it sends keep-alives while nothing happens), so
    * neither does the iteration: leave it with `break`/`return`, or abort `signal`. Either closes

@@ -762,7 +762,7 @@ export interface components {
         } | {
             call_id: string;
             id: string;
-            input: Record<string, never>;
+            input: unknown;
             name: string;
             /** @enum {string} */
             type: "tool_called";
@@ -968,7 +968,7 @@ export interface components {
              * @description The arguments: parsed JSON when the model sent valid JSON, otherwise the raw text
              *     as a string.
              */
-            input: Record<string, never>;
+            input: unknown;
             name: string;
             state: components["schemas"]["ToolState"];
             /** @enum {string} */
@@ -976,8 +976,7 @@ export interface components {
         };
         /** @description `POST /api/session/{id}/prompt`. */
         Prompt: {
-            /** @description `steer` (default) or `queue`. */
-            delivery?: string | null;
+            delivery?: components["schemas"]["Delivery"] | null;
             files?: components["schemas"]["File"][];
             /**
              * @description The idempotency key (`msg_…`). Re-sending the same id with the same prompt returns the
@@ -1192,8 +1191,8 @@ export interface operations {
             path?: never;
             cookie?: never;
         };
-        /** @description All fields optional; an empty body is `{}` */
-        requestBody: {
+        /** @description All fields optional; no body, an empty body and `{}` are the same */
+        requestBody?: {
             content: {
                 "application/json": components["schemas"]["CreateSession"];
             };
@@ -1399,7 +1398,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Server-sent events: durable events (`event: <type>`, `id: <seq>`, data: Event), then `synced` (data: Synced), then live durable events, `delta` (data: Delta) and `status` (data: Status) */
+            /** @description Server-sent events: durable events (`event: <type>`, `id: <seq>`, data: Event), then `synced` (data: Synced) and the current `status`, then live durable events, `delta` (data: Delta) and `status` (data: Status) */
             200: {
                 headers: {
                     [name: string]: unknown;

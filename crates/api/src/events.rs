@@ -6,8 +6,9 @@
 //! over), reconnects with `Last-Event-ID` set to it: the server replays exactly what followed.
 //! A durable event whose seq is not above the last one is a duplicate and is dropped; one that
 //! skips a seq means something was lost in between, so the stream reconnects from the last one
-//! instead of yielding it. Deltas and status frames are ephemeral: those sent while the stream
-//! was disconnected are not replayed (the durable events that follow carry the same content).
+//! instead of yielding it. Deltas are ephemeral: those sent while the stream was disconnected are
+//! not replayed (the durable events that follow carry the same content); every (re)connection
+//! ends its replay with the session's current status.
 //!
 //! Frames are decoded by [`agenthost_http::sse::Decoder`], which completes a line before
 //! decoding it, so a UTF-8 character split across network chunks arrives whole.
@@ -27,7 +28,8 @@ use crate::wire;
 pub enum Frame {
     /// A durable event, in seq order, each exactly once.
     Event(wire::Event),
-    /// The replay is complete and live events follow; sent after every (re)connection.
+    /// The replay is complete and live events follow; sent after every (re)connection, and
+    /// followed by a `Status` with the session's state at that moment.
     Synced(wire::Synced),
     /// A piece of the answer being generated (ephemeral).
     Delta(wire::Delta),

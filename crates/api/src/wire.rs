@@ -179,7 +179,7 @@ pub struct Prompt {
     pub files: Vec<File>,
     /// `steer` (default) or `queue`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub delivery: Option<String>,
+    pub delivery: Option<Delivery>,
     /// Wake the session once the input is durable (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume: Option<bool>,
@@ -502,7 +502,7 @@ pub enum Part {
         name: String,
         /// The arguments: parsed JSON when the model sent valid JSON, otherwise the raw text
         /// as a string.
-        #[schema(value_type = Object)]
+        #[schema(value_type = Value)]
         input: Value,
         state: ToolState,
     },
@@ -638,7 +638,7 @@ pub enum EventBody {
         id: String,
         call_id: String,
         name: String,
-        #[schema(value_type = Object)]
+        #[schema(value_type = Value)]
         input: Value,
     },
     ToolSucceeded {

@@ -116,7 +116,7 @@ pub(crate) fn data<T: Serialize>(payload: T) -> Response {
 }
 
 fn running(shared: &Shared, id: &SessionId) -> bool {
-    shared.runtime.active().binary_search(id).is_ok()
+    shared.runtime.is_active(id)
 }
 
 /// Reads the session row or fails `session_not_found`.
@@ -166,7 +166,7 @@ pub(crate) async fn healthz(State(shared): AppState) -> Response {
 
 /// Creates a session, or returns the existing session when `id` names one.
 #[utoipa::path(post, path = "/api/session", operation_id = "createSession", tag = "session",
-    request_body(content = wire::CreateSession, description = "All fields optional; an empty body is `{}`"),
+    request_body(content = wire::CreateSession, description = "All fields optional; no body, an empty body and `{}` are the same"),
     responses(
         (status = 200, description = "The session", body = Data<wire::Session>),
         (status = 400, description = "Invalid id, unknown agent or model, malformed body", body = ErrorEnvelope),
@@ -307,9 +307,9 @@ pub(crate) async fn prompt(
     Json(body): Json<wire::Prompt>,
 ) -> Result<Response, ApiError> {
     let id = body.id.as_deref().map(MessageId::parse).transpose()?;
-    let delivery = match body.delivery.as_deref() {
-        None => Delivery::Steer,
-        Some(d) => d.parse::<Delivery>()?,
+    let delivery = match body.delivery {
+        None | Some(wire::Delivery::Steer) => Delivery::Steer,
+        Some(wire::Delivery::Queue) => Delivery::Queue,
     };
     let prompt = Prompt {
         text: body.text,

@@ -3,7 +3,8 @@
 //!
 //! Frames:
 //! - a durable event: `event: <type>`, `id: <seq>`, `data:` its [`wire::Event`] JSON;
-//! - `event: synced`, `data: {"last_seq": …}` once, when the replay is complete;
+//! - `event: synced`, `data: {"last_seq": …}` once, when the replay is complete, followed by
+//!   a `status` frame with the session's state at that moment;
 //! - `event: delta`, `data:` a [`wire::Delta`] (ephemeral; no `id`);
 //! - `event: status`, `data: {"type": "running"|"idle"}` (ephemeral; no `id`);
 //! - `event: error`, `data:` an error body, if reading the store failed (the stream then ends).
@@ -51,7 +52,7 @@ const AHEAD: usize = 64 * 1024;
         ("Last-Event-ID" = Option<u64>, Header, description = "Seq of the last event received; replay resumes after it (wins over `after`)"),
     ),
     responses(
-        (status = 200, description = "Server-sent events: durable events (`event: <type>`, `id: <seq>`, data: Event), then `synced` (data: Synced), then live durable events, `delta` (data: Delta) and `status` (data: Status)", content_type = "text/event-stream", body = wire::Event),
+        (status = 200, description = "Server-sent events: durable events (`event: <type>`, `id: <seq>`, data: Event), then `synced` (data: Synced) and the current `status`, then live durable events, `delta` (data: Delta) and `status` (data: Status)", content_type = "text/event-stream", body = wire::Event),
         (status = 400, description = "Malformed id, `after` or `Last-Event-ID`", body = ErrorEnvelope),
         (status = 401, body = ErrorEnvelope),
         (status = 404, body = ErrorEnvelope),
@@ -219,6 +220,11 @@ impl Feed {
                                 last_seq: self.last,
                             };
                             self.queue.push_back((json_event("synced", &synced), 0));
+                            // Where the session stands now, so a client that (re)connects
+                            // knows without asking; changes follow live.
+                            let running = self.shared.runtime.is_active(&self.session);
+                            let status = wire::Status::new(running);
+                            self.queue.push_back((json_event("status", &status), 0));
                         }
                     }
                     Err(e) => self.fail(e),

@@ -82,7 +82,7 @@ use crate::{api, events, metrics, wire};
         wire::DeltaType,
         wire::Synced,
     )),
-    modifiers(&Bearer),
+    modifiers(&Bearer, &OptionalBodies),
     tags(
         (name = "session", description = "Sessions: admission, execution, history, events"),
         (name = "meta", description = "Health, metrics and this document"),
@@ -100,6 +100,24 @@ impl Modify for Bearer {
             "bearer",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
+    }
+}
+
+/// Marks the bodies that may be left out as optional (utoipa marks every typed body required,
+/// unless its type is an `Option`, which would also admit `null`).
+struct OptionalBodies;
+
+impl Modify for OptionalBodies {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let create = openapi
+            .paths
+            .paths
+            .get_mut("/api/session")
+            .and_then(|item| item.post.as_mut())
+            .and_then(|op| op.request_body.as_mut());
+        if let Some(utoipa::openapi::RefOr::T(body)) = create {
+            body.required = Some(utoipa::openapi::Required::False);
+        }
     }
 }
 

@@ -1177,6 +1177,12 @@ async fn events_replay_sync_then_live_without_gaps_or_duplicates() {
     let mut stream = Frames::open(&h, &format!("/api/session/{s}/events"), None).await;
     let replay = stream.until("synced").await;
     let synced = replay.last().expect("synced");
+    // Then where the session stands.
+    let status = stream.next().await;
+    assert_eq!(
+        (status.event.as_str(), status.data.clone()),
+        ("status", json!({"type": "idle"}))
+    );
     assert_eq!(synced.data, json!({"last_seq": last}));
     assert_eq!(synced.id, None);
     assert_eq!(seqs(&replay), (0..=last).collect::<Vec<_>>());
