@@ -25,6 +25,11 @@ pub const DEFAULT_DATA_DIR: &str = ".agenthost";
 /// The environment variable holding the API token unless `[server] token_env` names another.
 pub const DEFAULT_TOKEN_ENV: &str = "AGENTHOST_TOKEN";
 
+/// The embedded store's page cache, in MiB, unless `[store] cache_mib` says otherwise. redb's
+/// own default (1 GiB) suits a desktop database; a server keeps its hot pages (the log's front,
+/// the busy sessions' rows) in far less, and its memory for sessions.
+pub const DEFAULT_CACHE_MIB: usize = 64;
+
 /// A configuration error: where and why.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -90,6 +95,8 @@ struct StoreSection {
     kind: Option<StoreKind>,
     /// Check the whole store file when opening it (default true; redb only).
     check_on_start: Option<bool>,
+    /// The embedded store's page cache in MiB (redb only).
+    cache_mib: Option<usize>,
     /// PostgreSQL: the environment variable holding the connection URL.
     url_env: Option<String>,
     /// PostgreSQL: the schema of agenthost's tables.
@@ -278,6 +285,8 @@ pub struct Settings {
     pub protect_healthz: bool,
     /// Check the whole store file when opening it.
     pub check_on_start: bool,
+    /// The embedded store's page cache, in MiB.
+    pub cache_mib: usize,
     /// The PostgreSQL store, when `[store] kind = "postgres"`. An empty `advertise_url` means
     /// `http://` and the address `serve` listens on.
     pub postgres: Option<agenthost_store::PgConfig>,
@@ -326,6 +335,7 @@ impl Settings {
             config.passivate_after = after;
         }
         config.store.check_on_open = self.check_on_start;
+        config.store.cache_size = Some(self.cache_mib << 20);
         config.store.postgres = self.postgres.clone();
         config
     }
@@ -739,6 +749,13 @@ pub fn resolve(
 
     let (limits, passivate_after) = limits(name, &file.limits)?;
     let postgres = postgres(name, &file.store, &file.cluster, env)?;
+    let cache_mib = file.store.cache_mib.unwrap_or(DEFAULT_CACHE_MIB);
+    if !(1..=1 << 20).contains(&cache_mib) {
+        return Err(invalid(
+            "store.cache_mib",
+            "must be between 1 and 1048576".into(),
+        ));
+    }
     let telemetry = match (&file.telemetry.otlp_endpoint, &file.telemetry.service_name) {
         (Some(endpoint), service) => {
             check_url(endpoint).map_err(|reason| invalid("telemetry.otlp_endpoint", reason))?;
@@ -785,6 +802,7 @@ pub fn resolve(
         protect_metrics: file.server.protect_metrics.unwrap_or(false),
         protect_healthz: file.server.protect_healthz.unwrap_or(false),
         check_on_start: file.store.check_on_start.unwrap_or(true),
+        cache_mib,
         postgres,
         builtin_mock,
         providers,
@@ -830,6 +848,12 @@ fn postgres(
             ));
         }
         return Ok(None);
+    }
+    if store.cache_mib.is_some() {
+        return Err(invalid(
+            "store.cache_mib",
+            "applies only to the embedded store (redb); PostgreSQL caches on its own".into(),
+        ));
     }
     let url_env = store.url_env.as_deref().unwrap_or(DEFAULT_PG_URL_ENV);
     let url = env(url_env).filter(|v| !v.is_empty()).ok_or_else(|| {
@@ -943,6 +967,7 @@ pub fn effective(name: &str, file: &File, settings: &Settings) -> serde_json::Va
             "kind": "redb",
             "path": crate::store_path(&settings.data_dir),
             "check_on_start": settings.check_on_start,
+            "cache_mib": settings.cache_mib,
         }),
         Some(pg) => {
             let url_env = file.store.url_env.as_deref().unwrap_or(DEFAULT_PG_URL_ENV);
@@ -1248,6 +1273,7 @@ auto = false
             ),
             ("[limits]\ncall_timeout_ms = 0", "`limits.call_timeout_ms`"),
             ("[server]\nbody_limit = 10", "unknown field `body_limit`"),
+            ("[store]\ncache_mib = 0", "`store.cache_mib`"),
             (
                 "[telemetry]\notlp_endpoint = \"localhost:4318\"",
                 "`telemetry.otlp_endpoint`",

@@ -9,8 +9,9 @@
 //! - full turn: until the execution that answered it settled (`execution_succeeded`).
 //!
 //! A turn fails when its prompt is refused, its execution fails or is interrupted, or it does
-//! not settle within `--turn-timeout-secs`. The report ends with the resident memory of this
-//! process (the runtime's, in embedded mode).
+//! not settle within `--turn-timeout-secs`. The report ends with our overhead (turn latency
+//! minus the provider's own time per turn, timed around every provider call), the CPU time per
+//! turn (the server's, from its `/metrics`, with `--url`) and the resident memory.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -51,6 +52,13 @@ pub struct Args {
     /// Embedded: the data directory (default: a temporary one, removed afterwards).
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// Embedded: call an OpenAI-wire provider at this base URL (`http://127.0.0.1:8080/v1`,
+    /// `agenthost mock-provider` or a real one; model `mock-1`) instead of the in-process mock.
+    #[arg(long)]
+    provider_url: Option<String>,
+    /// Embedded: the store's page cache, in MiB.
+    #[arg(long, default_value_t = crate::config::DEFAULT_CACHE_MIB)]
+    cache_mib: usize,
     /// Embedded: the mock's delay before the first token, in milliseconds.
     #[arg(long, default_value_t = 0)]
     latency_ms: u64,
@@ -428,18 +436,23 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         )));
     }
     let embedded_flags = args.data_dir.is_some()
+        || args.provider_url.is_some()
+        || args.cache_mib != crate::config::DEFAULT_CACHE_MIB
         || args.latency_ms != 0
         || args.tokens_per_sec != 0.0
         || args.tool_ratio != 0.0
         || args.reply_tokens != 24;
     if args.url.is_some() && embedded_flags {
         return Err(Failure::Usage(anyhow!(
-            "--data-dir, --latency-ms, --tokens-per-sec, --tool-ratio and --reply-tokens \
-             configure the embedded runtime; with --url, configure the server instead"
+            "--data-dir, --provider-url, --cache-mib, --latency-ms, --tokens-per-sec, \
+             --tool-ratio and --reply-tokens configure the embedded runtime; with --url, \
+             configure the server instead"
         )));
     }
 
     let mut temp = None;
+    // Embedded: the provider's own time, to tell it from ours.
+    let timings = agenthost_server::metrics::Providers::default();
     let target = match &args.url {
         Some(url) => {
             let mut client = Client::new(url).usage()?;
@@ -463,14 +476,26 @@ pub async fn run(args: Args) -> Result<(), Failure> {
                     path
                 }
             };
-            let mock = llm::Mock::new(llm::mock::Config {
-                latency: Duration::from_millis(args.latency_ms),
-                tokens_per_second: args.tokens_per_sec,
-                tool_call_ratio: args.tool_ratio,
-                reply_tokens: args.reply_tokens,
-                seed: 0,
-            });
-            let config = Config::new(crate::store_path(&dir)).with_provider("mock", Arc::new(mock));
+            let provider: Arc<dyn llm::Provider> = match &args.provider_url {
+                Some(url) => {
+                    let mut provider = llm::Config::new(llm::Kind::Openai);
+                    provider.base_url = Some(url.clone());
+                    provider
+                        .build()
+                        .map_err(|e| anyhow!("--provider-url: {e}"))
+                        .usage()?
+                }
+                None => Arc::new(llm::Mock::new(llm::mock::Config {
+                    latency: Duration::from_millis(args.latency_ms),
+                    tokens_per_second: args.tokens_per_sec,
+                    tool_call_ratio: args.tool_ratio,
+                    reply_tokens: args.reply_tokens,
+                    seed: 0,
+                })),
+            };
+            let mut config = Config::new(crate::store_path(&dir))
+                .with_provider("mock", timings.wrap("mock", provider));
+            config.store.cache_size = Some(args.cache_mib << 20);
             let mut tools = Tools::default();
             if args.tool_ratio > 0.0 {
                 tools.register(Tool::new(
@@ -503,6 +528,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         bar.set_style(style.progress_chars("=> "));
     }
     let timeout = Duration::from_secs(args.turn_timeout_secs.max(1));
+    let before = Usage::read(&target, &timings).await;
     let started = Instant::now();
     let mut tasks = JoinSet::new();
     for n in 0..args.sessions {
@@ -518,6 +544,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let elapsed = started.elapsed();
     bar.finish_and_clear();
     let memory = Memory::read();
+    let usage = Usage::read(&target, &timings).await.since(&before);
 
     if let Target::Embedded { runtime, .. } = &*target {
         runtime.shutdown().await;
@@ -535,6 +562,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         elapsed,
         stats: &stats,
         memory,
+        usage,
     };
     if args.json {
         println!("{}", report.json());
@@ -576,6 +604,65 @@ impl Memory {
     }
 }
 
+/// CPU and provider time over the run: the server's, from its `/metrics`, with `--url`; this
+/// process's (runtime and load generator together) and its provider wrapper's, embedded.
+#[derive(Debug, Clone, Copy, Default)]
+struct Usage {
+    cpu_seconds: Option<f64>,
+    /// The server's resident memory (with `--url`).
+    server_rss_bytes: Option<f64>,
+    /// Provider calls, and the seconds they took from request to the end of the response.
+    provider_calls: f64,
+    provider_seconds: f64,
+}
+
+impl Usage {
+    async fn read(target: &Target, timings: &agenthost_server::metrics::Providers) -> Usage {
+        let text = match target {
+            Target::Remote { client } => client.metrics().await.ok(),
+            Target::Embedded { .. } => Some(timings.render()),
+        };
+        let text = text.unwrap_or_default();
+        let sum = |name: &str| -> Option<f64> {
+            let values: Vec<f64> = text
+                .lines()
+                .filter(|l| {
+                    l.strip_prefix(name)
+                        .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+                })
+                .filter_map(|l| l.rsplit_once(' ')?.1.parse().ok())
+                .collect();
+            (!values.is_empty()).then(|| values.iter().sum())
+        };
+        let own_cpu = || {
+            let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+            let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+            let utime: f64 = fields.nth(11)?.parse().ok()?;
+            let stime: f64 = fields.next()?.parse().ok()?;
+            Some((utime + stime) / 100.0)
+        };
+        Usage {
+            cpu_seconds: match target {
+                Target::Remote { .. } => sum("process_cpu_seconds_total"),
+                Target::Embedded { .. } => own_cpu(),
+            },
+            server_rss_bytes: sum("process_resident_memory_bytes"),
+            provider_calls: sum("agenthost_provider_call_seconds_count").unwrap_or(0.0),
+            provider_seconds: sum("agenthost_provider_call_seconds_sum").unwrap_or(0.0),
+        }
+    }
+
+    /// What happened between `before` and this reading.
+    fn since(self, before: &Usage) -> Usage {
+        Usage {
+            cpu_seconds: self.cpu_seconds.zip(before.cpu_seconds).map(|(a, b)| a - b),
+            server_rss_bytes: self.server_rss_bytes,
+            provider_calls: self.provider_calls - before.provider_calls,
+            provider_seconds: self.provider_seconds - before.provider_seconds,
+        }
+    }
+}
+
 struct Report<'a> {
     mode: &'static str,
     sessions: usize,
@@ -583,11 +670,33 @@ struct Report<'a> {
     elapsed: Duration,
     stats: &'a Stats,
     memory: Memory,
+    usage: Usage,
 }
 
 impl Report<'_> {
     fn rate(&self) -> f64 {
         self.stats.ok as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    fn cpu_ms_per_turn(&self) -> Option<f64> {
+        let turns = self.stats.ok.max(1) as f64;
+        self.usage.cpu_seconds.map(|s| s * 1000.0 / turns)
+    }
+
+    /// The provider's own time per turn (from request to the end of its response), when the
+    /// provider was timed.
+    fn provider_ms_per_turn(&self) -> Option<f64> {
+        (self.usage.provider_calls > 0.0)
+            .then(|| self.usage.provider_seconds * 1000.0 / self.stats.ok.max(1) as f64)
+    }
+
+    /// Turn latency minus the provider's mean time per turn, at p50 and p99: exact when the
+    /// provider's time is the same for every turn, as a mock's is.
+    fn overhead_ms(&self) -> Option<(f64, f64)> {
+        let provider = self.provider_ms_per_turn()?;
+        let h = &self.stats.turn;
+        let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0 - provider;
+        (!h.is_empty()).then(|| (ms(0.5), ms(0.99)))
     }
 
     fn rows(&self) -> [(&'static str, &Histogram<u64>); 3] {
@@ -630,11 +739,28 @@ impl Report<'_> {
                 format!("{:.1} MiB", k as f64 / 1024.0)
             })
         };
+        if let Some((p50, p99)) = self.overhead_ms() {
+            out.push_str(&format!(
+                "overhead ms  {p50:>10.2} (p50) {p99:>10.2} (p99): turn latency minus the provider's \
+                 own time per turn ({:.2} ms)\n",
+                self.provider_ms_per_turn().unwrap_or(0.0)
+            ));
+        }
+        if let Some(cpu) = self.cpu_ms_per_turn() {
+            let whose = match self.mode {
+                "server" => "the server's",
+                _ => "this process's (runtime and load generator)",
+            };
+            out.push_str(&format!("cpu: {cpu:.3} ms per turn, {whose}\n"));
+        }
         out.push_str(&format!(
             "memory: rss {} (peak {})\n",
             mib(self.memory.rss_kib),
             mib(self.memory.peak_kib)
         ));
+        if let Some(rss) = self.usage.server_rss_bytes {
+            out.push_str(&format!("server memory: rss {:.1} MiB\n", rss / 1048576.0));
+        }
         if let Some(e) = &self.stats.first_error {
             out.push_str(&format!("first error: {e}\n"));
         }
@@ -664,6 +790,10 @@ impl Report<'_> {
             "latency": latency,
             "rss_kib": self.memory.rss_kib,
             "peak_rss_kib": self.memory.peak_kib,
+            "cpu_ms_per_turn": self.cpu_ms_per_turn(),
+            "server_rss_kib": self.usage.server_rss_bytes.map(|b| (b / 1024.0) as u64),
+            "provider_ms_per_turn": self.provider_ms_per_turn(),
+            "overhead_ms": self.overhead_ms().map(|(p50, p99)| serde_json::json!({"p50": p50, "p99": p99})),
             "first_error": self.stats.first_error,
         })
         .to_string()

@@ -532,6 +532,46 @@ async fn serve_end_to_end_with_interrupt_and_sigkill_recovery() {
     ]);
     assert!(status.success(), "{out}\n{err}");
     assert!(out.contains("6 turns ok, 0 failed"), "{out}");
+    // Its JSON report carries the server's CPU and memory (from its /metrics) and our overhead
+    // beyond the provider's time.
+    let (status, out, err) = run(&[
+        "loadtest",
+        "--url",
+        &http.base,
+        "--sessions",
+        "2",
+        "--prompts",
+        "2",
+        "--json",
+    ]);
+    assert!(status.success(), "{out}\n{err}");
+    let report: Value = serde_json::from_str(out.trim()).expect("JSON report");
+    assert!(report["cpu_ms_per_turn"].as_f64().is_some(), "{report}");
+    assert!(
+        report["server_rss_kib"].as_u64().is_some_and(|k| k > 0),
+        "{report}"
+    );
+    assert!(
+        report["provider_ms_per_turn"]
+            .as_f64()
+            .is_some_and(|ms| ms > 0.0),
+        "{report}"
+    );
+    assert!(report["overhead_ms"]["p99"].as_f64().is_some(), "{report}");
+    // The embedded runtime against the same OpenAI-wire mock, over HTTP.
+    let provider = fast_url.clone();
+    let (status, out, err) = run(&[
+        "loadtest",
+        "--provider-url",
+        &provider,
+        "--sessions",
+        "2",
+        "--prompts",
+        "2",
+    ]);
+    assert!(status.success(), "{out}\n{err}");
+    assert!(out.contains("4 turns ok, 0 failed"), "{out}");
+    assert!(out.contains("overhead ms"), "{out}");
 
     // Graceful stop, not held up by an open event stream, then an offline inspection of the
     // same store.
@@ -570,7 +610,15 @@ fn embedded_loadtest_reports() {
     let (status, out, err) = run(&["loadtest", "--sessions", "4", "--prompts", "3"]);
     assert!(status.success(), "{out}\n{err}");
     assert!(out.contains("12 turns ok, 0 failed"), "{out}");
-    for row in ["admission", "first token", "turn", "turns/s", "memory: rss"] {
+    for row in [
+        "admission",
+        "first token",
+        "turn",
+        "turns/s",
+        "overhead ms",
+        "cpu:",
+        "memory: rss",
+    ] {
         assert!(out.contains(row), "{row} missing: {out}");
     }
     let (status, out, err) = run(&["loadtest", "--sessions", "2", "--prompts", "1", "--json"]);
@@ -586,6 +634,11 @@ fn embedded_loadtest_reports() {
         .as_f64()
         .expect("a figure");
     assert!(p50 > 0.0 && p50 <= report["latency"]["turn"]["max_ms"].as_f64().unwrap_or(0.0));
+    assert!(
+        report["provider_ms_per_turn"].as_f64().is_some(),
+        "{report}"
+    );
+    assert!(report["cpu_ms_per_turn"].as_f64().is_some(), "{report}");
     // Under load too, every turn's first token is measured: one session's traffic never makes
     // another's driver miss its tokens.
     let (status, out, err) = run(&["loadtest", "--sessions", "2000", "--prompts", "2", "--json"]);

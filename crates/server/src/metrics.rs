@@ -7,7 +7,8 @@
 //!   and commit time histograms, maintenance;
 //! - the providers, when wrapped in [`Timed`]: calls, errors, time to the first token and to
 //!   the end of the response, by provider;
-//! - the server: open event streams, and how often one lagged behind the bus.
+//! - the server: open event streams, and how often one lagged behind the bus;
+//! - the process: CPU time, resident memory, open file descriptors (from `/proc`).
 //!
 //! Gauges of state (live actors, drains running, store health, open streams) are read when
 //! scraped. Labels are few and bounded: no session ids. Counters count from this process's
@@ -25,10 +26,11 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use futures::future::BoxFuture;
 use futures::{FutureExt, Stream};
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric as _};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
@@ -220,6 +222,7 @@ impl Metrics {
         if let Some(providers) = providers {
             providers.register(&mut r);
         }
+        r.register_collector(Box::new(Process));
         Metrics {
             registry: r,
             ..metrics
@@ -257,6 +260,74 @@ impl Metrics {
             .expect("invariant: writing to a String cannot fail");
         out
     }
+}
+
+/// The process's CPU time, resident memory and open file descriptors, read from `/proc` at each
+/// scrape (Linux; elsewhere they are left out). What `loadtest --url` divides by turns.
+#[derive(Debug)]
+struct Process;
+
+/// `/proc` counts CPU time in USER_HZ ticks, 100 per second on Linux's every architecture.
+const TICKS_PER_SECOND: f64 = 100.0;
+
+impl Collector for Process {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> std::fmt::Result {
+        if let Some(cpu) = cpu_seconds() {
+            let cpu = ConstCounter::new(cpu);
+            let metric = encoder.encode_descriptor(
+                "process_cpu",
+                "User and system CPU time of this process",
+                Some(&Unit::Seconds),
+                cpu.metric_type(),
+            )?;
+            cpu.encode(metric)?;
+        }
+        if let Some(rss) = resident_bytes() {
+            let rss = ConstGauge::new(rss);
+            let metric = encoder.encode_descriptor(
+                "process_resident_memory",
+                "Resident memory of this process",
+                Some(&Unit::Bytes),
+                rss.metric_type(),
+            )?;
+            rss.encode(metric)?;
+        }
+        if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+            let fds = ConstGauge::new(fds.count() as i64);
+            let metric = encoder.encode_descriptor(
+                "process_open_fds",
+                "Open file descriptors (connections, the store, logs)",
+                None,
+                fds.metric_type(),
+            )?;
+            fds.encode(metric)?;
+        }
+        Ok(())
+    }
+}
+
+/// utime + stime of `/proc/self/stat` (fields 14 and 15; the command name before them may hold
+/// spaces, so fields are counted after its closing parenthesis).
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    let utime: u64 = fields.nth(11)?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some((utime + stime) as f64 / TICKS_PER_SECOND)
+}
+
+/// `VmRSS` of `/proc/self/status`, in bytes.
+fn resident_bytes() -> Option<i64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: i64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
 }
 
 /// Renders every metric.
@@ -328,6 +399,16 @@ impl Providers {
             inner: provider,
             stats,
         })
+    }
+
+    /// These timings alone, as OpenMetrics text (for `loadtest`, which has no server).
+    pub fn render(&self) -> String {
+        let mut registry = Registry::default();
+        self.register(&mut registry);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry)
+            .expect("invariant: writing to a String cannot fail");
+        out
     }
 
     fn register(&self, r: &mut Registry) {

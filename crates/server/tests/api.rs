@@ -175,6 +175,9 @@ async fn health_metrics_and_unknown_routes() {
         "agenthost_drains_total ",
         "agenthost_admissions_total ",
         "agenthost_sse_streams ",
+        "process_cpu_seconds_total ",
+        "process_resident_memory_bytes ",
+        "process_open_fds ",
     ] {
         assert!(text.contains(metric), "{metric} missing from\n{text}");
     }
