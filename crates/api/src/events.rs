@@ -95,8 +95,8 @@ pub struct Events {
 enum Step {
     Yield(Frame),
     Skip,
-    /// A durable event skipped a seq: reconnect after the last one.
-    Gap,
+    /// A durable event (of this seq) skipped some: reconnect after the last one.
+    Gap(u64),
 }
 
 impl Events {
@@ -138,6 +138,7 @@ impl Events {
             if self.ended {
                 return None;
             }
+            let mut gap = None;
             while let Some(raw) = self.frames.pop_front() {
                 match self.step(&raw) {
                     Ok(Step::Yield(frame)) => {
@@ -145,8 +146,8 @@ impl Events {
                         return Some(Ok(frame));
                     }
                     Ok(Step::Skip) => {}
-                    Ok(Step::Gap) => {
-                        self.disconnect();
+                    Ok(Step::Gap(seq)) => {
+                        gap = Some(seq);
                         break;
                     }
                     Err(error) => {
@@ -155,8 +156,14 @@ impl Events {
                     }
                 }
             }
-            let failure = match self.response.as_mut() {
-                None => match self.connect().await {
+            let failure = match (gap, self.response.as_mut()) {
+                // Reconnected like any other break, with backoff: a server that keeps skipping
+                // is not hammered.
+                (Some(seq), _) => Error::Decode(format!(
+                    "event seq {seq} skipped some after {}",
+                    self.last.unwrap_or_default()
+                )),
+                (None, None) => match self.connect().await {
                     Ok(()) => continue,
                     Err(Connect::Fatal(error)) => {
                         self.ended = true;
@@ -164,7 +171,7 @@ impl Events {
                     }
                     Err(Connect::Retry(error)) => error,
                 },
-                Some(response) => match response.chunk().await {
+                (None, Some(response)) => match response.chunk().await {
                     Ok(Some(chunk)) => {
                         let mut out = Vec::new();
                         self.decoder.feed(&chunk, &mut out);
@@ -237,7 +244,7 @@ impl Events {
                 let event: wire::Event = parse(&raw.data)?;
                 match self.last {
                     Some(last) if event.seq <= last => Step::Skip,
-                    Some(last) if self.seen && event.seq > last + 1 => Step::Gap,
+                    Some(last) if self.seen && event.seq > last + 1 => Step::Gap(event.seq),
                     _ => {
                         self.last = Some(event.seq);
                         self.seen = true;

@@ -634,17 +634,10 @@ impl Usage {
                 .collect();
             (!values.is_empty()).then(|| values.iter().sum())
         };
-        let own_cpu = || {
-            let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-            let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
-            let utime: f64 = fields.nth(11)?.parse().ok()?;
-            let stime: f64 = fields.next()?.parse().ok()?;
-            Some((utime + stime) / 100.0)
-        };
         Usage {
             cpu_seconds: match target {
                 Target::Remote { .. } => sum("process_cpu_seconds_total"),
-                Target::Embedded { .. } => own_cpu(),
+                Target::Embedded { .. } => agenthost_server::metrics::cpu_seconds(),
             },
             server_rss_bytes: sum("process_resident_memory_bytes"),
             provider_calls: sum("agenthost_provider_call_seconds_count").unwrap_or(0.0),

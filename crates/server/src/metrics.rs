@@ -306,9 +306,10 @@ impl Collector for Process {
     }
 }
 
-/// utime + stime of `/proc/self/stat` (fields 14 and 15; the command name before them may hold
-/// spaces, so fields are counted after its closing parenthesis).
-fn cpu_seconds() -> Option<f64> {
+/// This process's CPU time: utime + stime of `/proc/self/stat` (fields 14 and 15; the command
+/// name before them may hold spaces, so fields are counted after its closing parenthesis).
+/// `None` where there is no `/proc`.
+pub fn cpu_seconds() -> Option<f64> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
     let utime: u64 = fields.nth(11)?.parse().ok()?;
