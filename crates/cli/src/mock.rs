@@ -34,6 +34,10 @@ pub struct Args {
     /// Mixed into every decision; different seeds give different reproducible runs.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Close every connection after its answer (`connection: close`) instead of keeping it
+    /// alive, as some gateways do.
+    #[arg(long)]
+    close: bool,
 }
 
 pub async fn run(args: Args) -> Result<(), Failure> {
@@ -61,6 +65,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
             seed: args.seed,
         },
         fail_ratio: args.fail_ratio,
+        close_connections: args.close,
         ..server::Config::default()
     };
     let listener = tokio::net::TcpListener::bind(bind)

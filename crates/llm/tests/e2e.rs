@@ -412,3 +412,35 @@ async fn anthropic_over_http_with_thinking_and_a_tool_call() {
         Some(json!(true))
     );
 }
+
+/// A mock that closes every connection after its answer: the header says so, and calls keep
+/// working, each on a connection of its own.
+#[tokio::test]
+async fn a_mock_that_closes_connections_still_answers_every_call() {
+    let handle = start(server::Config {
+        close_connections: true,
+        ..server::Config::default()
+    })
+    .await;
+    let http = agenthost_llm::client_builder()
+        .expect("builder")
+        .build()
+        .expect("client");
+    let reply = http
+        .get(format!("{}/models", handle.base_url()))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(reply.headers()["connection"], "close");
+    let provider = client(handle.base_url(), BOUND);
+    for _ in 0..3 {
+        let events = events(&provider, ask("hello")).await;
+        assert!(events.iter().all(Result::is_ok), "{events:?}");
+        assert!(
+            events
+                .iter()
+                .any(|e| matches!(e, Ok(Event::StepFinish { .. }))),
+            "{events:?}"
+        );
+    }
+}

@@ -109,6 +109,9 @@ pub struct Config {
     pub failures: Vec<Failure>,
     /// The `retry-after` sent with rate-limit responses (whole seconds).
     pub retry_after: Duration,
+    /// Answer with `connection: close`, so every call opens a connection of its own (as some
+    /// gateways do), instead of keeping it alive.
+    pub close_connections: bool,
 }
 
 impl Default for Config {
@@ -123,6 +126,7 @@ impl Default for Config {
                 Failure::Truncate,
             ],
             retry_after: Duration::from_secs(1),
+            close_connections: false,
         }
     }
 }
@@ -186,11 +190,22 @@ pub fn serve(listener: TcpListener, config: Config) -> io::Result<Handle> {
         requests: AtomicU64::new(0),
         shutdown: shutdown.clone(),
     });
-    let app = Router::new()
+    let mut app = Router::new()
         .route("/v1/chat/completions", post(completions))
         .route("/v1/messages", post(messages))
         .route("/v1/models", get(models))
         .with_state(shared.clone());
+    if shared.config.close_connections {
+        app = app.layer(axum::middleware::map_response(
+            |mut response: Response| async move {
+                response.headers_mut().insert(
+                    header::CONNECTION,
+                    header::HeaderValue::from_static("close"),
+                );
+                response
+            },
+        ));
+    }
     let mut signal = shutdown;
     let task = tokio::spawn(async move {
         axum::serve(listener, app)
