@@ -209,6 +209,7 @@ pub struct Generate {
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// Sessions per page, 1–1000 (default 50).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
     /// `cursor.next` of the previous page.
     pub cursor: Option<String>,
@@ -222,6 +223,7 @@ pub struct MessagesQuery {
     /// Only messages with a larger seq (default: from the start).
     pub after_seq: Option<u64>,
     /// Messages per page, 1–1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
 }
 
