@@ -15,6 +15,9 @@ use crate::wire::{self, Data, ErrorEnvelope};
 /// none.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// How long a connection may take to open (an event stream's too).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// What went wrong with a call.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -81,6 +84,7 @@ impl Client {
             .map_err(Error::Http)?
             .redirect(reqwest::redirect::Policy::none())
             .tcp_nodelay(true)
+            .connect_timeout(CONNECT_TIMEOUT)
             .build()
             .map_err(Error::http)?;
         Client::with_http(base_url, http)
