@@ -24,7 +24,10 @@ const RECOVERY_WAIT: Duration = Duration::from_secs(60);
 pub const RESTART_NOTE: &str = "The server restarted while you were working on this session. \
      Continue where you left off; do not repeat work that is already complete.";
 
-pub(crate) async fn sweep(runtime: &Runtime, config: &Recovery) {
+/// Sweeps the sessions this node owns. `listing` (a takeover's) is released once the sessions
+/// owed recovery are known, each of them until it is recovered: until then `wait_idle` on them
+/// waits (a session owed recovery is not idle).
+pub(crate) async fn sweep(runtime: &Runtime, config: &Recovery, listing: Option<Listing>) {
     if config.mode == RecoveryMode::Off {
         return;
     }
@@ -44,14 +47,107 @@ pub(crate) async fn sweep(runtime: &Runtime, config: &Recovery) {
         }
         return;
     }
+    let sweeps = &runtime.shared.sweeps;
+    sweeps.owe(&found);
+    drop(listing);
     tracing::info!(sessions = found.len(), "recovering sessions");
     futures::stream::iter(found)
         .for_each_concurrent(config.concurrency.max(1), |session| async move {
             if let Err(e) = recover(runtime, &session).await {
                 tracing::error!(session_id = %session, error = %e, "recovery failed");
             }
+            sweeps.recovered(&session);
         })
         .await;
+}
+
+/// What recovery sweeps still owe: sessions listed and not yet woken and settled, and takeover
+/// sweeps that have not listed theirs yet.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Sweeps {
+    inner: std::sync::Arc<SweepsInner>,
+}
+
+#[derive(Debug, Default)]
+struct SweepsInner {
+    /// A std mutex: held for a set update, never across an await.
+    state: std::sync::Mutex<Owed>,
+    changed: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct Owed {
+    listing: usize,
+    sessions: BTreeSet<SessionId>,
+    /// The ownership version whose change `follow` has handled (a takeover's sweep is listing
+    /// from then on).
+    handled: u64,
+}
+
+/// A takeover sweep that has not listed its sessions yet; released when dropped.
+#[derive(Debug)]
+pub(crate) struct Listing(Sweeps);
+
+impl Drop for Listing {
+    fn drop(&mut self) {
+        self.0.update(|owed| owed.listing -= 1);
+    }
+}
+
+impl Sweeps {
+    fn update(&self, f: impl FnOnce(&mut Owed)) {
+        f(&mut self.inner.state.lock().unwrap_or_else(|e| e.into_inner()));
+        self.inner.changed.notify_waiters();
+    }
+
+    /// A takeover sweep starts: until it has listed its sessions, any session may be owed.
+    pub(crate) fn listing(&self) -> Listing {
+        self.update(|owed| owed.listing += 1);
+        Listing(self.clone())
+    }
+
+    fn owe(&self, sessions: &BTreeSet<SessionId>) {
+        self.update(|owed| owed.sessions.extend(sessions.iter().cloned()));
+    }
+
+    fn recovered(&self, session: &SessionId) {
+        self.update(|owed| {
+            owed.sessions.remove(session);
+        });
+    }
+
+    /// `follow` has handled the ownership change that made `version`.
+    pub(crate) fn handled(&self, version: u64) {
+        self.update(|owed| owed.handled = owed.handled.max(version));
+    }
+
+    /// Whether a sweep may still owe `session` recovery: one is listing, it is listed, or the
+    /// partitions changed (at `version`) and `follow` has not handled it yet.
+    fn owes(&self, session: &SessionId, version: u64) -> bool {
+        let owed = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        owed.listing > 0 || owed.sessions.contains(session) || owed.handled < version
+    }
+
+    /// Waits until no sweep owes `session` recovery; `false` when `timeout` passed first.
+    /// `version` reads the ownership's version (0 on the embedded store).
+    pub(crate) async fn settled(
+        &self,
+        session: &SessionId,
+        version: impl Fn() -> u64,
+        timeout: Duration,
+    ) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            // Registered before the check, so a change in between is not missed.
+            let changed = self.inner.changed.notified();
+            if !self.owes(session, version()) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return false;
+            }
+        }
+    }
 }
 
 /// Sessions this node owns that hold a claim or pending input.
@@ -78,18 +174,27 @@ pub(crate) async fn follow(
             _ = runtime.shared.stopping.cancelled() => return,
             change = changes.recv() => change,
         };
+        let sweeps = &runtime.shared.sweeps;
         match change {
-            Ok(Lease::Lost(_)) => runtime.stop_unowned().await,
-            Ok(Lease::Gained(parts)) => {
+            Ok(Lease::Lost(_, version)) => {
+                runtime.stop_unowned().await;
+                sweeps.handled(version);
+            }
+            Ok(Lease::Gained(parts, version)) => {
                 tracing::info!(partitions = ?parts, "recovering the sessions of taken partitions");
+                let listing = sweeps.listing();
+                sweeps.handled(version);
                 let (runtime, config) = (runtime.clone(), runtime.shared.recovery.clone());
-                tokio::spawn(async move { sweep(&runtime, &config).await });
+                tokio::spawn(async move { sweep(&runtime, &config, Some(listing)).await });
             }
             // Missed changes: make the actors match what is held, and sweep what may be new.
             Err(RecvError::Lagged(_)) => {
+                let version = runtime.ownership_version();
                 runtime.stop_unowned().await;
+                let listing = sweeps.listing();
+                sweeps.handled(version);
                 let (runtime, config) = (runtime.clone(), runtime.shared.recovery.clone());
-                tokio::spawn(async move { sweep(&runtime, &config).await });
+                tokio::spawn(async move { sweep(&runtime, &config, Some(listing)).await });
             }
             Err(RecvError::Closed) => return,
         }
@@ -168,4 +273,40 @@ fn unwoken(runtime: &Runtime) -> Result<Vec<SessionId>> {
         }
     }
     Ok(lost)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A session is not settled while a takeover's sweep is listing, while it is listed and not
+    /// yet recovered, or while a partition change has not been handled.
+    #[tokio::test(start_paused = true)]
+    async fn wait_idle_waits_for_what_a_sweep_owes() {
+        let sweeps = Sweeps::default();
+        let s = SessionId::parse("ses_owed").expect("id");
+        let other = SessionId::parse("ses_other").expect("id");
+        let short = Duration::from_millis(10);
+        assert!(sweeps.settled(&s, || 0, short).await);
+
+        // A partition change not handled yet: anything may be owed.
+        assert!(!sweeps.settled(&s, || 1, short).await);
+        let listing = sweeps.listing();
+        sweeps.handled(1);
+        assert!(!sweeps.settled(&s, || 1, short).await, "still listing");
+
+        // Listed: only the listed session waits, until it is recovered.
+        sweeps.owe(&BTreeSet::from([s.clone()]));
+        drop(listing);
+        assert!(sweeps.settled(&other, || 1, short).await);
+        let waiter = {
+            let sweeps = sweeps.clone();
+            let s = s.clone();
+            tokio::spawn(async move { sweeps.settled(&s, || 1, Duration::from_secs(60)).await })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!waiter.is_finished());
+        sweeps.recovered(&s);
+        assert!(waiter.await.expect("waiter"), "woken when recovered");
+    }
 }

@@ -145,6 +145,7 @@ impl Runtime {
             recovery: config.recovery.clone(),
             history_budget,
             metrics,
+            sweeps: Default::default(),
             shutting_down: AtomicBool::new(false),
             stopping: Default::default(),
             released: Default::default(),
@@ -165,10 +166,12 @@ impl Runtime {
         if let Some(ownership) = runtime.shared.store.ownership() {
             let follower = runtime.clone();
             let changes = ownership.subscribe();
+            // What is held now, the boot sweep (which `wait_idle` waits for) covers.
+            runtime.shared.sweeps.handled(ownership.version());
             tokio::spawn(async move { recovery::follow(&follower, changes).await });
         }
         tokio::spawn(async move {
-            recovery::sweep(&sweeper, &recovery).await;
+            recovery::sweep(&sweeper, &recovery, None).await;
             let _ = done_tx.send(true);
             // Like recovery, the lost-wake sweep resumes work nobody asked for again: it runs in
             // `resume` mode only.
@@ -320,15 +323,27 @@ impl Runtime {
         // resumed it: wait for the sweep first, within the same timeout.
         let start = tokio::time::Instant::now();
         let swept = *self.recovery.borrow();
+        let timed_out = || Error::Timeout {
+            session: session.clone(),
+            what: "wait_idle",
+        };
         if !swept
             && tokio::time::timeout(timeout, self.recovered())
                 .await
                 .is_err()
         {
-            return Err(Error::Timeout {
-                session: session.clone(),
-                what: "wait_idle",
-            });
+            return Err(timed_out());
+        }
+        // Likewise a session of a partition this node just took over, before its sweep has
+        // resumed it.
+        let left = timeout.saturating_sub(start.elapsed());
+        if !self
+            .shared
+            .sweeps
+            .settled(session, || self.ownership_version(), left)
+            .await
+        {
+            return Err(timed_out());
         }
         self.idle(session, timeout.saturating_sub(start.elapsed()))
             .await
@@ -431,6 +446,12 @@ impl Runtime {
     /// A consistent read view of the store.
     pub fn snapshot(&self) -> Result<Box<dyn Snapshot>> {
         Ok(self.shared.store.snapshot()?)
+    }
+
+    /// The version of this node's partitions (see `Ownership::version`); 0 on the embedded
+    /// store.
+    pub(crate) fn ownership_version(&self) -> u64 {
+        self.shared.store.ownership().map_or(0, |o| o.version())
     }
 
     /// Whether this node may run the session: always on the embedded store; in a cluster, when

@@ -44,6 +44,8 @@ pub(crate) struct Shared {
     /// What session actors' history caches may hold together.
     pub history_budget: Arc<crate::history_cache::Budget>,
     pub metrics: Metrics,
+    /// What recovery sweeps still owe: `wait_idle` waits for it.
+    pub sweeps: crate::recovery::Sweeps,
     /// Set once by `Runtime::shutdown`; new work is refused from then on.
     pub shutting_down: AtomicBool,
     /// Cancelled by `Runtime::shutdown`, so background loops end at once.

@@ -6,14 +6,14 @@ use std::fmt;
 
 use agenthost_model::SessionId;
 
-/// A change of this node's partitions.
+/// A change of this node's partitions, with the [`Ownership::version`] it made.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Lease {
     /// This node took these partitions (at a new epoch): their sessions need recovery here.
-    Gained(Vec<u32>),
+    Gained(Vec<u32>, u64),
     /// This node no longer holds these partitions: its writes to them are refused from now on,
     /// and their session actors must stop.
-    Lost(Vec<u32>),
+    Lost(Vec<u32>, u64),
 }
 
 /// One node of the cluster as the lease table last showed it.
@@ -56,6 +56,9 @@ pub trait Ownership: Send + Sync + fmt::Debug {
     fn view(&self) -> ClusterView;
     /// Changes of this node's partitions from now on.
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Lease>;
+    /// Counts the changes of this node's partitions: a holder that has handled the [`Lease`]
+    /// carrying this version is up to date.
+    fn version(&self) -> u64;
 }
 
 /// The partition a session hashes into: FNV-1a over its id, the same on every node and in every

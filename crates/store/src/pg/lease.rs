@@ -233,17 +233,19 @@ impl Leases {
             .iter()
             .map(|r| (r.get::<_, i32>(0) as u32, r.get::<_, i64>(1)))
             .collect();
-        {
+        let version = {
             let mut held = lock(&self.held);
             let mut next = (**held).clone();
             next.epochs.extend(gained.iter().copied());
             next.version += 1;
+            let version = next.version;
             *held = Arc::new(next);
-        }
+            version
+        };
         let mut parts: Vec<u32> = gained.iter().map(|(p, _)| *p).collect();
         parts.sort_unstable();
         tracing::info!(node = %self.node, partitions = ?parts, "leases taken");
-        let _ = self.changes.send(Lease::Gained(parts));
+        let _ = self.changes.send(Lease::Gained(parts, version));
         Ok(())
     }
 
@@ -288,18 +290,20 @@ impl Leases {
 
     /// Forgets partitions (their writes are refused from now on) and says so.
     fn remove(&self, parts: &[u32]) {
-        {
+        let version = {
             let mut held = lock(&self.held);
             let mut next = (**held).clone();
             for p in parts {
                 next.epochs.remove(p);
             }
             next.version += 1;
+            let version = next.version;
             *held = Arc::new(next);
-        }
+            version
+        };
         let mut parts = parts.to_vec();
         parts.sort_unstable();
-        let _ = self.changes.send(Lease::Lost(parts));
+        let _ = self.changes.send(Lease::Lost(parts, version));
     }
 
     fn drop_all(&self) {
@@ -364,6 +368,10 @@ impl Leases {
 impl Ownership for Leases {
     fn node(&self) -> &str {
         &self.node
+    }
+
+    fn version(&self) -> u64 {
+        lock(&self.held).version
     }
 
     fn partitions(&self) -> u32 {

@@ -240,7 +240,7 @@ async fn a_stale_owner_cannot_commit_after_a_takeover() {
     // The next renewal notices.
     let lost = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
-            if let Lease::Lost(parts) = changes.recv().await.expect("changes") {
+            if let Lease::Lost(parts, _) = changes.recv().await.expect("changes") {
                 return parts;
             }
         }
