@@ -7,6 +7,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -18,9 +19,12 @@ const MAX_BODY: usize = 64;
 macro_rules! prefixed_id {
     ($(#[$doc:meta])* $name:ident, $prefix:literal, $kind:literal) => {
         $(#[$doc])*
+        ///
+        /// Shared, not copied: a clone (every event, delta and message carries ids) is a
+        /// reference count.
         #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "String")]
-        pub struct $name(String);
+        pub struct $name(Arc<str>);
 
         impl $name {
             pub const PREFIX: &'static str = $prefix;
@@ -29,13 +33,13 @@ macro_rules! prefixed_id {
             /// entropy.
             pub fn mint(now: Timestamp, entropy: u128) -> Self {
                 let body = ulid::Ulid::from_parts(now.0, entropy);
-                Self(format!("{}{}", $prefix, body))
+                Self(format!("{}{}", $prefix, body).into())
             }
 
             /// Parses and validates an id supplied from outside.
             pub fn parse(value: &str) -> Result<Self, Error> {
                 validate(value, $prefix, $kind)?;
-                Ok(Self(value.to_owned()))
+                Ok(Self(value.into()))
             }
 
             pub fn as_str(&self) -> &str {
@@ -54,13 +58,13 @@ macro_rules! prefixed_id {
             type Error = Error;
             fn try_from(value: String) -> Result<Self, Error> {
                 validate(&value, $prefix, $kind)?;
-                Ok(Self(value))
+                Ok(Self(value.into()))
             }
         }
 
         impl From<$name> for String {
             fn from(id: $name) -> String {
-                id.0
+                id.0.to_string()
             }
         }
 
