@@ -17,10 +17,10 @@
 import createClient, { type Client } from "openapi-fetch";
 
 import type { components, paths } from "./schema.js";
-import { readFrames } from "./sse.js";
+import { readFrames, SseOverflowError } from "./sse.js";
 
 export type { components, operations, paths } from "./schema.js";
-export { readFrames, SseParser, type SseFrame } from "./sse.js";
+export { MAX_FRAME, readFrames, SseOverflowError, SseParser, type SseFrame } from "./sse.js";
 
 type Schemas = components["schemas"];
 
@@ -262,7 +262,8 @@ async function* streamEvents(
         }
       } catch (error) {
         if (signal.aborted) return;
-        if (error instanceof AgenthostError) throw error;
+        // An error answer, or a server sending frames past the bound: reconnecting would not help.
+        if (error instanceof AgenthostError || error instanceof SseOverflowError) throw error;
         failure = error;
       }
       if (failures >= maxRetries) {

@@ -7,6 +7,17 @@
  * @module
  */
 
+/**
+ * The longest line, and the most `data` one frame may carry, in characters: what a hostile or
+ * broken server sends is never buffered without bound (the Rust client's bound too).
+ */
+export const MAX_FRAME = 8 * 1024 * 1024;
+
+/** A line or a frame passed {@link MAX_FRAME}: the stream is not read further. */
+export class SseOverflowError extends Error {
+  override name = "SseOverflowError";
+}
+
 /** One dispatched SSE frame. */
 export interface SseFrame {
   /** The `event:` field, `"message"` when absent. */
@@ -27,6 +38,8 @@ export class SseParser {
   #afterCr = false;
   #event = "";
   #data: string[] = [];
+  /** Characters in `#data`, with the newlines that will join them. */
+  #dataLength = 0;
   #id: string | undefined;
 
   /** Parses `text` and returns the frames it completed. */
@@ -64,6 +77,9 @@ export class SseParser {
       start = next;
     }
     this.#buffer = this.#buffer.slice(start);
+    if (this.#buffer.length > MAX_FRAME) {
+      throw new SseOverflowError(`an event stream line over ${MAX_FRAME} characters`);
+    }
     return frames;
   }
 
@@ -79,6 +95,10 @@ export class SseParser {
         this.#event = value;
         break;
       case "data":
+        this.#dataLength += value.length + 1;
+        if (this.#dataLength > MAX_FRAME) {
+          throw new SseOverflowError(`an event stream frame over ${MAX_FRAME} characters`);
+        }
         this.#data.push(value);
         break;
       case "id":
@@ -100,6 +120,7 @@ export class SseParser {
           };
     this.#event = "";
     this.#data = [];
+    this.#dataLength = 0;
     this.#id = undefined;
     return frame;
   }

@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { readFrames, SseParser, type SseFrame } from "../src/sse.js";
+import { MAX_FRAME, readFrames, SseOverflowError, SseParser, type SseFrame } from "../src/sse.js";
 
 function parse(...pieces: string[]): SseFrame[] {
   const parser = new SseParser();
@@ -89,4 +89,23 @@ test("UTF-8 split across chunks decodes, at every byte boundary", { timeout: 10_
   // One byte at a time.
   const single = Array.from(bytes, (byte) => Uint8Array.of(byte));
   assert.deepEqual(await collect(body(...single)), want);
+});
+
+test("a line or a frame over the bound stops the parser", () => {
+  // One endless line, fed in pieces.
+  const parser = new SseParser();
+  parser.push("data: ");
+  const piece = "x".repeat(1024 * 1024);
+  assert.throws(() => {
+    for (let i = 0; i <= MAX_FRAME / piece.length + 1; i++) parser.push(piece);
+  }, SseOverflowError);
+  // Many short data lines adding up to too much for one frame.
+  const lines = new SseParser();
+  const line = `data: ${"y".repeat(64 * 1024)}\n`;
+  assert.throws(() => {
+    for (let i = 0; i <= MAX_FRAME / line.length + 1; i++) lines.push(line);
+  }, SseOverflowError);
+  // Just under the bound is fine.
+  const big = new SseParser();
+  assert.equal(big.push(`data: ${"z".repeat(MAX_FRAME - 16)}\n\n`).length, 1);
 });
