@@ -2,11 +2,11 @@
 //!
 //! **Owns**: its own request and event types ([`Request`], [`Event`], [`Response`]), the
 //! [`Provider`] trait, the OpenAI-compatible Chat Completions and Anthropic Messages clients
-//! over reqwest with a hand-written incremental SSE decoder, the scripted provider for tests,
+//! over reqwest with the incremental SSE decoder of `agenthost-http`, the scripted provider for tests,
 //! the mock provider and its HTTP server, and the error taxonomy ([`Error`], [`ErrorKind`]).
 //!
-//! **Must not**: depend on any other agenthost crate (it knows nothing of sessions, the store
-//! or actors); retry (one call is exactly one HTTP request, retries live in the runtime); use an
+//! **Must not**: depend on any other agenthost crate but `agenthost-http` (it knows nothing of
+//! sessions, the store or actors); retry (one call is exactly one HTTP request, retries live in the runtime); use an
 //! SSE client that reconnects by re-sending the POST; put a total deadline on a stream (an idle
 //! timeout between bytes instead); print a secret (keys are [`ApiKey`]s, credential headers are
 //! redacted in `Debug`, provider error messages are scrubbed of the key).

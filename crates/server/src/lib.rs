@@ -4,7 +4,7 @@
 //! the one error-to-status mapping ([`ApiError`]), the JSON/query/path extractors that give
 //! malformed input our error shape ([`extract`]), bearer-token authentication ([`auth`]), the
 //! SSE event stream with replay and resume (module `events`, whose doc specifies the frames),
-//! Prometheus metrics ([`metrics`]), the generated OpenAPI document ([`openapi`]) and HTTP tools
+//! OpenMetrics metrics ([`metrics`]), the generated OpenAPI document ([`openapi`]) and HTTP tools
 //! ([`tools`]). The wire types and the typed client live in `agenthost-api`, which this crate
 //! serves.
 //!
