@@ -1,7 +1,8 @@
 //! Live events: every durable event right after its commit, plus ephemeral deltas and status
 //! changes that are never stored. One broadcast channel carries every session's
-//! events (for observers such as metrics); each session with a subscriber also has its own
-//! channel, so a thousand event streams do not each filter every session's traffic. A
+//! events (for observers that watch them all); a subscriber of one session has its own bounded
+//! queue instead ([`Subscription`]), so a thousand event streams do not each filter every
+//! session's traffic, and a session's events are freed as soon as its subscribers took them. A
 //! subscriber that lags loses live events and must resync from the durable log by seq, which is
 //! what `events?after=N` is for.
 //!
@@ -11,9 +12,11 @@
 //! delta of a message it has not been told about.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use agenthost_model::{Event, MessageId, SessionId, Stored};
-use tokio::sync::broadcast;
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+use tokio::sync::{broadcast, mpsc};
 
 use crate::IdMap;
 
@@ -53,10 +56,10 @@ impl DeltaKind {
     }
 }
 
-/// Capacity of a session's own channel: the events a slow reader may fall behind by before it
-/// has to resync from the store (durable events come back from there; deltas it missed do not).
-/// A channel allocates its whole capacity up front, about 32 bytes a slot, and every watched
-/// session has one: at 1 024 slots, 10 000 watched sessions held 320 MiB in empty slots.
+/// What a subscriber of one session may fall behind by before it has to resync from the store
+/// (durable events come back from there; deltas it missed do not). The queue grows in blocks
+/// as it fills and frees what its reader took, so a watched session that is keeping up holds
+/// one small block, not this many slots.
 const SESSION_CAPACITY: usize = 128;
 
 type Item = Arc<(SessionId, Live)>;
@@ -65,7 +68,7 @@ type Item = Arc<(SessionId, Live)>;
 #[derive(Debug, Clone)]
 pub struct Bus {
     tx: broadcast::Sender<Item>,
-    sessions: Arc<IdMap<SessionId, broadcast::Sender<Item>>>,
+    sessions: Arc<IdMap<SessionId, Vec<Subscriber>>>,
     /// Deltas of messages whose creating event has not been published yet.
     held: Arc<IdMap<MessageId, Held>>,
 }
@@ -117,10 +120,13 @@ impl Bus {
         if self.tx.receiver_count() > 0 {
             return true;
         }
-        let listened = self.sessions.get(session).map(|tx| tx.receiver_count() > 0);
+        let listened = self
+            .sessions
+            .get(session)
+            .map(|subs| subs.iter().any(Subscriber::open));
         if listened == Some(false) {
             self.sessions
-                .remove_if(session, |_, tx| tx.receiver_count() == 0);
+                .remove_if(session, |_, subs| !subs.iter().any(Subscriber::open));
         }
         listened == Some(true)
     }
@@ -163,28 +169,16 @@ impl Bus {
     }
 
     fn send(&self, session: &SessionId, item: Item) {
-        let listened = self.sessions.get(session).map(|tx| tx.receiver_count() > 0);
-        if self.tx.receiver_count() == 0 && listened != Some(true) {
-            if listened == Some(false) {
-                self.sessions
-                    .remove_if(session, |_, tx| tx.receiver_count() == 0);
-            }
-            return;
-        }
         if self.tx.receiver_count() > 0 {
             let _ = self.tx.send(item.clone());
         }
-        match listened {
-            Some(true) => {
-                if let Some(tx) = self.sessions.get(session) {
-                    let _ = tx.send(item);
-                }
-            }
-            Some(false) => {
-                self.sessions
-                    .remove_if(session, |_, tx| tx.receiver_count() == 0);
-            }
-            None => {}
+        let mut gone = false;
+        if let Some(mut subs) = self.sessions.get_mut(session) {
+            subs.retain(|sub| sub.offer(&item));
+            gone = subs.is_empty();
+        }
+        if gone {
+            self.sessions.remove_if(session, |_, subs| subs.is_empty());
         }
     }
 
@@ -194,10 +188,163 @@ impl Bus {
     }
 
     /// One session's events only.
-    pub fn subscribe_session(&self, session: &SessionId) -> broadcast::Receiver<Item> {
-        self.sessions
-            .entry(session.clone())
-            .or_insert_with(|| broadcast::channel(SESSION_CAPACITY).0)
-            .subscribe()
+    pub fn subscribe_session(&self, session: &SessionId) -> Subscription {
+        let (tx, rx) = mpsc::channel(SESSION_CAPACITY);
+        let missed = Arc::new(AtomicU64::new(0));
+        let sub = Subscriber {
+            tx,
+            missed: missed.clone(),
+        };
+        self.sessions.entry(session.clone()).or_default().push(sub);
+        Subscription { rx, missed }
+    }
+}
+
+/// The bus's end of a [`Subscription`].
+#[derive(Debug)]
+struct Subscriber {
+    tx: mpsc::Sender<Item>,
+    /// Items dropped because the queue was full, not yet reported to the reader.
+    missed: Arc<AtomicU64>,
+}
+
+impl Subscriber {
+    fn open(&self) -> bool {
+        !self.tx.is_closed()
+    }
+
+    /// Queues `item`, or counts it missed when the reader is too far behind; `false` once the
+    /// reader is gone.
+    fn offer(&self, item: &Item) -> bool {
+        match self.tx.try_send(item.clone()) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.missed.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    }
+}
+
+/// One session's live events, in the order they were published. Like a broadcast receiver, it
+/// reports [`RecvError::Lagged`] when it fell too far behind and items were dropped (then goes
+/// on with what is queued and what comes next), and [`RecvError::Closed`] when the bus is gone.
+#[derive(Debug)]
+pub struct Subscription {
+    rx: mpsc::Receiver<Item>,
+    missed: Arc<AtomicU64>,
+}
+
+impl Subscription {
+    /// The next item. A drop is reported before the items queued ahead of it: a reader resyncs
+    /// from the store by seq either way, and never waits on an empty queue with a loss unreported
+    /// (items are dropped only while the queue is full).
+    pub async fn recv(&mut self) -> Result<Item, RecvError> {
+        let missed = self.missed.swap(0, Ordering::Relaxed);
+        if missed > 0 {
+            return Err(RecvError::Lagged(missed));
+        }
+        self.rx.recv().await.ok_or(RecvError::Closed)
+    }
+
+    /// The next item if one is queued, without waiting.
+    pub fn try_recv(&mut self) -> Result<Item, TryRecvError> {
+        let missed = self.missed.swap(0, Ordering::Relaxed);
+        if missed > 0 {
+            return Err(TryRecvError::Lagged(missed));
+        }
+        self.rx.try_recv().map_err(|e| match e {
+            mpsc::error::TryRecvError::Empty => TryRecvError::Empty,
+            mpsc::error::TryRecvError::Disconnected => TryRecvError::Closed,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(n: u32) -> SessionId {
+        SessionId::parse(&format!("ses_{n:04}")).expect("valid")
+    }
+
+    fn status(n: u32) -> Live {
+        Live::Status {
+            running: n % 2 == 1,
+        }
+    }
+
+    fn running(item: &Item) -> bool {
+        match &item.1 {
+            Live::Status { running } => *running,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_gets_its_sessions_items_in_order() {
+        let bus = Bus::new(16);
+        let (a, b) = (session(1), session(2));
+        let mut sub = bus.subscribe_session(&a);
+        assert!(bus.listening(&a));
+        assert!(!bus.listening(&b));
+        for n in 0..4 {
+            bus.publish(&a, status(n));
+            bus.publish(&b, status(1));
+        }
+        for n in 0..4 {
+            let item = sub.recv().await.expect("queued");
+            assert_eq!(item.0, a);
+            assert_eq!(running(&item), n % 2 == 1);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_that_falls_behind_is_told_how_much_it_lost_and_goes_on() {
+        let bus = Bus::new(16);
+        let a = session(1);
+        let mut slow = bus.subscribe_session(&a);
+        let mut quick = bus.subscribe_session(&a);
+        let extra = 5;
+        for n in 0..SESSION_CAPACITY as u32 + extra {
+            bus.publish(&a, status(n));
+            quick.recv().await.expect("keeps up");
+        }
+        assert!(matches!(slow.recv().await, Err(RecvError::Lagged(n)) if n == u64::from(extra)));
+        // Then what was queued before the loss, and what comes after it.
+        for _ in 0..SESSION_CAPACITY {
+            slow.recv().await.expect("queued");
+        }
+        bus.publish(&a, status(1));
+        assert!(running(&slow.recv().await.expect("after the loss")));
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_that_left_is_forgotten() {
+        let bus = Bus::new(16);
+        let a = session(1);
+        let sub = bus.subscribe_session(&a);
+        let mut kept = bus.subscribe_session(&a);
+        drop(sub);
+        bus.publish(&a, status(1));
+        assert_eq!(bus.sessions.get(&a).map(|subs| subs.len()), Some(1));
+        assert!(running(&kept.recv().await.expect("queued")));
+        drop(kept);
+        assert!(!bus.listening(&a));
+        assert!(!bus.sessions.contains_key(&a));
+    }
+
+    #[tokio::test]
+    async fn a_subscription_ends_with_the_bus() {
+        let bus = Bus::new(16);
+        let a = session(1);
+        let mut sub = bus.subscribe_session(&a);
+        assert!(matches!(sub.try_recv(), Err(TryRecvError::Empty)));
+        bus.publish(&a, status(1));
+        drop(bus);
+        assert!(sub.try_recv().is_ok());
+        assert!(matches!(sub.recv().await, Err(RecvError::Closed)));
+        assert!(matches!(sub.try_recv(), Err(TryRecvError::Closed)));
     }
 }

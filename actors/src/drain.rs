@@ -116,7 +116,9 @@ impl std::fmt::Debug for Drain {
 /// idle. Shutdown and a panic are the exceptions: they keep the claim on purpose, for recovery.
 pub(crate) async fn run(d: Drain) -> Result<Outcome> {
     let result = match d.compact {
-        true => crate::compaction::compact(&d, false)
+        // Boxed: a compaction's future is larger than a turn's, and every running drain would
+        // otherwise carry its size.
+        true => Box::pin(crate::compaction::compact(&d, false))
             .await
             .map(|kept_from| Outcome::Compacted { kept_from }),
         false => agent_loop(&d).await,
@@ -167,7 +169,7 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
     d.shared.metrics.drains.inc();
     let mut course = match recovering {
         false => Course::new(true, d.forced, 1),
-        true => match recover(d, &row).await? {
+        true => match Box::pin(recover(d, &row)).await? {
             Recovered::GaveUp(reason) => {
                 return Err(Error::Halted {
                     session: d.session.clone(),

@@ -130,6 +130,8 @@ impl HistoryCache {
         };
         let settled = messages.iter().take_while(|m| is_final(m)).count();
         messages.truncate(settled);
+        // What the cache keeps is what it is charged for: no spare capacity.
+        messages.shrink_to_fit();
         let bytes = summary.as_ref().map_or(0, String::len)
             + messages.iter().map(approx_bytes).sum::<usize>();
         self.budget.give_back(self.bytes);
@@ -170,10 +172,12 @@ fn is_final(message: &Message) -> bool {
     }
 }
 
-/// A message's heap and inline size, roughly: its text plus a fixed overhead.
+/// A message's inline and heap size, roughly: the message itself, its id, its text and a fixed
+/// size per part.
 fn approx_bytes(message: &Message) -> usize {
-    const OVERHEAD: usize = 160;
-    OVERHEAD
+    const ID: usize = 48;
+    std::mem::size_of::<Message>()
+        + ID
         + match message {
             Message::User { prompt, .. } => {
                 prompt.text.len()
@@ -191,9 +195,11 @@ fn approx_bytes(message: &Message) -> usize {
                     + a.parts
                         .iter()
                         .map(|part| match part {
-                            Part::Text { text, .. } => text.len() + 32,
+                            Part::Text { text, .. } => text.len() + std::mem::size_of::<Part>(),
                             Part::Reasoning { text, metadata, .. } => {
-                                text.len() + metadata.as_ref().map_or(0, String::len) + 48
+                                text.len()
+                                    + metadata.as_ref().map_or(0, String::len)
+                                    + std::mem::size_of::<Part>()
                             }
                             Part::Tool(t) => {
                                 let result = match &t.state {
@@ -201,7 +207,12 @@ fn approx_bytes(message: &Message) -> usize {
                                     ToolState::Error { error } => error.len(),
                                     ToolState::Running => 0,
                                 };
-                                t.call_id.len() + t.name.len() + t.input.len() + result + 96
+                                t.call_id.len()
+                                    + t.name.len()
+                                    + t.input.len()
+                                    + result
+                                    + std::mem::size_of::<Part>()
+                                    + std::mem::size_of::<agenthost_model::ToolPart>()
                             }
                         })
                         .sum::<usize>()

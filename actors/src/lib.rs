@@ -41,7 +41,7 @@ mod writes;
 /// for every streamed delta.
 pub(crate) type IdMap<K, V> = dashmap::DashMap<K, V, foldhash::fast::RandomState>;
 
-pub use bus::{DeltaKind, Live};
+pub use bus::{DeltaKind, Live, Subscription};
 pub use config::{
     Agent, Compaction, Config, Limits, Model, Price, Recovery, RecoveryMode, Supervision,
 };

@@ -414,10 +414,7 @@ impl Runtime {
 
     /// Live events of one session; cheaper than filtering [`Runtime::subscribe`] when many
     /// sessions are watched at once.
-    pub fn subscribe_session(
-        &self,
-        session: &SessionId,
-    ) -> broadcast::Receiver<Arc<(SessionId, Live)>> {
+    pub fn subscribe_session(&self, session: &SessionId) -> crate::Subscription {
         self.shared.bus.subscribe_session(session)
     }
 

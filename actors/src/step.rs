@@ -211,7 +211,7 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
     let limit = threshold(prepared.model.context_window, prepared.model.max_output);
     let mut compacted = false;
     if shared.compaction.auto && prepared.estimated_tokens > limit {
-        match compaction::compact(d, true).await {
+        match Box::pin(compaction::compact(d, true)).await {
             Ok(_) => {
                 compacted = true;
                 prepared = build(d, step).await?;
@@ -237,7 +237,7 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
                 tokio::select! {
                     biased;
                     _ = d.cancel.cancelled() => {
-                        return abort(d, &message, &mut Attempt::default()).await;
+                        return Box::pin(abort(d, &message, &mut Attempt::default())).await;
                     }
                     permit = shared.streams.clone().acquire_owned() => permit,
                 }
@@ -306,7 +306,7 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
         // so they never hold up other sessions, and no path ever holds two.
         drop(permit);
         if cancelled {
-            return abort(d, &message, &mut a).await;
+            return Box::pin(abort(d, &message, &mut a)).await;
         }
         if a.error.is_none() && a.finish.is_none() {
             a.error = Some(llm::Error::incomplete(
@@ -328,13 +328,13 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
         match (retry::next(&ended), a.error.take()) {
             (retry::Next::Compact, Some(error)) => {
                 compacted = true;
-                match compaction::compact(d, true).await {
+                match Box::pin(compaction::compact(d, true)).await {
                     Ok(_) => prepared = build(d, step).await?,
-                    Err(Error::Interrupted) => return abort(d, &message, &mut a).await,
+                    Err(Error::Interrupted) => return Box::pin(abort(d, &message, &mut a)).await,
                     Err(_) => {
                         // Terminal, with the original error.
                         a.error = Some(error);
-                        return fail(d, &message, step, &mut a, &prepared).await;
+                        return Box::pin(fail(d, &message, step, &mut a, &prepared)).await;
                     }
                 }
             }
@@ -353,7 +353,7 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
                 d.append(events).await?;
                 tokio::select! {
                     biased;
-                    _ = d.cancel.cancelled() => return abort(d, &message, &mut a).await,
+                    _ = d.cancel.cancelled() => return Box::pin(abort(d, &message, &mut a)).await,
                     _ = tokio::time::sleep(delay) => {}
                 }
             }
@@ -389,11 +389,11 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
             (_, Some(error)) => {
                 tracing::warn!(session_id = %d.session, step, attempts = attempt + 1, reason = error.kind().as_str(), error = %error, "provider call failed; the step fails");
                 a.error = Some(error);
-                return fail(d, &message, step, &mut a, &prepared).await;
+                return Box::pin(fail(d, &message, step, &mut a, &prepared)).await;
             }
             (_, None) => {
-                if run_tools(d, &message, &a.calls, prepared.last_step).await? {
-                    return abort(d, &message, &mut a).await;
+                if Box::pin(run_tools(d, &message, &a.calls, prepared.last_step)).await? {
+                    return Box::pin(abort(d, &message, &mut a)).await;
                 }
                 let usage = cost(&a.usage, &prepared.model.price);
                 let finish = a.finish.take().unwrap_or(Finish::Stop);

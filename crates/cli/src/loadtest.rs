@@ -30,7 +30,6 @@ use futures::future::BoxFuture;
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use crate::{Classify, Failure};
@@ -96,35 +95,78 @@ enum Target {
     Remote { client: Client },
 }
 
-/// A session under load; dropping it stops its event reader.
+/// A session under load and what its driver hears about it. The driver reads the events
+/// itself, so a session under load costs no task and no channel of its own besides the
+/// runtime's.
 struct Session {
     id: SessionId,
-    signals: mpsc::UnboundedReceiver<Signal>,
-    reader: Option<tokio::task::JoinHandle<()>>,
+    feed: Feed,
 }
 
-impl Drop for Session {
-    fn drop(&mut self) {
-        if let Some(reader) = self.reader.take() {
-            reader.abort();
+enum Feed {
+    /// The runtime's queue of the session's live events.
+    Embedded(agenthost_actors::Subscription),
+    /// The server's event stream, which reconnects by itself after the last seen seq.
+    Remote(Box<Events>),
+}
+
+impl Feed {
+    /// The next signal; `None` once the events ended.
+    async fn next(&mut self) -> Option<Signal> {
+        loop {
+            let signal = match self {
+                Feed::Embedded(live) => match live.recv().await {
+                    Ok(message) => match &message.1 {
+                        Live::Delta { .. } => Signal::Token,
+                        Live::Event(stored) => match end(&stored.event) {
+                            Some(ok) => Signal::End {
+                                seq: stored.seq.0,
+                                ok,
+                            },
+                            None => continue,
+                        },
+                        Live::Status { .. } => continue,
+                    },
+                    Err(RecvError::Lagged(_)) => Signal::Resync,
+                    Err(RecvError::Closed) => return None,
+                },
+                Feed::Remote(events) => match events.next().await? {
+                    Ok(Frame::Delta(_)) => Signal::Token,
+                    Ok(Frame::Event(event)) => match event.body {
+                        wire::EventBody::ExecutionSucceeded => Signal::End {
+                            seq: event.seq,
+                            ok: true,
+                        },
+                        wire::EventBody::ExecutionFailed { .. }
+                        | wire::EventBody::ExecutionInterrupted { .. } => Signal::End {
+                            seq: event.seq,
+                            ok: false,
+                        },
+                        _ => continue,
+                    },
+                    Ok(_) => continue,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the event stream ended");
+                        return None;
+                    }
+                },
+            };
+            return Some(signal);
         }
     }
 }
 
 impl Target {
     async fn open(&self) -> anyhow::Result<Session> {
-        let (tx, signals) = mpsc::unbounded_channel();
         match self {
             Target::Embedded { runtime } => {
                 let row = runtime.create_session(CreateSession::default()).await?;
                 // The session's own channel, subscribed before the first prompt: another
                 // session's traffic can never make this one lag.
                 let live = runtime.subscribe_session(&row.id);
-                let reader = tokio::spawn(forward(live, tx));
                 Ok(Session {
                     id: row.id,
-                    signals,
-                    reader: Some(reader),
+                    feed: Feed::Embedded(live),
                 })
             }
             Target::Remote { client } => {
@@ -135,11 +177,9 @@ impl Target {
                 // Opened before the first prompt: the server subscribes before it answers.
                 let mut events = client.events(&session.id, Some(session.last_seq));
                 events.open().await?;
-                let reader = tokio::spawn(read_events(session.id.clone(), events, tx));
                 Ok(Session {
                     id,
-                    signals,
-                    reader: Some(reader),
+                    feed: Feed::Remote(Box::new(events)),
                 })
             }
         }
@@ -185,62 +225,6 @@ fn end(event: &Event) -> Option<bool> {
         Event::ExecutionSucceeded => Some(true),
         Event::ExecutionFailed { .. } | Event::ExecutionInterrupted { .. } => Some(false),
         _ => None,
-    }
-}
-
-/// Turns one session's live events into its driver's signals.
-async fn forward(
-    mut live: tokio::sync::broadcast::Receiver<Arc<(SessionId, Live)>>,
-    tx: mpsc::UnboundedSender<Signal>,
-) {
-    loop {
-        let signal = match live.recv().await {
-            Ok(message) => match &message.1 {
-                Live::Delta { .. } => Signal::Token,
-                Live::Event(stored) => match end(&stored.event) {
-                    Some(ok) => Signal::End {
-                        seq: stored.seq.0,
-                        ok,
-                    },
-                    None => continue,
-                },
-                Live::Status { .. } => continue,
-            },
-            Err(RecvError::Lagged(_)) => Signal::Resync,
-            Err(RecvError::Closed) => return,
-        };
-        if tx.send(signal).is_err() {
-            return;
-        }
-    }
-}
-
-/// Reads one session's event stream (which reconnects by itself after the last seen seq).
-async fn read_events(session: String, mut events: Events, tx: mpsc::UnboundedSender<Signal>) {
-    while let Some(frame) = events.next().await {
-        let signal = match frame {
-            Ok(Frame::Delta(_)) => Signal::Token,
-            Ok(Frame::Event(event)) => match event.body {
-                wire::EventBody::ExecutionSucceeded => Signal::End {
-                    seq: event.seq,
-                    ok: true,
-                },
-                wire::EventBody::ExecutionFailed { .. }
-                | wire::EventBody::ExecutionInterrupted { .. } => Signal::End {
-                    seq: event.seq,
-                    ok: false,
-                },
-                _ => continue,
-            },
-            Ok(_) => continue,
-            Err(e) => {
-                tracing::warn!(session_id = %session, error = %e, "the event stream ended");
-                return;
-            }
-        };
-        if tx.send(signal).is_err() {
-            return;
-        }
     }
 }
 
@@ -337,7 +321,9 @@ async fn drive(
     bar: ProgressBar,
 ) -> Seen {
     let mut stats = Seen::default();
-    let mut session = match target.open().await {
+    // Boxed, like every call below: the driver's own future stays small with 10 000 of them
+    // alive, whichever target they drive.
+    let mut session = match Box::pin(target.open()).await {
         Ok(s) => s,
         Err(e) => {
             for _ in 0..prompts {
@@ -350,7 +336,7 @@ async fn drive(
     for k in 0..prompts {
         let started = Instant::now();
         let text = format!("load test: session {n}, prompt {k}. Please answer briefly.");
-        let admitted = match target.prompt(&session.id, text).await {
+        let admitted = match Box::pin(target.prompt(&session.id, text)).await {
             Ok(seq) => seq,
             Err(e) => {
                 stats.error(format!("prompt refused: {e:#}"));
@@ -362,7 +348,7 @@ async fn drive(
         let deadline = tokio::time::Instant::from_std(started + timeout);
         let mut first = None;
         loop {
-            let signal = match tokio::time::timeout_at(deadline, session.signals.recv()).await {
+            let signal = match tokio::time::timeout_at(deadline, session.feed.next()).await {
                 Err(_) => {
                     stats.error(format!("turn did not settle within {timeout:?}"));
                     break;
@@ -380,7 +366,7 @@ async fn drive(
                 }
                 Signal::End { seq, ok } if seq > admitted => Some(ok),
                 Signal::End { .. } => continue,
-                Signal::Resync => match target.settled(&session.id, admitted).await {
+                Signal::Resync => match Box::pin(target.settled(&session.id, admitted)).await {
                     Ok(found) => found,
                     Err(e) => {
                         stats.error(format!("cannot read the store: {e:#}"));

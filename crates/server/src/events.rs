@@ -29,7 +29,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::Stream;
-use tokio::sync::broadcast::{self, error::RecvError};
+use tokio::sync::broadcast::error::RecvError;
 
 use crate::error::ApiError;
 use crate::extract::{Query, SessionPath};
@@ -179,7 +179,7 @@ struct Feed {
     _slot: Slot,
     shared: Arc<Shared>,
     session: SessionId,
-    rx: broadcast::Receiver<Arc<(SessionId, Live)>>,
+    rx: agenthost_actors::Subscription,
     /// The seq of the next durable event to send.
     next: u64,
     /// The seq of the last durable event sent (or the client's starting point).
