@@ -180,6 +180,8 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
             Recovered::Answered => Course::new(false, d.forced, 1),
         },
     };
+    // Not held across the loop's awaits: every running drain would carry it.
+    drop(row);
 
     // The admitted seqs of the last promotion that rode with a step (see below).
     let mut promised = Vec::new();
@@ -278,7 +280,9 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
                 }
             }
         };
-        let (end, failure) = match step::run(d, step, ahead).await? {
+        // Boxed: the step's state is held only while a step runs, not by every drain waiting on
+        // a write.
+        let (end, failure) = match Box::pin(step::run(d, step, ahead)).await? {
             StepEnd::Done { continuation } => (Stepped::Done { continuation }, None),
             StepEnd::Interrupted => (Stepped::Interrupted, None),
             StepEnd::Failed(error) => (Stepped::Failed, Some(error)),

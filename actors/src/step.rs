@@ -277,7 +277,7 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
                 match next {
                     None => break false,
                     Some(Ok(event)) => {
-                        a.on_event(d, &message, event).await?;
+                        a.on_event(d, &message, event);
                         if a.streamed > MAX_STEP_OUTPUT {
                             a.error = Some(llm::Error::invalid_output(format!(
                                 "the model's answer passed {MAX_STEP_OUTPUT} bytes"
@@ -566,7 +566,7 @@ impl Attempt {
         self.streamed > MAX_STEP_OUTPUT
     }
 
-    async fn on_event(&mut self, d: &Drain, message: &MessageId, event: llm::Event) -> Result<()> {
+    fn on_event(&mut self, d: &Drain, message: &MessageId, event: llm::Event) {
         let delta = |kind, part, delta: String| {
             if !d.shared.bus.listening(&d.session) {
                 return;
@@ -586,7 +586,7 @@ impl Attempt {
             llm::Event::TextStart { part } => self.text = Some((part, String::new())),
             llm::Event::TextDelta { part, delta: text } => {
                 if self.over(&text) {
-                    return Ok(());
+                    return;
                 }
                 grow(&mut self.text, part, &text);
                 delta(DeltaKind::Text, part, text);
@@ -604,7 +604,7 @@ impl Attempt {
             llm::Event::ReasoningStart { part } => self.reasoning = Some((part, String::new())),
             llm::Event::ReasoningDelta { part, delta: text } => {
                 if self.over(&text) {
-                    return Ok(());
+                    return;
                 }
                 grow(&mut self.reasoning, part, &text);
                 delta(DeltaKind::Reasoning, part, text);
@@ -642,7 +642,6 @@ impl Attempt {
                 self.usage = usage;
             }
         }
-        Ok(())
     }
 
     /// Keeps partial text and reasoning of a failed or interrupted stream, marked incomplete.

@@ -130,7 +130,7 @@ impl Feed {
                     Err(RecvError::Lagged(_)) => Signal::Resync,
                     Err(RecvError::Closed) => return None,
                 },
-                Feed::Remote(events) => match events.next().await? {
+                Feed::Remote(events) => match Box::pin(events.next()).await? {
                     Ok(Frame::Delta(_)) => Signal::Token,
                     Ok(Frame::Event(event)) => match event.body {
                         wire::EventBody::ExecutionSucceeded => Signal::End {
@@ -170,13 +170,14 @@ impl Target {
                 })
             }
             Target::Remote { client } => {
-                let session = client
-                    .create_session(&wire::CreateSession::default())
-                    .await?;
+                // The client's futures are boxed so that an embedded driver does not carry their
+                // size.
+                let session =
+                    Box::pin(client.create_session(&wire::CreateSession::default())).await?;
                 let id = SessionId::parse(&session.id)?;
                 // Opened before the first prompt: the server subscribes before it answers.
                 let mut events = client.events(&session.id, Some(session.last_seq));
-                events.open().await?;
+                Box::pin(events.open()).await?;
                 Ok(Session {
                     id,
                     feed: Feed::Remote(Box::new(events)),
@@ -197,7 +198,9 @@ impl Target {
                     text,
                     ..wire::Prompt::default()
                 };
-                Ok(client.prompt(session.as_str(), &body).await?.admitted_seq)
+                Ok(Box::pin(client.prompt(session.as_str(), &body))
+                    .await?
+                    .admitted_seq)
             }
         }
     }
