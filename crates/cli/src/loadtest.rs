@@ -73,6 +73,12 @@ pub struct Args {
     /// A turn that has not settled after this long counts as failed.
     #[arg(long, default_value_t = 120)]
     turn_timeout_secs: u64,
+    /// Start the sessions evenly over this many milliseconds instead of all at once. With a
+    /// provider of constant latency, sessions started together take their turns in lockstep,
+    /// so every turn arrives in a burst of `--sessions` requests; a ramp-up of one provider
+    /// latency spreads them, as independent clients would be.
+    #[arg(long, default_value_t = 0)]
+    ramp_up_ms: u64,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -312,6 +318,12 @@ impl Stats {
     }
 }
 
+/// When session `n` of `sessions` starts: evenly over `ramp`, the first at once.
+fn ramp_up(ramp: Duration, n: usize, sessions: usize) -> Duration {
+    let offset = ramp.as_nanos() * n as u128 / sessions.max(1) as u128;
+    Duration::from_nanos(offset.min(u64::MAX as u128) as u64)
+}
+
 fn micros(d: Duration) -> u64 {
     d.as_micros().min(u64::MAX as u128) as u64
 }
@@ -321,8 +333,10 @@ async fn drive(
     n: usize,
     prompts: usize,
     timeout: Duration,
+    start: Duration,
     bar: ProgressBar,
 ) -> Seen {
+    tokio::time::sleep(start).await;
     let mut stats = Seen::default();
     // Boxed, like every call below: the driver's own future stays small with 10 000 of them
     // alive, whichever target they drive.
@@ -521,7 +535,15 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let started = Instant::now();
     let mut tasks = JoinSet::new();
     for n in 0..args.sessions {
-        tasks.spawn(drive(target.clone(), n, args.prompts, timeout, bar.clone()));
+        let start = ramp_up(Duration::from_millis(args.ramp_up_ms), n, args.sessions);
+        tasks.spawn(drive(
+            target.clone(),
+            n,
+            args.prompts,
+            timeout,
+            start,
+            bar.clone(),
+        ));
     }
     let mut stats = Stats::new();
     while let Some(done) = tasks.join_next().await {
@@ -779,5 +801,26 @@ impl Report<'_> {
             "first_error": self.stats.first_error,
         })
         .to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ramp_up_spreads_the_starts_evenly() {
+        let ramp = Duration::from_millis(200);
+        let starts: Vec<_> = (0..4).map(|n| ramp_up(ramp, n, 4)).collect();
+        assert_eq!(
+            starts,
+            [0, 50, 100, 150].map(Duration::from_millis).to_vec(),
+            "the first at once, the last one step short of the ramp's end"
+        );
+        assert_eq!(ramp_up(Duration::ZERO, 3, 4), Duration::ZERO);
+        assert_eq!(
+            ramp_up(Duration::from_secs(3600), 9_999, 10_000),
+            Duration::from_millis(3_599_640)
+        );
     }
 }
