@@ -165,6 +165,11 @@ pub struct Config {
     /// Tests: the storage faults to inject (see `faults`).
     #[cfg(any(test, feature = "faults"))]
     pub faults: Option<Arc<faults::Faults>>,
+    /// Tests: partition ownership for [`Store::ownership`] to report, as a store shared by
+    /// several nodes would, so the runtime's takeover handling runs over the embedded store. It
+    /// only reports: the embedded store neither takes leases nor fences writes.
+    #[cfg(any(test, feature = "faults"))]
+    pub ownership: Option<Arc<dyn Ownership>>,
 }
 
 impl Config {
@@ -183,6 +188,8 @@ impl Config {
             postgres: None,
             #[cfg(any(test, feature = "faults"))]
             faults: None,
+            #[cfg(any(test, feature = "faults"))]
+            ownership: None,
         }
     }
 }
@@ -223,6 +230,8 @@ pub struct RedbStore {
     path: PathBuf,
     #[cfg(test)]
     fail_commits: Arc<std::sync::atomic::AtomicU64>,
+    #[cfg(any(test, feature = "faults"))]
+    ownership: Option<Arc<dyn Ownership>>,
 }
 
 impl fmt::Debug for RedbStore {
@@ -296,6 +305,8 @@ impl RedbStore {
             path: config.path,
             #[cfg(test)]
             fail_commits,
+            #[cfg(any(test, feature = "faults"))]
+            ownership: config.ownership,
         })
     }
 
@@ -524,6 +535,11 @@ impl Store for RedbStore {
 
     fn health(&self) -> Health {
         self.db.health()
+    }
+
+    #[cfg(any(test, feature = "faults"))]
+    fn ownership(&self) -> Option<Arc<dyn Ownership>> {
+        self.ownership.clone()
     }
 
     fn close(&self) {

@@ -398,6 +398,124 @@ async fn the_boot_sweep_resumes_a_claimed_session_once_with_a_restart_note() {
     runtime.shutdown().await;
 }
 
+/// Partition ownership moved by hand: one partition, held or not, and the lease changes a test
+/// sends, as a store shared by several nodes would report them.
+#[derive(Debug)]
+struct HandOwnership {
+    held: std::sync::atomic::AtomicBool,
+    version: std::sync::atomic::AtomicU64,
+    changes: tokio::sync::broadcast::Sender<agenthost_store::Lease>,
+}
+
+impl HandOwnership {
+    fn new() -> Arc<Self> {
+        Arc::new(HandOwnership {
+            held: false.into(),
+            version: 1.into(),
+            changes: tokio::sync::broadcast::channel(8).0,
+        })
+    }
+
+    /// Takes the partition: the version moves first, then the change is sent, as a lease
+    /// renewal would do it.
+    fn take(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.held.store(true, SeqCst);
+        let version = self.version.fetch_add(1, SeqCst) + 1;
+        self.changes
+            .send(agenthost_store::Lease::Gained(vec![0], version))
+            .expect("the runtime follows the lease");
+    }
+}
+
+impl agenthost_store::Ownership for HandOwnership {
+    fn node(&self) -> &str {
+        "n1"
+    }
+    fn partitions(&self) -> u32 {
+        1
+    }
+    fn owns(&self, _: &SessionId) -> bool {
+        self.held.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    fn owner(&self, _: &SessionId) -> Option<agenthost_store::Node> {
+        None
+    }
+    fn view(&self) -> agenthost_store::ClusterView {
+        agenthost_store::ClusterView::default()
+    }
+    fn subscribe(&self) -> tokio::sync::broadcast::Receiver<agenthost_store::Lease> {
+        self.changes.subscribe()
+    }
+    fn version(&self) -> u64 {
+        self.version.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_idle_waits_for_the_sweep_of_a_partition_just_taken_over() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store.redb");
+    let s = crashed_session(&path, 0).await;
+    let ownership = HandOwnership::new();
+    let provider = Arc::new(Scripted::new([text("resumed")]));
+    let mut config = harness::config(dir.path(), provider.clone());
+    config.store.ownership = Some(ownership.clone());
+    let runtime = Runtime::start(config).await.expect("start");
+    runtime.recovered().await;
+    let claimed = |runtime: &Runtime| {
+        let snap = runtime.snapshot().expect("snap");
+        snap.session(&s)
+            .expect("read")
+            .expect("row")
+            .claim
+            .is_some()
+    };
+    assert!(
+        claimed(&runtime),
+        "another node's session is not this node's to recover"
+    );
+    assert_eq!(provider.calls(), 0);
+
+    // The partition comes here; `wait_idle` asks before the takeover's sweep has run.
+    ownership
+        .held
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    ownership
+        .version
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let waiting = tokio::spawn({
+        let (runtime, s) = (runtime.clone(), s.clone());
+        async move { runtime.wait_idle(&s, Duration::from_secs(30)).await }
+    });
+    // Long enough for an answer that did not wait for the sweep (a missing wait fails here;
+    // a slow machine can only make this pass, never fail).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !waiting.is_finished(),
+        "wait_idle answered before the takeover's sweep resumed the session"
+    );
+    ownership
+        .changes
+        .send(agenthost_store::Lease::Gained(
+            vec![0],
+            ownership.version.load(std::sync::atomic::Ordering::SeqCst),
+        ))
+        .expect("the runtime follows the lease");
+    waiting.await.expect("joined").expect("idle");
+    assert!(!claimed(&runtime), "idle means recovered and settled");
+    assert_eq!(provider.calls(), 1, "resumed once");
+
+    // A later takeover with nothing owed is handled as quickly.
+    ownership.take();
+    runtime
+        .wait_idle(&s, Duration::from_secs(30))
+        .await
+        .expect("idle");
+    assert_eq!(provider.calls(), 1);
+    runtime.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recovery_gives_up_after_max_attempts() {
     let dir = tempfile::tempdir().expect("tempdir");
