@@ -23,8 +23,9 @@ use crate::IdMap;
 /// Something that happened in a session, as subscribers see it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Live {
-    /// A durable event, delivered after it committed.
-    Event(Stored),
+    /// A durable event, delivered after it committed. Boxed: most items are deltas, and an item
+    /// is as large as its largest kind.
+    Event(Box<Stored>),
     /// A streamed fragment of an assistant part. Never stored; the part's durable event follows.
     Delta {
         message: MessageId,
@@ -149,10 +150,10 @@ impl Bus {
             return;
         }
         let created = match &live {
-            Live::Event(Stored {
-                event: Event::StepStarted { id, .. },
-                ..
-            }) => Some(id.clone()),
+            Live::Event(stored) => match &stored.event {
+                Event::StepStarted { id, .. } => Some(id.clone()),
+                _ => None,
+            },
             _ => None,
         };
         self.send(session, Arc::new((session.clone(), live)));

@@ -120,7 +120,7 @@ impl Runtime {
                 // The commit hook runs on the store's committer thread: copy an event only for
                 // a listener.
                 if commits.listening(session) {
-                    commits.publish(session, Live::Event(stored.clone()));
+                    commits.publish(session, Live::Event(Box::new(stored.clone())));
                 }
             }
         }));
