@@ -621,10 +621,24 @@ fn embedded_loadtest_reports() {
     ] {
         assert!(out.contains(row), "{row} missing: {out}");
     }
-    let (status, out, err) = run(&["loadtest", "--sessions", "2", "--prompts", "1", "--json"]);
+    // Sessions spread over a ramp-up: the second starts 50 ms after the first.
+    let (status, out, err) = run(&[
+        "loadtest",
+        "--sessions",
+        "2",
+        "--prompts",
+        "1",
+        "--ramp-up-ms",
+        "100",
+        "--json",
+    ]);
     assert!(status.success(), "{err}");
     let report: Value = serde_json::from_str(out.trim()).expect("JSON report");
     assert_eq!(report["turns_ok"], 2);
+    assert!(
+        report["seconds"].as_f64().is_some_and(|s| s >= 0.05),
+        "the last session starts half the ramp-up in: {report}"
+    );
     for row in ["admission", "first_token", "turn"] {
         let max = report["latency"][row]["max_ms"].as_f64().expect("a figure");
         assert!(max > 0.0, "{row}: {report}");
