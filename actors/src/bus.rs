@@ -228,9 +228,11 @@ impl Subscriber {
     }
 }
 
-/// One session's live events, in the order they were published. Like a broadcast receiver, it
-/// reports [`RecvError::Lagged`] when it fell too far behind and items were dropped (then goes
-/// on with what is queued and what comes next), and [`RecvError::Closed`] when the bus is gone.
+/// One session's live events, in the order they were published. It reports
+/// [`RecvError::Lagged`] when it fell too far behind and items were dropped, and
+/// [`RecvError::Closed`] when the bus is gone. A reader that lagged resyncs from the store, so
+/// what was still queued (older than that resync: durable events the store has, stale deltas)
+/// is dropped with the report, and the reader goes on with what is published next.
 #[derive(Debug)]
 pub struct Subscription {
     rx: mpsc::Receiver<Item>,
@@ -238,27 +240,37 @@ pub struct Subscription {
 }
 
 impl Subscription {
-    /// The next item. A drop is reported before the items queued ahead of it: a reader resyncs
-    /// from the store by seq either way, and never waits on an empty queue with a loss unreported
-    /// (items are dropped only while the queue is full).
+    /// The next item. A loss is reported as soon as the reader asks, never after an empty
+    /// queue (items are dropped only while it is full).
     pub async fn recv(&mut self) -> Result<Item, RecvError> {
-        let missed = self.missed.swap(0, Ordering::Relaxed);
-        if missed > 0 {
-            return Err(RecvError::Lagged(missed));
+        if let Some(lost) = self.lost() {
+            return Err(RecvError::Lagged(lost));
         }
         self.rx.recv().await.ok_or(RecvError::Closed)
     }
 
     /// The next item if one is queued, without waiting.
     pub fn try_recv(&mut self) -> Result<Item, TryRecvError> {
-        let missed = self.missed.swap(0, Ordering::Relaxed);
-        if missed > 0 {
-            return Err(TryRecvError::Lagged(missed));
+        if let Some(lost) = self.lost() {
+            return Err(TryRecvError::Lagged(lost));
         }
         self.rx.try_recv().map_err(|e| match e {
             mpsc::error::TryRecvError::Empty => TryRecvError::Empty,
             mpsc::error::TryRecvError::Disconnected => TryRecvError::Closed,
         })
+    }
+
+    /// After a loss: the items dropped and those still queued, which go with them.
+    fn lost(&mut self) -> Option<u64> {
+        let missed = self.missed.swap(0, Ordering::Relaxed);
+        if missed == 0 {
+            return None;
+        }
+        let mut lost = missed;
+        while self.rx.try_recv().is_ok() {
+            lost += 1;
+        }
+        Some(lost)
     }
 }
 
@@ -312,11 +324,11 @@ mod tests {
             bus.publish(&a, status(n));
             quick.recv().await.expect("keeps up");
         }
-        assert!(matches!(slow.recv().await, Err(RecvError::Lagged(n)) if n == u64::from(extra)));
-        // Then what was queued before the loss, and what comes after it.
-        for _ in 0..SESSION_CAPACITY {
-            slow.recv().await.expect("queued");
-        }
+        // The loss and what was still queued: the reader resyncs from the store.
+        let lost = u64::from(extra) + SESSION_CAPACITY as u64;
+        assert!(matches!(slow.recv().await, Err(RecvError::Lagged(n)) if n == lost));
+        assert!(matches!(slow.try_recv(), Err(TryRecvError::Empty)));
+        // Then what is published after it.
         bus.publish(&a, status(1));
         assert!(running(&slow.recv().await.expect("after the loss")));
     }
