@@ -180,8 +180,6 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
             Recovered::Answered => Course::new(false, d.forced, 1),
         },
     };
-    // Not held across the loop's awaits: every running drain would carry it.
-    drop(row);
 
     // The admitted seqs of the last promotion that rode with a step (see below).
     let mut promised = Vec::new();
