@@ -115,8 +115,8 @@ impl Bus {
 
     /// Whether anyone listens to `session` (or to every session) right now. Publishers check it
     /// before building what nobody would receive; a subscriber that arrives just after sees
-    /// what is published from then on, as with any subscription. A session channel whose last
-    /// subscriber left is removed here, as in [`Bus::publish`].
+    /// what is published from then on, as with any subscription. A session whose subscribers
+    /// all left is forgotten here, as in [`Bus::publish`].
     pub(crate) fn listening(&self, session: &SessionId) -> bool {
         if self.tx.receiver_count() > 0 {
             return true;
@@ -133,7 +133,7 @@ impl Bus {
     }
 
     /// Publishes to whoever listens; with no subscriber the event is simply dropped. A session
-    /// channel whose last subscriber left is removed here.
+    /// whose subscribers all left is forgotten here.
     pub(crate) fn publish(&self, session: &SessionId, live: Live) {
         if let Live::Delta { message, .. } = &live
             && (self.tx.receiver_count() > 0 || self.sessions.contains_key(session))
