@@ -167,7 +167,7 @@ impl Target {
         match self {
             Target::Embedded { runtime } => {
                 let row = runtime.create_session(CreateSession::default()).await?;
-                // The session's own channel, subscribed before the first prompt: another
+                // The session's own queue, subscribed before the first prompt: another
                 // session's traffic can never make this one lag.
                 let live = runtime.subscribe_session(&row.id);
                 Ok(Session {
