@@ -11,12 +11,13 @@
 //! deltas ([`Bus::hold`]) and lets them out right after that event, so no subscriber ever sees a
 //! delta of a message it has not been told about.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Poll, Waker};
 
 use agenthost_model::{Event, MessageId, SessionId, Stored};
+use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
-use tokio::sync::{broadcast, mpsc};
 
 use crate::IdMap;
 
@@ -58,10 +59,12 @@ impl DeltaKind {
 }
 
 /// What a subscriber of one session may fall behind by before it has to resync from the store
-/// (durable events come back from there; deltas it missed do not). The queue grows in blocks
-/// as it fills and frees what its reader took, so a watched session that is keeping up holds
-/// one small block, not this many slots.
+/// (durable events come back from there; deltas it missed do not). The queue grows as it fills,
+/// so a watched session that is keeping up holds a few slots, not this many.
 const SESSION_CAPACITY: usize = 128;
+
+/// Slots a queue keeps when its reader caught up; a larger burst's are given back.
+const KEPT_SLOTS: usize = 16;
 
 type Item = Arc<(SessionId, Live)>;
 
@@ -190,40 +193,85 @@ impl Bus {
 
     /// One session's events only.
     pub fn subscribe_session(&self, session: &SessionId) -> Subscription {
-        let (tx, rx) = mpsc::channel(SESSION_CAPACITY);
-        let missed = Arc::new(AtomicU64::new(0));
+        let queue = Arc::new(Queue::default());
         let sub = Subscriber {
-            tx,
-            missed: missed.clone(),
+            queue: queue.clone(),
         };
         self.sessions.entry(session.clone()).or_default().push(sub);
-        Subscription { rx, missed }
+        Subscription { queue }
     }
 }
 
-/// The bus's end of a [`Subscription`].
+/// A subscriber's queue, shared by the bus's end and the reader's. A mutex around a deque: a
+/// queue that keeps up holds a few slots, and an idle subscriber costs about a hundred bytes
+/// (a tokio channel allocates a first block and cache-padded state, ten times that, for each of
+/// ten thousand streams).
+#[derive(Debug, Default)]
+struct Queue {
+    state: Mutex<QueueState>,
+}
+
+#[derive(Debug, Default)]
+struct QueueState {
+    items: VecDeque<Item>,
+    /// Items dropped because the queue was full, not yet reported to the reader.
+    missed: u64,
+    /// The reader waiting for an item.
+    waker: Option<Waker>,
+    /// The bus forgot this subscriber (the bus is gone): nothing more will come.
+    closed: bool,
+}
+
+impl Queue {
+    fn lock(&self) -> MutexGuard<'_, QueueState> {
+        // A panic while holding the lock leaves the deque whole: every critical section is a
+        // single push, pop or flag change.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The bus's end of a [`Subscription`]. Dropping it (the bus forgot the subscriber) ends the
+/// subscription once the reader took what is queued.
 #[derive(Debug)]
 struct Subscriber {
-    tx: mpsc::Sender<Item>,
-    /// Items dropped because the queue was full, not yet reported to the reader.
-    missed: Arc<AtomicU64>,
+    queue: Arc<Queue>,
 }
 
 impl Subscriber {
+    /// Whether the reader is still there: the bus and the reader hold the queue, no one else.
     fn open(&self) -> bool {
-        !self.tx.is_closed()
+        Arc::strong_count(&self.queue) > 1
     }
 
     /// Queues `item`, or counts it missed when the reader is too far behind; `false` once the
     /// reader is gone.
     fn offer(&self, item: &Item) -> bool {
-        match self.tx.try_send(item.clone()) {
-            Ok(()) => true,
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                self.missed.fetch_add(1, Ordering::Relaxed);
-                true
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        if !self.open() {
+            return false;
+        }
+        let mut state = self.queue.lock();
+        if state.items.len() >= SESSION_CAPACITY {
+            state.missed += 1;
+            return true;
+        }
+        state.items.push_back(item.clone());
+        let waker = state.waker.take();
+        drop(state);
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+        true
+    }
+}
+
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        let mut state = self.queue.lock();
+        state.closed = true;
+        let waker = state.waker.take();
+        drop(state);
+        if let Some(waker) = waker {
+            waker.wake();
         }
     }
 }
@@ -235,42 +283,65 @@ impl Subscriber {
 /// is dropped with the report, and the reader goes on with what is published next.
 #[derive(Debug)]
 pub struct Subscription {
-    rx: mpsc::Receiver<Item>,
-    missed: Arc<AtomicU64>,
+    queue: Arc<Queue>,
+}
+
+/// What a read found, before it is mapped to the caller's error type.
+enum Next {
+    Item(Item),
+    Lost(u64),
+    Empty,
+    Closed,
 }
 
 impl Subscription {
     /// The next item. A loss is reported as soon as the reader asks, never after an empty
     /// queue (items are dropped only while it is full).
     pub async fn recv(&mut self) -> Result<Item, RecvError> {
-        if let Some(lost) = self.lost() {
-            return Err(RecvError::Lagged(lost));
-        }
-        self.rx.recv().await.ok_or(RecvError::Closed)
+        std::future::poll_fn(|cx| match self.next(Some(cx.waker())) {
+            Next::Item(item) => Poll::Ready(Ok(item)),
+            Next::Lost(n) => Poll::Ready(Err(RecvError::Lagged(n))),
+            Next::Closed => Poll::Ready(Err(RecvError::Closed)),
+            Next::Empty => Poll::Pending,
+        })
+        .await
     }
 
     /// The next item if one is queued, without waiting.
     pub fn try_recv(&mut self) -> Result<Item, TryRecvError> {
-        if let Some(lost) = self.lost() {
-            return Err(TryRecvError::Lagged(lost));
+        match self.next(None) {
+            Next::Item(item) => Ok(item),
+            Next::Lost(n) => Err(TryRecvError::Lagged(n)),
+            Next::Closed => Err(TryRecvError::Closed),
+            Next::Empty => Err(TryRecvError::Empty),
         }
-        self.rx.try_recv().map_err(|e| match e {
-            mpsc::error::TryRecvError::Empty => TryRecvError::Empty,
-            mpsc::error::TryRecvError::Disconnected => TryRecvError::Closed,
-        })
     }
 
-    /// After a loss: the items dropped and those still queued, which go with them.
-    fn lost(&mut self) -> Option<u64> {
-        let missed = self.missed.swap(0, Ordering::Relaxed);
-        if missed == 0 {
-            return None;
+    /// Takes the next item; with `waker`, registers it when there is none yet. After a loss,
+    /// what is still queued goes with the items dropped.
+    fn next(&mut self, waker: Option<&Waker>) -> Next {
+        let mut state = self.queue.lock();
+        if state.missed > 0 {
+            let lost = std::mem::take(&mut state.missed) + state.items.len() as u64;
+            state.items = VecDeque::new();
+            return Next::Lost(lost);
         }
-        let mut lost = missed;
-        while self.rx.try_recv().is_ok() {
-            lost += 1;
+        if let Some(item) = state.items.pop_front() {
+            if state.items.is_empty() && state.items.capacity() > KEPT_SLOTS {
+                // A burst is over: give its slots back.
+                state.items = VecDeque::new();
+            }
+            return Next::Item(item);
         }
-        Some(lost)
+        if state.closed {
+            return Next::Closed;
+        }
+        if let Some(waker) = waker
+            && !state.waker.as_ref().is_some_and(|w| w.will_wake(waker))
+        {
+            state.waker = Some(waker.clone());
+        }
+        Next::Empty
     }
 }
 
@@ -331,6 +402,33 @@ mod tests {
         // Then what is published after it.
         bus.publish(&a, status(1));
         assert!(running(&slow.recv().await.expect("after the loss")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_subscriber_is_woken_by_a_publish() {
+        let bus = Bus::new(16);
+        let a = session(1);
+        let mut sub = bus.subscribe_session(&a);
+        let reader = tokio::spawn(async move { sub.recv().await.map(|item| running(&item)) });
+        tokio::task::yield_now().await;
+        bus.publish(&a, status(1));
+        let woken = tokio::time::timeout(std::time::Duration::from_secs(1), reader).await;
+        assert!(matches!(woken, Ok(Ok(Ok(true)))), "{woken:?}");
+    }
+
+    #[tokio::test]
+    async fn a_queue_gives_back_a_bursts_slots_once_read() {
+        let bus = Bus::new(16);
+        let a = session(1);
+        let mut sub = bus.subscribe_session(&a);
+        for n in 0..100 {
+            bus.publish(&a, status(n));
+        }
+        assert!(sub.queue.lock().items.capacity() >= 100);
+        for _ in 0..100 {
+            sub.recv().await.expect("queued");
+        }
+        assert!(sub.queue.lock().items.capacity() <= KEPT_SLOTS);
     }
 
     #[tokio::test]
