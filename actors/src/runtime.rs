@@ -161,6 +161,7 @@ impl Runtime {
             preparers,
             recovery: Arc::new(done_rx),
         };
+        tokio::spawn(session::passivate(runtime.shared.clone()));
         let sweeper = runtime.clone();
         let recovery = config.recovery;
         if let Some(ownership) = runtime.shared.store.ownership() {

@@ -39,7 +39,7 @@ pub(crate) enum Msg {
     WaitIdle(Reply<Result<()>>),
     /// The drain task finished.
     Finished { drain: u64, result: Result<Outcome> },
-    /// Passivation timer: stop if the actor has been idle long enough.
+    /// The passivation tick ([`passivate`]): stop if the actor has been idle long enough.
     Idle,
 }
 
@@ -66,10 +66,8 @@ pub(crate) struct State {
     queued_resumes: Vec<Reply<Result<Outcome>>>,
     idle_waiters: Vec<Reply<Result<()>>>,
     drains: u64,
-    /// When the last message other than the passivation timer arrived.
+    /// When the last message other than the passivation tick arrived.
     last_active: tokio::time::Instant,
-    /// One passivation timer at a time, however many messages arrive.
-    timer_armed: bool,
     /// The settled front of the session's history, for its drains' steps.
     history: Arc<Mutex<HistoryCache>>,
 }
@@ -199,7 +197,6 @@ impl Actor for SessionActor {
             idle_waiters: Vec::new(),
             drains: 0,
             last_active: tokio::time::Instant::now(),
-            timer_armed: false,
             history,
         })
     }
@@ -214,7 +211,6 @@ impl Actor for SessionActor {
         if state.start == Start::Restarted {
             state.start(&myself, false, Vec::new());
         }
-        arm_passivation(&myself, state, state.shared.passivate_after);
         Ok(())
     }
 
@@ -327,10 +323,11 @@ impl Actor for SessionActor {
                 }
             }
             Msg::Idle => {
-                state.timer_armed = false;
                 let idle_for = state.last_active.elapsed();
-                let after = state.shared.passivate_after;
-                if state.is_idle() && state.idle_waiters.is_empty() && idle_for >= after {
+                if state.is_idle()
+                    && state.idle_waiters.is_empty()
+                    && idle_for >= state.shared.passivate_after
+                {
                     // Leave the routing table first: a message already routed here is dropped
                     // with the mailbox and its caller routes again, to a fresh actor.
                     state
@@ -339,24 +336,32 @@ impl Actor for SessionActor {
                         .remove_if(&state.session, |_, a| a.get_id() == myself.get_id());
                     state.shared.metrics.passivations.inc();
                     myself.stop(Some("passivated".into()));
-                    return Ok(());
                 }
-                arm_passivation(&myself, state, after.saturating_sub(idle_for));
-                return Ok(());
             }
         }
-        arm_passivation(&myself, state, state.shared.passivate_after);
         Ok(())
     }
 }
 
-/// Keeps one passivation timer pending while the actor is idle. The timer re-checks idleness
-/// when it fires, so activity in between only postpones the stop.
-fn arm_passivation(myself: &ActorRef<Msg>, state: &mut State, after: std::time::Duration) {
-    if state.timer_armed || !state.is_idle() {
-        return;
+/// Passivation for every session actor with one timer: every tick, each live actor is asked
+/// whether it has been idle for `passivate_after`, and stops if so. An actor therefore stops
+/// between `passivate_after` and one tick later. One timer instead of one per idle actor: ten
+/// thousand idle actors held ten thousand timer tasks. Ends with the runtime.
+pub(crate) async fn passivate(shared: Arc<Shared>) {
+    let every = passivation_tick(shared.passivate_after);
+    loop {
+        tokio::select! {
+            _ = shared.stopping.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        for actor in shared.actors.iter() {
+            // An actor that is gone already needs no tick.
+            let _ = actor.value().cast(Msg::Idle);
+        }
     }
-    state.timer_armed = true;
-    // The timer task only sends a message; if the actor is gone by then, it is a no-op.
-    drop(myself.send_after(after, || Msg::Idle));
+}
+
+/// An eighth of the idle time, at least a millisecond.
+fn passivation_tick(passivate_after: std::time::Duration) -> std::time::Duration {
+    (passivate_after / 8).max(std::time::Duration::from_millis(1))
 }
