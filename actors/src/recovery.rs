@@ -6,10 +6,10 @@
 //! and the one note that the server restarted all happen in the session's own drain, inside its
 //! actor, so a sweep can never interleave with a drain of the same session.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
-use agenthost_model::SessionId;
+use agenthost_model::{Seq, SessionId};
 use futures::StreamExt;
 
 use crate::config::{Recovery, RecoveryMode};
@@ -212,9 +212,11 @@ async fn recover(runtime: &Runtime, session: &SessionId) -> Result<()> {
     }
 }
 
-/// The lost-wake sweep: every `limits.wake_sweep`, wakes each session whose newest event is an
-/// admission and that no drain of this process is running. That is exactly an input admitted
-/// and never woken (its caller went away between the two); a session that ran a drain since
+/// The lost-wake sweep: every `limits.wake_sweep`, wakes each session whose newest event has
+/// been the same admission since the previous sweep, with no drain of this process running it.
+/// That is exactly an input admitted and never woken (its caller went away between the two); an
+/// admission whose wake is merely on its way (queued behind others, under load) is picked up by
+/// that wake before the next sweep, so it is not woken twice. A session that ran a drain since
 /// its last admission is not woken again, so input a drain left pending on purpose (an
 /// instruction source with no value yet, a halted session) is not retried in a loop. Ends with
 /// the runtime.
@@ -223,6 +225,7 @@ pub(crate) async fn watch(runtime: &Runtime) {
     if every.is_zero() {
         return;
     }
+    let mut unwoken = Unwoken::default();
     loop {
         tokio::select! {
             _ = runtime.shared.stopping.cancelled() => return,
@@ -230,18 +233,18 @@ pub(crate) async fn watch(runtime: &Runtime) {
         }
         // Store reads: on the blocking pool, like every read that grows with the store.
         let reader = runtime.clone();
-        let read = tokio::task::spawn_blocking(move || unwoken(&reader))
+        let read = tokio::task::spawn_blocking(move || admitted_last(&reader))
             .await
             .map_err(|e| crate::Error::Unavailable(e.to_string()))
             .and_then(|read| read);
-        let lost = match read {
-            Ok(lost) => lost,
+        let found = match read {
+            Ok(found) => found,
             Err(e) => {
                 tracing::warn!(error = %e, "the lost-wake sweep could not read the store");
                 continue;
             }
         };
-        for session in lost {
+        for session in unwoken.due(found) {
             tracing::info!(session_id = %session, "waking admitted input that was never woken");
             if let Err(e) = runtime.wake(&session).await {
                 tracing::warn!(session_id = %session, error = %e, "lost-wake sweep");
@@ -250,10 +253,32 @@ pub(crate) async fn watch(runtime: &Runtime) {
     }
 }
 
-/// Sessions with pending input, no drain in this process, and an admission as newest event.
-fn unwoken(runtime: &Runtime) -> Result<Vec<SessionId>> {
+/// Which sessions the lost-wake sweep wakes: those found with the same newest admission (by its
+/// seq) in two sweeps in a row. Decisions as data: the sweep's reads go in, sessions to wake
+/// come out.
+#[derive(Debug, Default)]
+struct Unwoken {
+    /// What the previous sweep found: each session and the seq of its newest event.
+    seen: HashMap<SessionId, Seq>,
+}
+
+impl Unwoken {
+    fn due(&mut self, found: Vec<(SessionId, Seq)>) -> Vec<SessionId> {
+        let due = found
+            .iter()
+            .filter(|(session, seq)| self.seen.get(session) == Some(seq))
+            .map(|(session, _)| session.clone())
+            .collect();
+        self.seen = found.into_iter().collect();
+        due
+    }
+}
+
+/// Sessions with pending input, no drain in this process, and an admission as newest event,
+/// with that event's seq.
+fn admitted_last(runtime: &Runtime) -> Result<Vec<(SessionId, Seq)>> {
     let snap = runtime.snapshot()?;
-    let mut lost = Vec::new();
+    let mut found = Vec::new();
     for session in snap.with_pending()? {
         if runtime.shared.active.contains_key(&session) || !runtime.owns(&session) {
             continue;
@@ -269,15 +294,41 @@ fn unwoken(runtime: &Runtime) -> Result<Vec<SessionId>> {
             .first()
             .is_some_and(|e| matches!(e.event, agenthost_model::Event::PromptAdmitted { .. }))
         {
-            lost.push(session);
+            found.push((session, row.last_seq));
         }
     }
-    Ok(lost)
+    Ok(found)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An admission is woken by the sweep only once it has been the newest event for a whole
+    /// sweep interval: one whose wake is on its way is left to that wake.
+    #[test]
+    fn the_lost_wake_sweep_wakes_an_admission_only_when_two_sweeps_found_it() {
+        let a = SessionId::parse("ses_a").expect("id");
+        let b = SessionId::parse("ses_b").expect("id");
+        let mut unwoken = Unwoken::default();
+        assert!(
+            unwoken.due(vec![(a.clone(), Seq(3))]).is_empty(),
+            "just admitted"
+        );
+        assert_eq!(
+            unwoken.due(vec![(a.clone(), Seq(3)), (b.clone(), Seq(7))]),
+            vec![a.clone()],
+            "still unwoken a sweep later"
+        );
+        // `a` admitted again meanwhile (a newer seq): its wake may be on its way.
+        assert_eq!(
+            unwoken.due(vec![(a.clone(), Seq(5)), (b.clone(), Seq(7))]),
+            vec![b.clone()]
+        );
+        // A session missing from one sweep (a drain picked it up) starts over.
+        assert!(unwoken.due(vec![]).is_empty());
+        assert!(unwoken.due(vec![(b.clone(), Seq(9))]).is_empty());
+    }
 
     /// A session is not settled while a takeover's sweep is listing, while it is listed and not
     /// yet recovered, or while a partition change has not been handled.
