@@ -141,6 +141,8 @@ struct Server {
     /// Event streams open at once, in all and on one session.
     max_streams: Option<usize>,
     max_streams_per_session: Option<usize>,
+    /// The shortest time between two writes of deltas alone on an event stream.
+    delta_interval_ms: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -281,6 +283,7 @@ pub struct Settings {
     pub max_connections: Option<usize>,
     pub max_streams: Option<usize>,
     pub max_streams_per_session: Option<usize>,
+    pub delta_interval: Option<Duration>,
     pub protect_metrics: bool,
     pub protect_healthz: bool,
     /// Check the whole store file when opening it.
@@ -799,6 +802,7 @@ pub fn resolve(
         max_connections: file.server.max_connections,
         max_streams: file.server.max_streams,
         max_streams_per_session: file.server.max_streams_per_session,
+        delta_interval: file.server.delta_interval_ms.map(Duration::from_millis),
         protect_metrics: file.server.protect_metrics.unwrap_or(false),
         protect_healthz: file.server.protect_healthz.unwrap_or(false),
         check_on_start: file.store.check_on_start.unwrap_or(true),
@@ -998,6 +1002,7 @@ pub fn effective(name: &str, file: &File, settings: &Settings) -> serde_json::Va
             "max_streams_per_session": settings
                 .max_streams_per_session
                 .unwrap_or(server.max_streams_per_session),
+            "delta_interval_ms": ms(settings.delta_interval.unwrap_or(server.delta_interval)),
             "protect_metrics": settings.protect_metrics,
             "protect_healthz": settings.protect_healthz,
         },

@@ -142,6 +142,9 @@ pub async fn run(args: Args, log_json: bool) -> Result<(), Failure> {
     if let Some(max) = settings.max_streams_per_session {
         options.max_streams_per_session = max;
     }
+    if let Some(interval) = settings.delta_interval {
+        options.delta_interval = interval;
+    }
     let api = Api::new(runtime, options);
     tracing::info!(
         %addr,

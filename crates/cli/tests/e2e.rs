@@ -1310,7 +1310,7 @@ fn config_check_completions_and_man() {
     let path = dir.path().join("agenthost.toml");
     std::fs::write(
         &path,
-        "[server]\ntoken_env = \"E2E_TOK\"\n[providers.p]\nkind = \"openai\"\n\
+        "[server]\ntoken_env = \"E2E_TOK\"\ndelta_interval_ms = 25\n[providers.p]\nkind = \"openai\"\n\
          api_key_env = \"E2E_KEY\"\n[models.default]\nprovider = \"p\"\nmodel = \"m\"\n",
     )
     .expect("config written");
@@ -1339,6 +1339,7 @@ fn config_check_completions_and_man() {
     let json: Value = serde_json::from_str(&text).expect("JSON");
     assert_eq!(json["providers"]["p"]["api_key"]["set"], true);
     assert_eq!(json["server"]["token"]["from_env"], "E2E_TOK");
+    assert_eq!(json["server"]["delta_interval_ms"], 25);
     assert_eq!(json["models"]["default"]["model"], "m");
     assert_eq!(json["store"]["kind"], "redb");
     // The key's variable unset: invalid, exit 2, saying which key and variable.

@@ -9,6 +9,9 @@
 //! - `event: status`, `data: {"type": "running"|"idle"}` (ephemeral; no `id`);
 //! - `event: error`, `data:` an error body, if reading the store failed (the stream then ends).
 //!
+//! Deltas are paced ([`Pace`]): at most one write of deltas alone per `delta_interval`, so a
+//! reply streamed token by token does not cost a write (and a wakeup of the client) per token.
+//!
 //! **Invariant:** no durable event is skipped or sent twice. The stream subscribes to the bus
 //! *before* it reads the replay, so every commit is either in the replay, on the bus, or both;
 //! bus events with a seq already sent are dropped. If the bus lags (this subscriber fell behind
@@ -21,7 +24,9 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use agenthost_actors::Live;
 use agenthost_model::{Seq, SessionId, Stored};
@@ -29,7 +34,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::Stream;
-use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 
 use crate::error::ApiError;
 use crate::extract::{Query, SessionPath};
@@ -96,6 +101,9 @@ pub(crate) async fn stream(
         reading: Some(Reading::Replay),
         queue: VecDeque::new(),
         queued: 0,
+        deltas: 0,
+        pace: Pace::new(shared.options.delta_interval),
+        timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
         done: false,
     };
     shared.counters.sse_opened();
@@ -187,11 +195,80 @@ struct Feed {
     /// Reading durable events from the store, page by page as the client takes them: the
     /// replay (then `synced`), or a catch-up after the bus lagged or showed a gap.
     reading: Option<Reading>,
-    queue: VecDeque<(Event, usize)>,
+    queue: VecDeque<Frame>,
     /// Bytes of durable frames in `queue`.
     queued: usize,
+    /// Delta frames in `queue`.
+    deltas: usize,
+    /// When queued frames go out.
+    pace: Pace,
+    /// Fires when held deltas are due; armed once per stream and moved, not made anew for
+    /// every delta.
+    timer: Pin<Box<tokio::time::Sleep>>,
     /// An error frame was queued; end after it.
     done: bool,
+}
+
+/// When an event stream's queued frames go out. Deltas are written at most once per
+/// `interval`: the first of a burst at once, those that follow within the interval together
+/// when it ends, or as soon as any other frame is queued behind them (a durable event or a
+/// status never waits, and frames keep their order). A reply streamed token by token then costs
+/// a write per interval instead of one per token. Decisions as data: the stream reports what it
+/// holds and the time, and pops while [`Pace::releasing`].
+#[derive(Debug)]
+struct Pace {
+    /// The shortest time between two writes of deltas alone; zero writes each as it comes.
+    interval: Duration,
+    /// Deltas queued before this instant wait for it.
+    hold: Option<tokio::time::Instant>,
+    /// Everything queued goes out now, without a pause.
+    releasing: bool,
+}
+
+impl Pace {
+    fn new(interval: Duration) -> Self {
+        Pace {
+            interval,
+            hold: None,
+            releasing: false,
+        }
+    }
+
+    fn releasing(&self) -> bool {
+        self.releasing
+    }
+
+    /// With frames queued: starts releasing them all when they are due. Returns when deltas
+    /// queued from now on are due, when that changed (the stream's timer is set to it).
+    fn release(
+        &mut self,
+        now: tokio::time::Instant,
+        only_deltas: bool,
+        deltas: bool,
+    ) -> Option<tokio::time::Instant> {
+        if self.releasing || (only_deltas && self.hold.is_some_and(|due| now < due)) {
+            return None;
+        }
+        self.releasing = true;
+        self.hold = None;
+        if deltas && !self.interval.is_zero() {
+            self.hold = Some(now + self.interval);
+        }
+        self.hold
+    }
+
+    /// A frame was taken; `empty` when it was the last one queued.
+    fn popped(&mut self, empty: bool) {
+        self.releasing = !empty;
+    }
+}
+
+/// A frame waiting to be written.
+struct Frame {
+    event: Event,
+    /// The size of a durable frame's data; 0 for ephemeral ones.
+    bytes: usize,
+    delta: bool,
 }
 
 impl Drop for Feed {
@@ -201,11 +278,27 @@ impl Drop for Feed {
 }
 
 impl Feed {
+    /// The next frame to write, paced by [`Pace`]. Frames returned without a pause in between
+    /// leave in one write.
     async fn next_frame(&mut self) -> Option<Event> {
         loop {
-            if let Some((event, bytes)) = self.queue.pop_front() {
-                self.queued -= bytes;
-                return Some(event);
+            if !self.queue.is_empty() {
+                if !self.pace.releasing() && self.reading.is_none() {
+                    self.take_ready();
+                }
+                let now = tokio::time::Instant::now();
+                let only_deltas = self.queue.len() == self.deltas;
+                if let Some(due) = self.pace.release(now, only_deltas, self.deltas > 0) {
+                    self.timer.as_mut().reset(due);
+                }
+                if self.pace.releasing()
+                    && let Some(frame) = self.queue.pop_front()
+                {
+                    self.queued -= frame.bytes;
+                    self.deltas -= usize::from(frame.delta);
+                    self.pace.popped(self.queue.is_empty());
+                    return Some(frame.event);
+                }
             }
             if self.done {
                 return None;
@@ -219,63 +312,97 @@ impl Feed {
                             let synced = wire::Synced {
                                 last_seq: self.last,
                             };
-                            self.queue.push_back((json_event("synced", &synced), 0));
+                            self.enqueue(json_event("synced", &synced));
                             // Where the session stands now, so a client that (re)connects
                             // knows without asking; changes follow live.
                             let running = self.shared.runtime.is_active(&self.session);
                             let status = wire::Status::new(running);
-                            self.queue.push_back((json_event("status", &status), 0));
+                            self.enqueue(json_event("status", &status));
                         }
                     }
                     Err(e) => self.fail(e),
                 }
                 continue;
             }
+            // Here the queue is empty or holds deltas that are not due yet.
+            let held = !self.queue.is_empty();
             let received = tokio::select! {
                 // Shutdown ends every stream, so the server's graceful stop is not held up.
                 () = self.shared.closing.cancelled() => return None,
+                () = self.timer.as_mut(), if held => continue,
                 received = self.rx.recv() => received,
             };
             match received {
-                Ok(message) => {
-                    let (session, live) = &*message;
-                    if *session != self.session {
-                        continue;
-                    }
-                    match live {
-                        Live::Event(stored) if stored.seq.0 < self.next => {}
-                        Live::Event(stored) if stored.seq.0 == self.next => self.push(stored),
-                        // A gap means bus messages were lost without a lag report: the store
-                        // has them (this event is committed, so everything before it is too).
-                        Live::Event(_) => self.reading = Some(Reading::CatchUp),
-                        Live::Delta {
-                            message,
-                            kind,
-                            part,
-                            delta,
-                        } => {
-                            let delta = wire::Delta {
-                                message_id: message.to_string(),
-                                kind: wire::delta_type(*kind),
-                                part: *part,
-                                delta: delta.clone(),
-                            };
-                            self.queue.push_back((json_event("delta", &delta), 0));
-                        }
-                        Live::Status { running } => {
-                            let status = wire::Status::new(*running);
-                            self.queue.push_back((json_event("status", &status), 0));
-                        }
-                    }
-                }
-                Err(RecvError::Lagged(missed)) => {
-                    tracing::debug!(session_id = %self.session, missed, "event stream lagged; reading the store");
-                    self.shared.counters.sse_lagged();
-                    self.reading = Some(Reading::CatchUp);
-                }
+                Ok(message) => self.take(&message),
+                Err(RecvError::Lagged(missed)) => self.lagged(missed),
                 Err(RecvError::Closed) => return None,
             }
         }
+    }
+
+    /// Takes in what the bus already holds for this stream, without waiting, so that a burst
+    /// leaves in one write. The end of the bus is left for `recv` to report.
+    fn take_ready(&mut self) {
+        loop {
+            match self.rx.try_recv() {
+                Ok(message) => self.take(&message),
+                Err(TryRecvError::Lagged(missed)) => return self.lagged(missed),
+                Err(TryRecvError::Empty | TryRecvError::Closed) => return,
+            }
+        }
+    }
+
+    /// Queues the frame of one bus message.
+    fn take(&mut self, message: &(SessionId, Live)) {
+        let (session, live) = message;
+        if *session != self.session {
+            return;
+        }
+        match live {
+            Live::Event(stored) if stored.seq.0 < self.next => {}
+            Live::Event(stored) if stored.seq.0 == self.next => self.push(stored),
+            // A gap means bus messages were lost without a lag report: the store has them
+            // (this event is committed, so everything before it is too).
+            Live::Event(_) => self.reading = Some(Reading::CatchUp),
+            Live::Delta {
+                message,
+                kind,
+                part,
+                delta,
+            } => {
+                let delta = wire::Delta {
+                    message_id: message.to_string(),
+                    kind: wire::delta_type(*kind),
+                    part: *part,
+                    delta: delta.clone(),
+                };
+                self.queue.push_back(Frame {
+                    event: json_event("delta", &delta),
+                    bytes: 0,
+                    delta: true,
+                });
+                self.deltas += 1;
+            }
+            Live::Status { running } => {
+                let status = wire::Status::new(*running);
+                self.enqueue(json_event("status", &status));
+            }
+        }
+    }
+
+    fn lagged(&mut self, missed: u64) {
+        tracing::debug!(session_id = %self.session, missed, "event stream lagged; reading the store");
+        self.shared.counters.sse_lagged();
+        self.reading = Some(Reading::CatchUp);
+    }
+
+    /// Queues an ephemeral frame that is not a delta (it never waits, see `next_frame`).
+    fn enqueue(&mut self, event: Event) {
+        self.queue.push_back(Frame {
+            event,
+            bytes: 0,
+            delta: false,
+        });
     }
 
     fn push(&mut self, stored: &Stored) {
@@ -287,7 +414,11 @@ impl Feed {
             .event(stored.event.kind())
             .data(json)
             .id(stored.seq.0.to_string());
-        self.queue.push_back((frame, bytes));
+        self.queue.push_back(Frame {
+            event: frame,
+            bytes,
+            delta: false,
+        });
         self.queued += bytes;
         self.last = Some(stored.seq.0);
         self.next = stored.seq.0 + 1;
@@ -320,7 +451,7 @@ impl Feed {
             kind: error.kind(),
             message: error.message().to_owned(),
         };
-        self.queue.push_back((json_event("error", &body), 0));
+        self.enqueue(json_event("error", &body));
         self.done = true;
     }
 }
@@ -331,5 +462,63 @@ fn json_event<T: serde::Serialize>(name: &str, payload: &T) -> Event {
         Ok(json) => event.data(json),
         // Wire types serialize infallibly; keep the stream well-formed regardless.
         Err(e) => event.data(format!("{{\"error\":\"cannot serialize: {e}\"}}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn a_bursts_first_delta_goes_at_once_and_the_rest_together_an_interval_later() {
+        let t0 = tokio::time::Instant::now();
+        let mut pace = Pace::new(10 * MS);
+        // The first delta: out at once, and deltas are held for the next 10 ms.
+        assert_eq!(pace.release(t0, true, true), Some(t0 + 10 * MS));
+        assert!(pace.releasing());
+        pace.popped(true);
+        // Two more within the interval wait...
+        assert_eq!(pace.release(t0 + 2 * MS, true, true), None);
+        assert!(!pace.releasing());
+        assert_eq!(pace.release(t0 + 9 * MS, true, true), None);
+        assert!(!pace.releasing());
+        // ...and go out together when it ends.
+        assert_eq!(pace.release(t0 + 10 * MS, true, true), Some(t0 + 20 * MS));
+        pace.popped(false);
+        assert!(pace.releasing(), "the second goes in the same write");
+        pace.popped(true);
+        assert!(!pace.releasing());
+    }
+
+    #[test]
+    fn any_other_frame_takes_the_held_deltas_out_with_it() {
+        let t0 = tokio::time::Instant::now();
+        let mut pace = Pace::new(10 * MS);
+        pace.release(t0, true, true);
+        pace.popped(true);
+        assert_eq!(pace.release(t0 + MS, true, true), None, "a delta waits");
+        // A durable event queued behind it: both go now.
+        pace.release(t0 + 2 * MS, false, true);
+        assert!(pace.releasing());
+        pace.popped(false);
+        pace.popped(true);
+        // A durable event alone never waits and holds nothing back.
+        assert_eq!(pace.release(t0 + 3 * MS, false, false), None);
+        assert!(pace.releasing());
+        pace.popped(true);
+        assert_eq!(pace.release(t0 + 4 * MS, true, true), Some(t0 + 14 * MS));
+    }
+
+    #[test]
+    fn with_no_interval_every_delta_goes_as_it_comes() {
+        let t0 = tokio::time::Instant::now();
+        let mut pace = Pace::new(Duration::ZERO);
+        for n in 0..3 {
+            assert_eq!(pace.release(t0 + n * MS, true, true), None);
+            assert!(pace.releasing());
+            pace.popped(true);
+        }
     }
 }

@@ -63,6 +63,10 @@ pub struct Options {
     pub body_limit: usize,
     /// Interval of SSE keep-alive comments, so idle streams survive proxies.
     pub keep_alive: Duration,
+    /// The shortest time between two writes of deltas alone on an event stream: the first
+    /// delta of a burst goes at once, the next ones together after this (zero: each delta
+    /// as it comes). Other frames never wait.
+    pub delta_interval: Duration,
     /// Upper bound of `timeout_ms` on `POST /api/session/{id}/wait`.
     pub max_wait: Duration,
     /// How long a graceful shutdown waits for in-flight requests after the runtime stopped.
@@ -90,6 +94,7 @@ impl Default for Options {
             token: None,
             body_limit: 4 * 1024 * 1024,
             keep_alive: Duration::from_secs(15),
+            delta_interval: Duration::from_millis(10),
             max_wait: Duration::from_secs(600),
             drain_timeout: Duration::from_secs(10),
             header_timeout: Duration::from_secs(10),
