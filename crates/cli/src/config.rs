@@ -28,7 +28,7 @@ pub const DEFAULT_TOKEN_ENV: &str = "AGENTHOST_TOKEN";
 /// The embedded store's page cache, in MiB, unless `[store] cache_mib` says otherwise. redb's
 /// own default (1 GiB) suits a desktop database; a server keeps its hot pages (the log's front,
 /// the busy sessions' rows) in far less, and its memory for sessions.
-pub const DEFAULT_CACHE_MIB: usize = 32;
+pub const DEFAULT_CACHE_MIB: usize = 16;
 
 /// A configuration error: where and why.
 #[derive(Debug, thiserror::Error)]
