@@ -45,7 +45,11 @@ impl Drop for Guard {
     }
 }
 
-type Boxed = Box<dyn Layer<Registry> + Send + Sync>;
+/// The registry under one filter: the logs and the trace export keep the same spans and events
+/// (both follow `RUST_LOG`), so one global filter serves both. A filter per layer would cost a
+/// lookup of the span on every enter and exit of every instrumented future.
+type Filtered = tracing_subscriber::layer::Layered<EnvFilter, Registry>;
+type Boxed = Box<dyn Layer<Filtered> + Send + Sync>;
 
 fn filter() -> EnvFilter {
     EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"))
@@ -58,8 +62,8 @@ pub fn init(json: bool, telemetry: Option<&Telemetry>) -> Result<Guard, String> 
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let fmt: Boxed = match json {
-        true => fmt.json().with_filter(filter()).boxed(),
-        false => fmt.with_filter(filter()).boxed(),
+        true => fmt.json().boxed(),
+        false => fmt.boxed(),
     };
     #[cfg_attr(not(feature = "otlp"), allow(unused_mut))]
     let mut layers = vec![fmt];
@@ -87,6 +91,7 @@ pub fn init(json: bool, telemetry: Option<&Telemetry>) -> Result<Guard, String> 
         ));
     }
     tracing_subscriber::registry()
+        .with(filter())
         .with(layers)
         .try_init()
         .map_err(|e| format!("cannot install the log subscriber: {e}"))?;
@@ -101,7 +106,7 @@ mod otlp {
     use opentelemetry_sdk::trace::SdkTracerProvider;
     use tracing_subscriber::Layer as _;
 
-    use super::{Boxed, Telemetry, filter};
+    use super::{Boxed, Telemetry};
 
     /// The OpenTelemetry layer and the provider that batches and exports its spans.
     pub(super) fn layer(telemetry: &Telemetry) -> Result<(Boxed, SdkTracerProvider), String> {
@@ -129,10 +134,7 @@ mod otlp {
             )
             .build();
         let tracer = provider.tracer("agenthost");
-        let layer = tracing_opentelemetry::layer()
-            .with_tracer(tracer)
-            .with_filter(filter())
-            .boxed();
+        let layer = tracing_opentelemetry::layer().with_tracer(tracer).boxed();
         Ok((layer, provider))
     }
 }
