@@ -138,19 +138,17 @@ impl Bus {
     /// Publishes to whoever listens; with no subscriber the event is simply dropped. A session
     /// whose subscribers all left is forgotten here.
     pub(crate) fn publish(&self, session: &SessionId, live: Live) {
-        if let Live::Delta { message, .. } = &live
-            && (self.tx.receiver_count() > 0 || self.sessions.contains_key(session))
-            && let Some(mut held) = self.held.get_mut(message)
-            && !held.released
-        {
-            held.items.push(Arc::new((session.clone(), live)));
-            return;
-        }
-        if matches!(live, Live::Delta { .. })
-            && self.tx.receiver_count() == 0
-            && !self.sessions.contains_key(session)
-        {
-            return;
+        let everyone = self.tx.receiver_count() > 0;
+        if let Live::Delta { message, .. } = &live {
+            if !everyone && !self.sessions.contains_key(session) {
+                return;
+            }
+            if let Some(mut held) = self.held.get_mut(message)
+                && !held.released
+            {
+                held.items.push(Arc::new((session.clone(), live)));
+                return;
+            }
         }
         let created = match &live {
             Live::Event(stored) => match &stored.event {
@@ -159,21 +157,22 @@ impl Bus {
             },
             _ => None,
         };
-        self.send(session, Arc::new((session.clone(), live)));
+        self.send(session, everyone, Arc::new((session.clone(), live)));
         if let Some(id) = created
             && let Some(mut held) = self.held.get_mut(&id)
         {
             // Under the entry's lock: a delta published meanwhile waits, then goes straight out
             // after these.
             for item in std::mem::take(&mut held.items) {
-                self.send(session, item);
+                self.send(session, everyone, item);
             }
             held.released = true;
         }
     }
 
-    fn send(&self, session: &SessionId, item: Item) {
-        if self.tx.receiver_count() > 0 {
+    /// Sends `item` to the session's subscribers, and to everyone's when `everyone` listens.
+    fn send(&self, session: &SessionId, everyone: bool, item: Item) {
+        if everyone {
             let _ = self.tx.send(item.clone());
         }
         let mut gone = false;

@@ -567,10 +567,8 @@ impl Attempt {
     }
 
     fn on_event(&mut self, d: &Drain, message: &MessageId, event: llm::Event) {
+        // Publishing checks for subscribers first: a delta nobody watches goes no further.
         let delta = |kind, part, delta: String| {
-            if !d.shared.bus.listening(&d.session) {
-                return;
-            }
             d.shared.bus.publish(
                 &d.session,
                 Live::Delta {
