@@ -1300,6 +1300,58 @@ async fn a_stream_opened_mid_turn_misses_nothing() {
     );
 }
 
+/// Paced deltas (held while the interval runs, released together, or taken out by a durable
+/// event behind them) keep their order, and none is lost or repeated.
+#[tokio::test]
+async fn paced_deltas_keep_their_order_and_none_is_lost() {
+    let h = harness_with(
+        vec![
+            Script::new()
+                .text("a")
+                .text("b")
+                .delay(Duration::from_millis(5))
+                .text("c")
+                .delay(Duration::from_millis(80))
+                .text("d")
+                .text("e")
+                .finish(FinishReason::Stop),
+        ],
+        Options {
+            delta_interval: Duration::from_millis(50),
+            ..Options::default()
+        },
+        |_| {},
+    )
+    .await;
+    let s = h.session().await;
+    let mut stream = Frames::open(&h, &format!("/api/session/{s}/events"), None).await;
+    stream.until("synced").await;
+    h.post(
+        &format!("/api/session/{s}/prompt"),
+        Some(r#"{"text": "go"}"#),
+    )
+    .await;
+    let live = stream.until("execution_succeeded").await;
+    let deltas: Vec<&str> = live
+        .iter()
+        .filter(|f| f.event == "delta")
+        .map(|f| f.data["delta"].as_str().expect("text"))
+        .collect();
+    assert_eq!(deltas, ["a", "b", "c", "d", "e"], "{live:#?}");
+    let ended = live
+        .iter()
+        .position(|f| f.event == "text_ended")
+        .expect("text_ended");
+    assert_eq!(live[ended].data["text"], "abcde");
+    let last_delta = live
+        .iter()
+        .rposition(|f| f.event == "delta")
+        .expect("deltas");
+    assert!(last_delta < ended, "a delta after its part ended: {live:#?}");
+    let seqs = seqs(&live);
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
+}
+
 #[tokio::test]
 async fn a_lagging_stream_catches_up_from_the_store() {
     // More deltas than the bus holds (16 Ki messages) while the client reads nothing: the
