@@ -1347,7 +1347,10 @@ async fn paced_deltas_keep_their_order_and_none_is_lost() {
         .iter()
         .rposition(|f| f.event == "delta")
         .expect("deltas");
-    assert!(last_delta < ended, "a delta after its part ended: {live:#?}");
+    assert!(
+        last_delta < ended,
+        "a delta after its part ended: {live:#?}"
+    );
     let seqs = seqs(&live);
     assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
 }
