@@ -220,6 +220,12 @@ pub struct Limits {
     /// `generate`); further calls wait in FIFO order. A permit is held only while a call is open:
     /// never while tools run or during a retry's backoff, and never two at once.
     pub concurrent_streams: usize,
+    /// Drains running at once across all sessions; further drains wait in FIFO order, holding
+    /// nothing but their place, before they read or write anything. A drain gives its slot back
+    /// while its tools run (a tool may wait on another session) and takes one again after. This
+    /// bounds what a burst of sessions holds in memory: the state of a few hundred running
+    /// drains, not of every session with work.
+    pub concurrent_drains: usize,
     /// Admitted, unpromoted inputs a session may hold; more are refused as unavailable.
     pub pending_per_session: u32,
     /// Callers waiting on one session actor (joined resumes, idle waiters).
@@ -243,6 +249,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             concurrent_streams: 512,
+            concurrent_drains: 512,
             wake_sweep: Duration::from_secs(2),
             pending_per_session: 1024,
             waiters_per_session: 4096,

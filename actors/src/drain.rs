@@ -98,6 +98,38 @@ pub(crate) struct Drain {
     pub in_flight: Arc<Mutex<Submitted>>,
     /// The session actor's history cache; none for a drain outside an actor.
     pub history: Option<Arc<Mutex<HistoryCache>>>,
+    /// The drain's run slot, while it holds one.
+    pub slot: Slot,
+}
+
+/// A drain's place among the drains running at once (`limits.concurrent_drains`): taken before
+/// the drain starts, given back while its tools run and taken again after, released when the
+/// drain ends.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Slot(Arc<Mutex<Option<tokio::sync::OwnedSemaphorePermit>>>);
+
+impl Slot {
+    /// Waits for a slot, in FIFO order; `false` when the drain was cancelled first.
+    pub(crate) async fn take(&self, drains: &Arc<tokio::sync::Semaphore>, cancel: &Cancel) -> bool {
+        let permit = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return false,
+            permit = drains.clone().acquire_owned() => permit,
+        };
+        match permit {
+            Ok(permit) => {
+                *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(permit);
+                true
+            }
+            // The semaphore is never closed; without one, the drain goes on unbounded.
+            Err(_) => true,
+        }
+    }
+
+    /// Gives the slot back, to another drain waiting for one.
+    pub(crate) fn release(&self) {
+        drop(self.0.lock().unwrap_or_else(|e| e.into_inner()).take());
+    }
 }
 
 impl std::fmt::Debug for Drain {

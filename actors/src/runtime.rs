@@ -135,6 +135,7 @@ impl Runtime {
             hooks: extensions.hooks,
             bus,
             streams: Arc::new(Semaphore::new(config.limits.concurrent_streams.max(1))),
+            drains: Arc::new(Semaphore::new(config.limits.concurrent_drains.max(1))),
             active: IdMap::default(),
             actors: IdMap::default(),
             limits: config.limits,

@@ -125,24 +125,33 @@ impl State {
             cancel: cancel.clone(),
             in_flight: Default::default(),
             history: Some(self.history.clone()),
+            slot: Default::default(),
         };
         self.shared.active.insert(self.session.clone(), ());
         self.shared
             .bus
             .publish(&self.session, Live::Status { running: true });
         let me = myself.clone();
-        let span = tracing::info_span!("drain", session_id = %self.session, forced);
-        let task = tokio::spawn(
-            async move {
-                let result = std::panic::AssertUnwindSafe(drain::run(drain))
-                    .catch_unwind()
-                    .await
-                    .unwrap_or_else(|panic| Err(Error::Panicked(panic_message(&panic))));
-                // The actor may be gone; then nobody is waiting for this report.
-                let _ = me.cast(Msg::Finished { drain: id, result });
-            }
-            .instrument_with(span),
-        );
+        let task = tokio::spawn(async move {
+            // Waiting for a slot holds only this task and the drain's inputs: the drain's state,
+            // its span and everything it reads come once it runs. Interrupted while waiting, it
+            // ends having written nothing, so its input stays pending.
+            let result = match drain.slot.take(&drain.shared.drains, &drain.cancel).await {
+                false => Ok(Outcome::Interrupted),
+                true => {
+                    let span = tracing::info_span!("drain", session_id = %drain.session, forced);
+                    let slot = drain.slot.clone();
+                    let run = std::panic::AssertUnwindSafe(drain::run(drain)).catch_unwind();
+                    let result = Box::pin(run.instrument_with(span))
+                        .await
+                        .unwrap_or_else(|panic| Err(Error::Panicked(panic_message(&panic))));
+                    slot.release();
+                    result
+                }
+            };
+            // The actor may be gone; then nobody is waiting for this report.
+            let _ = me.cast(Msg::Finished { drain: id, result });
+        });
         self.current = Some(Current {
             id,
             joiners,

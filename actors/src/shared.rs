@@ -31,6 +31,8 @@ pub(crate) struct Shared {
     /// Provider calls open at once (steps, compactions, `generate`); tokio's semaphore is fair, so
     /// callers wait in FIFO order.
     pub streams: Arc<Semaphore>,
+    /// Drains running at once (`limits.concurrent_drains`); fair like `streams`.
+    pub drains: Arc<Semaphore>,
     /// Sessions with a drain in progress in this process.
     pub active: IdMap<SessionId, ()>,
     /// Live session actors: the routing fast path.

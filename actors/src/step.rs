@@ -781,6 +781,11 @@ async fn run_tools(
         d.append(refused).await?;
     }
     let limit = shared.limits.tool_output;
+    // Tools may wait on other sessions: while they run, this drain's slot serves another drain.
+    let running = !tasks.is_empty();
+    if running {
+        d.slot.release();
+    }
     loop {
         let joined = tokio::select! {
             biased;
@@ -791,6 +796,11 @@ async fn run_tools(
             joined = tasks.join_next() => joined,
         };
         let Some(joined) = joined else {
+            // A slot again before going on; cancelled meanwhile, the drain stops at its next
+            // boundary without one.
+            if running {
+                d.slot.take(&shared.drains, &d.cancel).await;
+            }
             return Ok(false);
         };
         let ((name, input), result) = joined.map_err(|e| Error::Panicked(e.to_string()))?;

@@ -239,6 +239,7 @@ struct Compaction {
 #[serde(deny_unknown_fields)]
 struct Limits {
     concurrent_streams: Option<usize>,
+    concurrent_drains: Option<usize>,
     pending_per_session: Option<u32>,
     waiters_per_session: Option<usize>,
     tool_output_bytes: Option<usize>,
@@ -1029,6 +1030,7 @@ pub fn effective(name: &str, file: &File, settings: &Settings) -> serde_json::Va
         "compaction": {"auto": settings.compaction_auto},
         "limits": {
             "concurrent_streams": l.concurrent_streams,
+            "concurrent_drains": l.concurrent_drains,
             "pending_per_session": l.pending_per_session,
             "waiters_per_session": l.waiters_per_session,
             "tool_output_bytes": l.tool_output,
@@ -1057,6 +1059,9 @@ fn limits(name: &str, file: &Limits) -> Result<(actors::Limits, Option<Duration>
     };
     if let Some(n) = file.concurrent_streams {
         limits.concurrent_streams = positive("concurrent_streams", n as u64)? as usize;
+    }
+    if let Some(n) = file.concurrent_drains {
+        limits.concurrent_drains = positive("concurrent_drains", n as u64)? as usize;
     }
     if let Some(n) = file.pending_per_session {
         limits.pending_per_session = positive("pending_per_session", u64::from(n))? as u32;
@@ -1216,13 +1221,15 @@ auto = false
     #[test]
     fn limits_take_units_in_their_names() {
         let s = settings(
-            "[limits]\nconcurrent_streams = 3\npending_per_session = 7\nwaiters_per_session = 9\n\
+            "[limits]\nconcurrent_streams = 3\nconcurrent_drains = 4\npending_per_session = 7\n\
+             waiters_per_session = 9\n\
              tool_output_bytes = 1000\nhistory_cache_bytes = 0\ncall_timeout_ms = 1500\n\
              shutdown_timeout_ms = 2500\nwake_sweep_ms = 0\npassivate_after_ms = 60000\n\
              [server]\nbody_limit_bytes = 2048\n",
         )
         .expect("valid");
         assert_eq!(s.limits.concurrent_streams, 3);
+        assert_eq!(s.limits.concurrent_drains, 4);
         assert_eq!(s.limits.pending_per_session, 7);
         assert_eq!(s.limits.waiters_per_session, 9);
         assert_eq!(s.limits.tool_output, 1000);
@@ -1275,6 +1282,10 @@ auto = false
             (
                 "[limits]\nconcurrent_streams = 0",
                 "`limits.concurrent_streams`",
+            ),
+            (
+                "[limits]\nconcurrent_drains = 0",
+                "`limits.concurrent_drains`",
             ),
             ("[limits]\ncall_timeout_ms = 0", "`limits.call_timeout_ms`"),
             ("[server]\nbody_limit = 10", "unknown field `body_limit`"),

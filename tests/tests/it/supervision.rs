@@ -427,6 +427,144 @@ async fn an_interrupt_ends_a_session_waiting_for_a_stream_permit() {
     h.idle(&a).await;
 }
 
+/// At most `concurrent_drains` drains run at once; the others wait for a slot, in order, before
+/// they read or write anything (a burst of ten thousand sessions holds a few hundred drains'
+/// state, not ten thousand).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_drains_are_bounded_and_waiting_ones_run_in_order() {
+    use agenthost_llm::scripted::{Gate, Script};
+    let gate = Gate::new();
+    let held = Script::new()
+        .gate(&gate)
+        .text("a")
+        .finish(agenthost_llm::FinishReason::Stop);
+    let h = Harness::start_with(
+        [held, text("b"), text("c")],
+        |c| c.limits.concurrent_drains = 1,
+        Extensions::default(),
+    )
+    .await;
+    let (a, b, c) = (h.session().await, h.session().await, h.session().await);
+    h.prompt(&a, "first").await;
+    gate.reached().await;
+    h.prompt(&b, "second").await;
+    while !h.runtime.active().contains(&b) {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    h.prompt(&c, "third").await;
+    while !h.runtime.active().contains(&c) {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // Queued, not started: neither took the claim nor promoted its input.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for s in [&b, &c] {
+        assert_eq!(
+            h.kinds(s).last(),
+            Some(&"prompt_admitted"),
+            "{:?}",
+            h.kinds(s)
+        );
+    }
+    assert_eq!(h.provider.calls(), 1);
+    gate.release();
+    for s in [&a, &b, &c] {
+        h.idle(s).await;
+        assert_eq!(h.count(s, "execution_succeeded"), 1);
+    }
+    let order: Vec<String> = h
+        .provider
+        .requests()
+        .iter()
+        .map(|r| r.prompt_cache_key.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(order, [a.to_string(), b.to_string(), c.to_string()], "FIFO");
+}
+
+/// A drain gives its slot back while its tools run: a tool that waits on another session (here,
+/// for as long as the other session's turn takes) cannot hold up the runtime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_tool_holds_no_drain_slot() {
+    use agenthost_llm::scripted::{Gate, Script};
+    let gate = Gate::new();
+    let mut tools = agenthost_actors::Tools::default();
+    tools.register(agenthost_actors::Tool::new(
+        "slow",
+        "takes its time",
+        serde_json::json!({"type": "object"}),
+        Arc::new(Held(gate.clone())),
+    ));
+    let call = Script::new()
+        .tool_call("c1", "slow", "{}")
+        .finish(agenthost_llm::FinishReason::ToolCalls);
+    let h = Harness::start_with(
+        [call, text("other session"), text("after the tool")],
+        |c| {
+            c.limits.concurrent_drains = 1;
+            if let Some(agent) = c.agents.get_mut("default") {
+                agent.tools = vec!["*".into()];
+            }
+        },
+        Extensions {
+            tools,
+            hooks: Vec::new(),
+        },
+    )
+    .await;
+    let (a, b) = (h.session().await, h.session().await);
+    h.prompt(&a, "use the slow tool").await;
+    gate.reached().await;
+    // While a's tool runs, b's drain runs: the only slot is free.
+    h.prompt(&b, "meanwhile").await;
+    h.runtime
+        .wait_idle(&b, Duration::from_secs(10))
+        .await
+        .expect("b answered while a's tool runs");
+    gate.release();
+    h.idle(&a).await;
+    assert_eq!(h.count(&a, "execution_succeeded"), 1);
+}
+
+/// An interrupt ends a drain still waiting for a slot at once, with nothing written: its input
+/// stays pending for the next drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_ends_a_drain_waiting_for_a_slot() {
+    use agenthost_llm::scripted::{Gate, Script};
+    let gate = Gate::new();
+    let held = Script::new()
+        .gate(&gate)
+        .text("a")
+        .finish(agenthost_llm::FinishReason::Stop);
+    let h = Harness::start_with(
+        [held, text("b later")],
+        |c| c.limits.concurrent_drains = 1,
+        Extensions::default(),
+    )
+    .await;
+    let (a, b) = (h.session().await, h.session().await);
+    h.prompt(&a, "holds the slot").await;
+    gate.reached().await;
+    h.prompt(&b, "waits for it").await;
+    while !h.runtime.active().contains(&b) {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(h.runtime.interrupt(&b).await, Ok(true));
+    assert_eq!(
+        h.kinds(&b).last(),
+        Some(&"prompt_admitted"),
+        "{:?}",
+        h.kinds(&b)
+    );
+    assert_eq!(h.row(&b).pending, 1, "the input stays pending");
+    gate.release();
+    h.idle(&a).await;
+    // The next drain answers it.
+    assert_eq!(
+        h.runtime.resume(&b).await,
+        Ok(agenthost_actors::Outcome::Completed { steps: 1 })
+    );
+    assert_eq!(h.provider.calls(), 2);
+}
+
 /// Every caller of `shutdown` returns only once the store is released, even when another caller
 /// started the shutdown: the process can open the same store again as soon as any returns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
