@@ -222,7 +222,8 @@ pub struct Limits {
     pub concurrent_streams: usize,
     /// Drains running at once across all sessions; further drains wait in FIFO order, holding
     /// nothing but their place, before they read or write anything. A drain gives its slot back
-    /// while its tools run (a tool may wait on another session) and takes one again after. This
+    /// while its tools run (a tool may wait on another session) and while it waits out a retry's
+    /// backoff (a rate-limited provider must not hold up the others), and takes one again after. This
     /// bounds what a burst of sessions holds in memory: the state of a few hundred running
     /// drains, not of every session with work.
     pub concurrent_drains: usize,

@@ -103,8 +103,8 @@ pub(crate) struct Drain {
 }
 
 /// A drain's place among the drains running at once (`limits.concurrent_drains`): taken before
-/// the drain starts, given back while its tools run and taken again after, released when the
-/// drain ends.
+/// the drain starts, given back while its tools run and during a retry's backoff and taken again
+/// after, released when the drain ends.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Slot(Arc<Mutex<Option<tokio::sync::OwnedSemaphorePermit>>>);
 

@@ -351,10 +351,8 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
                     error: provider_failure(&error),
                 });
                 d.append(events).await?;
-                tokio::select! {
-                    biased;
-                    _ = d.cancel.cancelled() => return Box::pin(abort(d, &message, &mut a)).await,
-                    _ = tokio::time::sleep(delay) => {}
+                if back_off(d, delay).await {
+                    return Box::pin(abort(d, &message, &mut a)).await;
                 }
             }
             // Cut off after output: keep the partial message, settle it, and continue in a new
@@ -377,11 +375,9 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
                     error: provider_failure(&error),
                 });
                 d.append(events).await?;
-                tokio::select! {
-                    biased;
+                if back_off(d, delay).await {
                     // The partial message is settled: nothing is left open to clean up.
-                    _ = d.cancel.cancelled() => return Ok(StepEnd::Interrupted),
-                    _ = tokio::time::sleep(delay) => {}
+                    return Ok(StepEnd::Interrupted);
                 }
                 prepared = build_with(d, step, Some(CONTINUE_NOTE), Vec::new()).await?;
                 message = start(d, step, &prepared);
@@ -463,6 +459,18 @@ fn report_step(d: &Drain, message: &MessageId, step: u32, error: Option<String>)
     for hook in &d.shared.hooks {
         hook.on_step(&report);
     }
+}
+
+/// Waits out a retry's backoff without holding a drain slot, then takes one again; `true` when
+/// cancelled first.
+async fn back_off(d: &Drain, delay: Duration) -> bool {
+    d.slot.release();
+    tokio::select! {
+        biased;
+        _ = d.cancel.cancelled() => return true,
+        _ = tokio::time::sleep(delay) => {}
+    }
+    !d.slot.take(&d.shared.drains, &d.cancel).await
 }
 
 /// The wait before retry `attempt`, with ±20 % jitter (see [`retry::delay`]).

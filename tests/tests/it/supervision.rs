@@ -524,6 +524,34 @@ async fn a_slow_tool_holds_no_drain_slot() {
     assert_eq!(h.count(&a, "execution_succeeded"), 1);
 }
 
+/// A drain waiting out a retry's backoff gives its slot back: a provider that rate-limits one
+/// session for a minute does not hold up the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_backing_off_holds_no_slot() {
+    use agenthost_llm::scripted::Script;
+    let limited = Script::new().error(agenthost_llm::Error::rate_limit(Some(Duration::from_secs(
+        60,
+    ))));
+    let h = Harness::start_with(
+        [limited, text("meanwhile")],
+        |c| c.limits.concurrent_drains = 1,
+        Extensions::default(),
+    )
+    .await;
+    let (a, b) = (h.session().await, h.session().await);
+    h.prompt(&a, "rate limited").await;
+    while !h.kinds(&a).contains(&"retry_scheduled") {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    h.prompt(&b, "not held up").await;
+    h.runtime
+        .wait_idle(&b, Duration::from_secs(10))
+        .await
+        .expect("b answered while a backs off");
+    assert_eq!(h.runtime.interrupt(&a).await, Ok(true));
+    assert_eq!(h.count(&a, "execution_interrupted"), 1, "{:?}", h.kinds(&a));
+}
+
 /// An interrupt ends a drain still waiting for a slot at once, with nothing written: its input
 /// stays pending for the next drain.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
