@@ -1104,13 +1104,10 @@ async fn a_retry_backoff_holds_no_stream_permit() {
         first.await.expect("joined"),
         Ok(Outcome::Completed { steps: 1 })
     );
-    let order: Vec<String> = h
-        .provider
-        .requests()
-        .iter()
-        .map(|r| r.prompt_cache_key.clone().unwrap_or_default())
-        .collect();
-    assert_eq!(order, [a.to_string(), b.to_string(), a.to_string()]);
+    assert_eq!(
+        h.request_order(),
+        [a.to_string(), b.to_string(), a.to_string()]
+    );
 }
 
 /// A provider that streams without end (a hostile or broken server) fails the step once its

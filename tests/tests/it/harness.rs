@@ -101,6 +101,15 @@ impl Harness {
     }
 
     /// The durable log of a session as event kinds.
+    /// The sessions of the provider's requests, in the order they were made.
+    pub fn request_order(&self) -> Vec<String> {
+        self.provider
+            .requests()
+            .iter()
+            .map(|r| r.prompt_cache_key.clone().unwrap_or_default())
+            .collect()
+    }
+
     pub fn kinds(&self, session: &SessionId) -> Vec<&'static str> {
         self.log(session).iter().map(|e| e.kind()).collect()
     }
@@ -148,6 +157,14 @@ impl Harness {
 
 pub fn text(s: &str) -> Script {
     Script::new()
+        .text(s)
+        .finish(agenthost_llm::FinishReason::Stop)
+}
+
+/// A text reply that waits at `gate` before its first token.
+pub fn gated(gate: &agenthost_llm::scripted::Gate, s: &str) -> Script {
+    Script::new()
+        .gate(gate)
         .text(s)
         .finish(agenthost_llm::FinishReason::Stop)
 }

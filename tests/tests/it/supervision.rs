@@ -154,23 +154,32 @@ async fn a_full_session_refuses_more_input_as_unavailable() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn provider_streams_are_bounded_and_waiting_steps_run_in_order() {
-    use agenthost_llm::scripted::{Gate, Script};
-    let gate = Gate::new();
-    let held = Script::new()
-        .gate(&gate)
-        .text("a")
-        .finish(agenthost_llm::FinishReason::Stop);
+/// A harness under `limit` whose first session's turn is held at a gate (its reply is "a"; the
+/// next two answer "b" and "c"), once it is.
+async fn first_held_at_a_gate(
+    limit: fn(&mut agenthost_actors::Config),
+) -> (
+    Harness,
+    agenthost_llm::scripted::Gate,
+    agenthost_model::SessionId,
+) {
+    let gate = agenthost_llm::scripted::Gate::new();
     let h = Harness::start_with(
-        [held, text("b"), text("c")],
-        |c| c.limits.concurrent_streams = 1,
+        [harness::gated(&gate, "a"), text("b"), text("c")],
+        limit,
         Extensions::default(),
     )
     .await;
-    let (a, b, c) = (h.session().await, h.session().await, h.session().await);
+    let a = h.session().await;
     h.prompt(&a, "first").await;
     gate.reached().await;
+    (h, gate, a)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_streams_are_bounded_and_waiting_steps_run_in_order() {
+    let (h, gate, a) = first_held_at_a_gate(|c| c.limits.concurrent_streams = 1).await;
+    let (b, c) = (h.session().await, h.session().await);
     h.prompt(&b, "second").await;
     // Let b's drain reach the permit queue before c's.
     while !h.kinds(&b).contains(&"step_started") {
@@ -189,13 +198,11 @@ async fn provider_streams_are_bounded_and_waiting_steps_run_in_order() {
     for s in [&a, &b, &c] {
         h.idle(s).await;
     }
-    let order: Vec<String> = h
-        .provider
-        .requests()
-        .iter()
-        .map(|r| r.prompt_cache_key.clone().unwrap_or_default())
-        .collect();
-    assert_eq!(order, [a.to_string(), b.to_string(), c.to_string()], "FIFO");
+    assert_eq!(
+        h.request_order(),
+        [a.to_string(), b.to_string(), c.to_string()],
+        "FIFO"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -300,12 +307,9 @@ async fn a_halt_settles_everything_the_dead_actor_left_open() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_waiter_limit_answers_unavailable_and_never_splits_the_session() {
-    use agenthost_llm::scripted::{Gate, Script};
+    use agenthost_llm::scripted::Gate;
     let gate = Gate::new();
-    let held = Script::new()
-        .gate(&gate)
-        .text("done")
-        .finish(agenthost_llm::FinishReason::Stop);
+    let held = harness::gated(&gate, "done");
     let h = Harness::start_with(
         [held, text("second")],
         |c| c.limits.waiters_per_session = 2,
@@ -357,8 +361,9 @@ impl agenthost_actors::Executor for Held {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slow_tool_holds_no_stream_permit() {
+/// One session's tool waits at a gate while another session is prompted, under `limit` (a limit
+/// of one): the other session is answered before the tool returns.
+async fn a_slow_tool_leaves_room_for_another_session(limit: fn(&mut agenthost_actors::Config)) {
     use agenthost_llm::scripted::{Gate, Script};
     let gate = Gate::new();
     let mut tools = agenthost_actors::Tools::default();
@@ -374,7 +379,7 @@ async fn a_slow_tool_holds_no_stream_permit() {
     let h = Harness::start_with(
         [call, text("other session"), text("after the tool")],
         |c| {
-            c.limits.concurrent_streams = 1;
+            limit(c);
             if let Some(agent) = c.agents.get_mut("default") {
                 agent.tools = vec!["*".into()];
             }
@@ -388,7 +393,6 @@ async fn a_slow_tool_holds_no_stream_permit() {
     let (a, b) = (h.session().await, h.session().await);
     h.prompt(&a, "use the slow tool").await;
     gate.reached().await;
-    // While a's tool runs, b streams: the only permit is free.
     h.prompt(&b, "meanwhile").await;
     h.runtime
         .wait_idle(&b, Duration::from_secs(10))
@@ -399,23 +403,16 @@ async fn a_slow_tool_holds_no_stream_permit() {
     assert_eq!(h.count(&a, "execution_succeeded"), 1);
 }
 
+/// While a's tool runs, b streams: the only permit is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_tool_holds_no_stream_permit() {
+    a_slow_tool_leaves_room_for_another_session(|c| c.limits.concurrent_streams = 1).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupt_ends_a_session_waiting_for_a_stream_permit() {
-    use agenthost_llm::scripted::{Gate, Script};
-    let gate = Gate::new();
-    let held = Script::new()
-        .gate(&gate)
-        .text("a")
-        .finish(agenthost_llm::FinishReason::Stop);
-    let h = Harness::start_with(
-        [held, text("b later")],
-        |c| c.limits.concurrent_streams = 1,
-        Extensions::default(),
-    )
-    .await;
-    let (a, b) = (h.session().await, h.session().await);
-    h.prompt(&a, "holds the permit").await;
-    gate.reached().await;
+    let (h, gate, a) = first_held_at_a_gate(|c| c.limits.concurrent_streams = 1).await;
+    let b = h.session().await;
     h.prompt(&b, "waits for it").await;
     while !h.kinds(&b).contains(&"step_started") {
         tokio::time::sleep(Duration::from_millis(2)).await;
@@ -432,21 +429,8 @@ async fn an_interrupt_ends_a_session_waiting_for_a_stream_permit() {
 /// state, not ten thousand).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn running_drains_are_bounded_and_waiting_ones_run_in_order() {
-    use agenthost_llm::scripted::{Gate, Script};
-    let gate = Gate::new();
-    let held = Script::new()
-        .gate(&gate)
-        .text("a")
-        .finish(agenthost_llm::FinishReason::Stop);
-    let h = Harness::start_with(
-        [held, text("b"), text("c")],
-        |c| c.limits.concurrent_drains = 1,
-        Extensions::default(),
-    )
-    .await;
-    let (a, b, c) = (h.session().await, h.session().await, h.session().await);
-    h.prompt(&a, "first").await;
-    gate.reached().await;
+    let (h, gate, a) = first_held_at_a_gate(|c| c.limits.concurrent_drains = 1).await;
+    let (b, c) = (h.session().await, h.session().await);
     h.prompt(&b, "second").await;
     while !h.runtime.active().contains(&b) {
         tokio::time::sleep(Duration::from_millis(2)).await;
@@ -471,57 +455,18 @@ async fn running_drains_are_bounded_and_waiting_ones_run_in_order() {
         h.idle(s).await;
         assert_eq!(h.count(s, "execution_succeeded"), 1);
     }
-    let order: Vec<String> = h
-        .provider
-        .requests()
-        .iter()
-        .map(|r| r.prompt_cache_key.clone().unwrap_or_default())
-        .collect();
-    assert_eq!(order, [a.to_string(), b.to_string(), c.to_string()], "FIFO");
+    assert_eq!(
+        h.request_order(),
+        [a.to_string(), b.to_string(), c.to_string()],
+        "FIFO"
+    );
 }
 
 /// A drain gives its slot back while its tools run: a tool that waits on another session (here,
 /// for as long as the other session's turn takes) cannot hold up the runtime.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_tool_holds_no_drain_slot() {
-    use agenthost_llm::scripted::{Gate, Script};
-    let gate = Gate::new();
-    let mut tools = agenthost_actors::Tools::default();
-    tools.register(agenthost_actors::Tool::new(
-        "slow",
-        "takes its time",
-        serde_json::json!({"type": "object"}),
-        Arc::new(Held(gate.clone())),
-    ));
-    let call = Script::new()
-        .tool_call("c1", "slow", "{}")
-        .finish(agenthost_llm::FinishReason::ToolCalls);
-    let h = Harness::start_with(
-        [call, text("other session"), text("after the tool")],
-        |c| {
-            c.limits.concurrent_drains = 1;
-            if let Some(agent) = c.agents.get_mut("default") {
-                agent.tools = vec!["*".into()];
-            }
-        },
-        Extensions {
-            tools,
-            hooks: Vec::new(),
-        },
-    )
-    .await;
-    let (a, b) = (h.session().await, h.session().await);
-    h.prompt(&a, "use the slow tool").await;
-    gate.reached().await;
-    // While a's tool runs, b's drain runs: the only slot is free.
-    h.prompt(&b, "meanwhile").await;
-    h.runtime
-        .wait_idle(&b, Duration::from_secs(10))
-        .await
-        .expect("b answered while a's tool runs");
-    gate.release();
-    h.idle(&a).await;
-    assert_eq!(h.count(&a, "execution_succeeded"), 1);
+    a_slow_tool_leaves_room_for_another_session(|c| c.limits.concurrent_drains = 1).await;
 }
 
 /// A drain waiting out a retry's backoff gives its slot back: a provider that rate-limits one
@@ -556,21 +501,8 @@ async fn a_drain_backing_off_holds_no_slot() {
 /// stays pending for the next drain.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupt_ends_a_drain_waiting_for_a_slot() {
-    use agenthost_llm::scripted::{Gate, Script};
-    let gate = Gate::new();
-    let held = Script::new()
-        .gate(&gate)
-        .text("a")
-        .finish(agenthost_llm::FinishReason::Stop);
-    let h = Harness::start_with(
-        [held, text("b later")],
-        |c| c.limits.concurrent_drains = 1,
-        Extensions::default(),
-    )
-    .await;
-    let (a, b) = (h.session().await, h.session().await);
-    h.prompt(&a, "holds the slot").await;
-    gate.reached().await;
+    let (h, gate, a) = first_held_at_a_gate(|c| c.limits.concurrent_drains = 1).await;
+    let b = h.session().await;
     h.prompt(&b, "waits for it").await;
     while !h.runtime.active().contains(&b) {
         tokio::time::sleep(Duration::from_millis(2)).await;
