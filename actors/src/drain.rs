@@ -22,6 +22,7 @@
 //! the admission, and one write carrying the claim, the promotion, the step and the drain's
 //! success.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use agenthost_model::promotion;
@@ -110,12 +111,14 @@ pub(crate) struct Slot(Arc<Mutex<Option<tokio::sync::OwnedSemaphorePermit>>>);
 
 impl Slot {
     /// Waits for a slot, in FIFO order; `false` when the drain was cancelled first.
-    pub(crate) async fn take(&self, drains: &Arc<tokio::sync::Semaphore>, cancel: &Cancel) -> bool {
+    pub(crate) async fn take(&self, shared: &Shared, cancel: &Cancel) -> bool {
+        let waiting = Waiting::count(&shared.drains_waiting);
         let permit = tokio::select! {
             biased;
             _ = cancel.cancelled() => return false,
-            permit = drains.clone().acquire_owned() => permit,
+            permit = shared.drains.clone().acquire_owned() => permit,
         };
+        drop(waiting);
         match permit {
             Ok(permit) => {
                 *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(permit);
@@ -129,6 +132,23 @@ impl Slot {
     /// Gives the slot back, to another drain waiting for one.
     pub(crate) fn release(&self) {
         drop(self.0.lock().unwrap_or_else(|e| e.into_inner()).take());
+    }
+}
+
+/// Counts a drain among those waiting for a slot until dropped, however the wait ends (a slot,
+/// an interrupt, or the task aborted with its actor).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn count(waiting: &'a AtomicUsize) -> Self {
+        waiting.fetch_add(1, Ordering::Relaxed);
+        Waiting(waiting)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -136,6 +136,7 @@ impl Runtime {
             bus,
             streams: Arc::new(Semaphore::new(config.limits.concurrent_streams.max(1))),
             drains: Arc::new(Semaphore::new(config.limits.concurrent_drains.max(1))),
+            drains_waiting: Default::default(),
             active: IdMap::default(),
             actors: IdMap::default(),
             limits: config.limits,
@@ -389,6 +390,11 @@ impl Runtime {
                 _ => Error::Provider(e),
             })?;
         Ok(response.text)
+    }
+
+    /// Drains waiting for a slot among those running at once (`limits.concurrent_drains`).
+    pub fn drains_waiting(&self) -> usize {
+        self.shared.drains_waiting.load(Ordering::Relaxed)
     }
 
     /// Sessions with a drain in progress in this process.

@@ -136,7 +136,7 @@ impl State {
             // Waiting for a slot holds only this task and the drain's inputs: the drain's state,
             // its span and everything it reads come once it runs. Interrupted while waiting, it
             // ends having written nothing, so its input stays pending.
-            let result = match drain.slot.take(&drain.shared.drains, &drain.cancel).await {
+            let result = match drain.slot.take(&drain.shared, &drain.cancel).await {
                 false => Ok(Outcome::Interrupted),
                 true => {
                     let span = tracing::info_span!("drain", session_id = %drain.session, forced);

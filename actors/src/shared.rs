@@ -3,7 +3,7 @@
 //! `Runtime::start_with`; everything here is read-mostly.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use agenthost_model::SessionId;
@@ -33,6 +33,8 @@ pub(crate) struct Shared {
     pub streams: Arc<Semaphore>,
     /// Drains running at once (`limits.concurrent_drains`); fair like `streams`.
     pub drains: Arc<Semaphore>,
+    /// Drains waiting for one of those slots right now.
+    pub drains_waiting: AtomicUsize,
     /// Sessions with a drain in progress in this process.
     pub active: IdMap<SessionId, ()>,
     /// Live session actors: the routing fast path.

@@ -470,7 +470,7 @@ async fn back_off(d: &Drain, delay: Duration) -> bool {
         _ = d.cancel.cancelled() => return true,
         _ = tokio::time::sleep(delay) => {}
     }
-    !d.slot.take(&d.shared.drains, &d.cancel).await
+    !d.slot.take(&d.shared, &d.cancel).await
 }
 
 /// The wait before retry `attempt`, with ±20 % jitter (see [`retry::delay`]).
@@ -807,7 +807,7 @@ async fn run_tools(
             // A slot again before going on; cancelled meanwhile, the drain stops at its next
             // boundary without one.
             if running {
-                d.slot.take(&shared.drains, &d.cancel).await;
+                d.slot.take(shared, &d.cancel).await;
             }
             return Ok(false);
         };

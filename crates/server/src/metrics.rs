@@ -67,6 +67,7 @@ pub(crate) struct Metrics {
     /// Read at each scrape.
     live: Gauge,
     active: Gauge,
+    waiting: Gauge,
     health: Gauge,
     pending: Gauge,
     claimed: Gauge,
@@ -82,6 +83,7 @@ impl Metrics {
         let metrics = Metrics {
             live: Gauge::default(),
             active: Gauge::default(),
+            waiting: Gauge::default(),
             health: Gauge::default(),
             pending: Gauge::default(),
             claimed: Gauge::default(),
@@ -96,6 +98,11 @@ impl Metrics {
             "agenthost_sessions_active",
             "Sessions with a drain in progress (holding their claim) on this node",
             metrics.active.clone(),
+        );
+        r.register(
+            "agenthost_drains_waiting",
+            "Drains waiting for a slot among those running at once (limits.concurrent_drains)",
+            metrics.waiting.clone(),
         );
         r.register(
             "agenthost_inputs_pending",
@@ -249,6 +256,7 @@ impl Metrics {
     fn render(&self, runtime: &Runtime) -> String {
         self.live.set(runtime.live() as i64);
         self.active.set(runtime.active().len() as i64);
+        self.waiting.set(runtime.drains_waiting() as i64);
         self.health.set(match runtime.store().health() {
             agenthost_store::Health::Ok => 0,
             agenthost_store::Health::DiskFull(_) => 1,

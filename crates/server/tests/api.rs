@@ -166,6 +166,7 @@ async fn health_metrics_and_unknown_routes() {
     for metric in [
         "agenthost_sessions_live ",
         "agenthost_sessions_active ",
+        "agenthost_drains_waiting ",
         "agenthost_actor_restarts_total ",
         "agenthost_sessions_recovered_total ",
         "agenthost_store_commits_total ",
@@ -306,6 +307,7 @@ async fn metrics_count_exactly_what_happened() {
         ),
         ("agenthost_actor_restarts_total", 0.0),
         ("agenthost_sessions_active", 0.0),
+        ("agenthost_drains_waiting", 0.0),
         ("agenthost_sessions_claimed", 0.0),
         ("agenthost_inputs_pending", 0.0),
     ] {

@@ -436,7 +436,12 @@ async fn running_drains_are_bounded_and_waiting_ones_run_in_order() {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     h.prompt(&c, "third").await;
-    while !h.runtime.active().contains(&c) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while h.runtime.drains_waiting() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "b and c never queued"
+        );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     // Queued, not started: neither took the claim nor promoted its input.
@@ -450,11 +455,13 @@ async fn running_drains_are_bounded_and_waiting_ones_run_in_order() {
         );
     }
     assert_eq!(h.provider.calls(), 1);
+    assert_eq!(h.runtime.drains_waiting(), 2);
     gate.release();
     for s in [&a, &b, &c] {
         h.idle(s).await;
         assert_eq!(h.count(s, "execution_succeeded"), 1);
     }
+    assert_eq!(h.runtime.drains_waiting(), 0);
     assert_eq!(
         h.request_order(),
         [a.to_string(), b.to_string(), c.to_string()],
