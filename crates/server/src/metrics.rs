@@ -96,7 +96,7 @@ impl Metrics {
         );
         r.register(
             "agenthost_sessions_active",
-            "Sessions with a drain in progress (holding their claim) on this node",
+            "Sessions with a drain in progress on this node (running, or waiting for a slot)",
             metrics.active.clone(),
         );
         r.register(
