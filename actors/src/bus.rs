@@ -66,6 +66,14 @@ const SESSION_CAPACITY: usize = 128;
 /// Slots a queue keeps when its reader caught up; a larger burst's are given back.
 const KEPT_SLOTS: usize = 16;
 
+/// Deltas queued for a reader that waits for anything else ([`Subscription::urgent`]) wake it
+/// anyway from this many on, well before the queue is full.
+const QUIET_LIMIT: usize = SESSION_CAPACITY / 2;
+
+fn is_delta(item: &Item) -> bool {
+    matches!(item.1, Live::Delta { .. })
+}
+
 type Item = Arc<(SessionId, Live)>;
 
 /// The runtime's event bus.
@@ -217,6 +225,9 @@ struct QueueState {
     missed: u64,
     /// The reader waiting for an item.
     waker: Option<Waker>,
+    /// The reader waits for anything but a delta (see [`Subscription::urgent`]): a delta is
+    /// queued without waking it.
+    quiet: bool,
     /// The bus forgot this subscriber (the bus is gone): nothing more will come.
     closed: bool,
 }
@@ -254,7 +265,13 @@ impl Subscriber {
             return true;
         }
         state.items.push_back(item.clone());
-        let waker = state.waker.take();
+        let wake = !(state.quiet && is_delta(item) && state.items.len() < QUIET_LIMIT);
+        let waker = if wake {
+            state.quiet = false;
+            state.waker.take()
+        } else {
+            None
+        };
         drop(state);
         if let Some(waker) = waker {
             waker.wake();
@@ -316,6 +333,34 @@ impl Subscription {
         }
     }
 
+    /// Waits until something other than a delta is queued (or the reader lost items, the bus
+    /// is gone, or deltas fill half the queue), without taking anything: a reader that holds
+    /// deltas back to write them together waits here, so that every delta published meanwhile
+    /// does not wake it for nothing. It then takes what is queued with
+    /// [`Subscription::try_recv`].
+    pub async fn urgent(&mut self) {
+        std::future::poll_fn(|cx| {
+            let mut state = self.queue.lock();
+            let ready = state.missed > 0
+                || state.closed
+                || state.items.len() >= QUIET_LIMIT
+                || state.items.iter().any(|item| !is_delta(item));
+            if ready {
+                return Poll::Ready(());
+            }
+            if !state
+                .waker
+                .as_ref()
+                .is_some_and(|w| w.will_wake(cx.waker()))
+            {
+                state.waker = Some(cx.waker().clone());
+            }
+            state.quiet = true;
+            Poll::Pending
+        })
+        .await
+    }
+
     /// Takes the next item; with `waker`, registers it when there is none yet. After a loss,
     /// what is still queued goes with the items dropped.
     fn next(&mut self, waker: Option<&Waker>) -> Next {
@@ -335,10 +380,11 @@ impl Subscription {
         if state.closed {
             return Next::Closed;
         }
-        if let Some(waker) = waker
-            && !state.waker.as_ref().is_some_and(|w| w.will_wake(waker))
-        {
-            state.waker = Some(waker.clone());
+        if let Some(waker) = waker {
+            if !state.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
+                state.waker = Some(waker.clone());
+            }
+            state.quiet = false;
         }
         Next::Empty
     }
@@ -347,6 +393,7 @@ impl Subscription {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::future::Future as _;
 
     fn session(n: u32) -> SessionId {
         SessionId::parse(&format!("ses_{n:04}")).expect("valid")
@@ -413,6 +460,75 @@ mod tests {
         bus.publish(&a, status(1));
         let woken = tokio::time::timeout(std::time::Duration::from_secs(1), reader).await;
         assert!(matches!(woken, Ok(Ok(Ok(true)))), "{woken:?}");
+    }
+
+    fn delta(text: &str) -> Live {
+        Live::Delta {
+            message: MessageId::parse("msg_0001").expect("valid"),
+            kind: DeltaKind::Text,
+            part: 0,
+            delta: text.to_owned(),
+        }
+    }
+
+    /// A waker that counts its wakes.
+    #[derive(Default)]
+    struct Wakes(std::sync::atomic::AtomicUsize);
+
+    impl futures::task::ArcWake for Wakes {
+        fn wake_by_ref(this: &Arc<Self>) {
+            this.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    impl Wakes {
+        fn count(&self) -> usize {
+            self.0.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    #[test]
+    fn a_reader_waiting_for_more_than_deltas_is_woken_by_anything_else_only() {
+        let bus = Bus::new(16);
+        let a = session(1);
+        let mut sub = bus.subscribe_session(&a);
+        let wakes = Arc::new(Wakes::default());
+        let waker = futures::task::waker(wakes.clone());
+        let mut cx = std::task::Context::from_waker(&waker);
+        {
+            let mut urgent = Box::pin(sub.urgent());
+            assert!(urgent.as_mut().poll(&mut cx).is_pending());
+            bus.publish(&a, delta("a"));
+            bus.publish(&a, delta("b"));
+            assert_eq!(wakes.count(), 0, "woken by a delta");
+            bus.publish(&a, status(1));
+            assert_eq!(wakes.count(), 1, "not woken by the status");
+            assert!(urgent.as_mut().poll(&mut cx).is_ready());
+        }
+        let mut taken = Vec::new();
+        while let Ok(item) = sub.try_recv() {
+            taken.push(item.1.clone());
+        }
+        assert_eq!(taken, [delta("a"), delta("b"), status(1)]);
+        // A reader waiting for any item is woken by a delta.
+        let mut next = Box::pin(sub.recv());
+        assert!(next.as_mut().poll(&mut cx).is_pending());
+        bus.publish(&a, delta("c"));
+        assert_eq!(wakes.count(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_of_deltas_wakes_a_quiet_reader_before_the_queue_is_full() {
+        let bus = Bus::new(16);
+        let a = session(1);
+        let mut sub = bus.subscribe_session(&a);
+        let reader = tokio::spawn(async move { sub.urgent().await });
+        tokio::task::yield_now().await;
+        for _ in 0..QUIET_LIMIT {
+            bus.publish(&a, delta("x"));
+        }
+        let woken = tokio::time::timeout(std::time::Duration::from_secs(1), reader).await;
+        assert!(woken.is_ok(), "never woken");
     }
 
     #[tokio::test]

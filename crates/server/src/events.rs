@@ -11,6 +11,9 @@
 //!
 //! Deltas are paced ([`Pace`]): at most one write of deltas alone per `delta_interval`, so a
 //! reply streamed token by token does not cost a write (and a wakeup of the client) per token.
+//! The first delta of a burst leaves alone; those held after it that continue one part leave as
+//! one `delta` frame holding their text in order. The stream is not woken for each delta it
+//! holds.
 //!
 //! **Invariant:** no durable event is skipped or sent twice. The stream subscribes to the bus
 //! *before* it reads the replay, so every commit is either in the replay, on the bus, or both;
@@ -238,6 +241,17 @@ impl Pace {
         self.releasing
     }
 
+    /// Whether deltas are paced at all (an interval of zero writes each as it comes, in its own
+    /// frame).
+    fn paced(&self) -> bool {
+        !self.interval.is_zero()
+    }
+
+    /// Whether deltas queued at `now` wait (for the end of the interval a write began).
+    fn holding(&self, now: tokio::time::Instant) -> bool {
+        self.hold.is_some_and(|due| now < due)
+    }
+
     /// With frames queued: starts releasing them all when they are due. Returns when deltas
     /// queued from now on are due, when that changed (the stream's timer is set to it).
     fn release(
@@ -246,7 +260,7 @@ impl Pace {
         only_deltas: bool,
         deltas: bool,
     ) -> Option<tokio::time::Instant> {
-        if self.releasing || (only_deltas && self.hold.is_some_and(|due| now < due)) {
+        if self.releasing || (only_deltas && self.holding(now)) {
             return None;
         }
         self.releasing = true;
@@ -265,10 +279,19 @@ impl Pace {
 
 /// A frame waiting to be written.
 struct Frame {
-    event: Event,
+    body: Body,
     /// The size of a durable frame's data; 0 for ephemeral ones.
     bytes: usize,
-    delta: bool,
+}
+
+enum Body {
+    Event(Event),
+    /// Rendered when it leaves, so that deltas of one part held together leave as one frame.
+    /// The first delta of a burst goes alone (`joinable` is false).
+    Delta {
+        delta: wire::Delta,
+        joinable: bool,
+    },
 }
 
 impl Drop for Feed {
@@ -295,9 +318,14 @@ impl Feed {
                     && let Some(frame) = self.queue.pop_front()
                 {
                     self.queued -= frame.bytes;
-                    self.deltas -= usize::from(frame.delta);
                     self.pace.popped(self.queue.is_empty());
-                    return Some(frame.event);
+                    return Some(match frame.body {
+                        Body::Event(event) => event,
+                        Body::Delta { delta, .. } => {
+                            self.deltas -= 1;
+                            json_event("delta", &delta)
+                        }
+                    });
                 }
             }
             if self.done {
@@ -324,13 +352,26 @@ impl Feed {
                 }
                 continue;
             }
-            // Here the queue is empty or holds deltas that are not due yet.
-            let held = !self.queue.is_empty();
-            let received = tokio::select! {
-                // Shutdown ends every stream, so the server's graceful stop is not held up.
-                () = self.shared.closing.cancelled() => return None,
-                () = self.timer.as_mut(), if held => continue,
-                received = self.rx.recv() => received,
+            // Here the queue is empty or holds deltas that are not due yet. Deltas published
+            // while some are held join them without waking the stream: it wakes when they are
+            // due or when anything else comes, and takes everything queued then.
+            let received = if self.queue.is_empty() {
+                tokio::select! {
+                    // Shutdown ends every stream, so the server's graceful stop is not held up.
+                    () = self.shared.closing.cancelled() => return None,
+                    received = self.rx.recv() => received,
+                }
+            } else {
+                let due = tokio::select! {
+                    () = self.shared.closing.cancelled() => return None,
+                    () = self.timer.as_mut() => true,
+                    () = self.rx.urgent() => false,
+                };
+                // Once the bus is gone, the stream ends after the deltas that are due.
+                if self.take_ready() || due {
+                    continue;
+                }
+                return None;
             };
             match received {
                 Ok(message) => self.take(&message),
@@ -341,13 +382,17 @@ impl Feed {
     }
 
     /// Takes in what the bus already holds for this stream, without waiting, so that a burst
-    /// leaves in one write. The end of the bus is left for `recv` to report.
-    fn take_ready(&mut self) {
+    /// leaves in one write; `false` when the bus is gone and nothing more will come.
+    fn take_ready(&mut self) -> bool {
         loop {
             match self.rx.try_recv() {
                 Ok(message) => self.take(&message),
-                Err(TryRecvError::Lagged(missed)) => return self.lagged(missed),
-                Err(TryRecvError::Empty | TryRecvError::Closed) => return,
+                Err(TryRecvError::Lagged(missed)) => {
+                    self.lagged(missed);
+                    return true;
+                }
+                Err(TryRecvError::Empty) => return true,
+                Err(TryRecvError::Closed) => return false,
             }
         }
     }
@@ -370,16 +415,39 @@ impl Feed {
                 part,
                 delta,
             } => {
+                let kind = wire::delta_type(*kind);
+                // The first delta of a burst goes at once and alone; one that follows it and
+                // continues the part of the delta queued before it joins that one: a write of
+                // held deltas carries one frame per part, not one per token.
+                let first = self.deltas == 0 && !self.pace.holding(tokio::time::Instant::now());
+                if !first
+                    && let Some(Frame {
+                        body:
+                            Body::Delta {
+                                delta: last,
+                                joinable: true,
+                            },
+                        ..
+                    }) = self.queue.back_mut()
+                    && last.message_id == message.as_str()
+                    && last.kind == kind
+                    && last.part == *part
+                {
+                    last.delta.push_str(delta);
+                    return;
+                }
                 let delta = wire::Delta {
                     message_id: message.to_string(),
-                    kind: wire::delta_type(*kind),
+                    kind,
                     part: *part,
                     delta: delta.clone(),
                 };
                 self.queue.push_back(Frame {
-                    event: json_event("delta", &delta),
+                    body: Body::Delta {
+                        delta,
+                        joinable: !first && self.pace.paced(),
+                    },
                     bytes: 0,
-                    delta: true,
                 });
                 self.deltas += 1;
             }
@@ -399,9 +467,8 @@ impl Feed {
     /// Queues an ephemeral frame that is not a delta (it never waits, see `next_frame`).
     fn enqueue(&mut self, event: Event) {
         self.queue.push_back(Frame {
-            event,
+            body: Body::Event(event),
             bytes: 0,
-            delta: false,
         });
     }
 
@@ -415,9 +482,8 @@ impl Feed {
             .data(json)
             .id(stored.seq.0.to_string());
         self.queue.push_back(Frame {
-            event: frame,
+            body: Body::Event(frame),
             bytes,
-            delta: false,
         });
         self.queued += bytes;
         self.last = Some(stored.seq.0);
