@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Poll;
 use std::time::Duration;
 
 use agenthost_llm as llm;
@@ -257,22 +258,27 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
             outcome = tracing::field::Empty
         );
         let streamed = async {
+            let cancelled = d.cancel.cancelled();
+            let mut cancelled = std::pin::pin!(cancelled);
             Ok::<bool, Error>(loop {
-                if d.cancel.is_cancelled() {
-                    break true;
-                }
                 // What the stream has ready is handled at once; before waiting for more, the events
-                // of the parts that ended so far go to the store.
-                let next = match stream.next().now_or_never() {
-                    Some(next) => next,
-                    None => {
-                        d.send();
-                        tokio::select! {
-                            biased;
-                            _ = d.cancel.cancelled() => break true,
-                            next = stream.next() => next,
+                // of the parts that ended so far go to the store. One poll per event: the stream
+                // is not polled once to see whether it is ready and again to wait.
+                let next = std::future::poll_fn(|cx| {
+                    if cancelled.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(None);
+                    }
+                    match stream.poll_next_unpin(cx) {
+                        Poll::Ready(next) => Poll::Ready(Some(next)),
+                        Poll::Pending => {
+                            d.send();
+                            Poll::Pending
                         }
                     }
+                })
+                .await;
+                let Some(next) = next else {
+                    break true;
                 };
                 match next {
                     None => break false,

@@ -9,6 +9,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -199,8 +200,49 @@ struct Timeouts {
 enum Phase {
     // Boxed: the request is large and this state lives for the whole stream.
     Request(Box<(reqwest::Client, reqwest::Request)>),
-    Body(BoxStream<'static, reqwest::Result<Bytes>>),
+    Body(Box<Body>),
     Done,
+}
+
+/// The response body being read, and its idle timer.
+struct Body {
+    chunks: BoxStream<'static, reqwest::Result<Bytes>>,
+    /// Armed once and moved only when it fires early: a chunk pushes `deadline` out, not the
+    /// timer, so a reply streamed chunk by chunk does not re-arm a timer for every chunk.
+    idle: Pin<Box<tokio::time::Sleep>>,
+    /// When the body has been idle too long: one idle period after the last chunk.
+    deadline: tokio::time::Instant,
+}
+
+impl Body {
+    fn new(chunks: BoxStream<'static, reqwest::Result<Bytes>>, idle: Duration) -> Self {
+        let deadline = tokio::time::Instant::now() + idle;
+        Body {
+            chunks,
+            idle: Box::pin(tokio::time::sleep_until(deadline)),
+            deadline,
+        }
+    }
+
+    /// The next chunk; `None` when the body was idle for a whole period.
+    async fn next(&mut self, idle: Duration) -> Option<Option<reqwest::Result<Bytes>>> {
+        loop {
+            tokio::select! {
+                biased;
+                chunk = self.chunks.next() => {
+                    self.deadline = tokio::time::Instant::now() + idle;
+                    return Some(chunk);
+                }
+                () = self.idle.as_mut() => {
+                    if tokio::time::Instant::now() >= self.deadline {
+                        return None;
+                    }
+                    let deadline = self.deadline;
+                    self.idle.as_mut().reset(deadline);
+                }
+            }
+        }
+    }
 }
 
 struct State<W> {
@@ -254,8 +296,8 @@ impl<W: Wire> State<W> {
                     self.send(client, request).await;
                 }
                 Phase::Body(mut body) => {
-                    match tokio::time::timeout(self.timeouts.idle, body.next()).await {
-                        Err(_elapsed) => {
+                    match body.next(self.timeouts.idle).await {
+                        None => {
                             let error = Error::transport(
                                 self.received_any,
                                 format!(
@@ -265,15 +307,15 @@ impl<W: Wire> State<W> {
                             );
                             self.wire.fail(error, &mut self.scratch);
                         }
-                        Ok(None) => self.wire.finish(&mut self.scratch),
-                        Ok(Some(Err(error))) => {
+                        Some(None) => self.wire.finish(&mut self.scratch),
+                        Some(Some(Err(error))) => {
                             let error = Error::transport(
                                 self.received_any,
                                 format!("reading the stream: {}", describe(&error)),
                             );
                             self.wire.fail(error, &mut self.scratch);
                         }
-                        Ok(Some(Ok(bytes))) => {
+                        Some(Some(Ok(bytes))) => {
                             self.received_any |= !bytes.is_empty();
                             self.wire.feed(&bytes, &mut self.scratch);
                             // After `[DONE]`, `message_stop` or an error nothing more is read;
@@ -333,7 +375,10 @@ impl<W: Wire> State<W> {
             };
             return self.queue.push_back(Err(error));
         }
-        self.phase = Phase::Body(response.bytes_stream().boxed());
+        self.phase = Phase::Body(Box::new(Body::new(
+            response.bytes_stream().boxed(),
+            self.timeouts.idle,
+        )));
     }
 
     fn scrub(&self, error: Error) -> Error {
