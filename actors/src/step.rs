@@ -11,6 +11,7 @@
 //! tools "interrupted" and records exactly one `StepFailed { Aborted }`.
 
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Poll;
 use std::time::Duration;
@@ -53,6 +54,13 @@ pub const MAX_STEP_OUTPUT: usize = 8 * 1024 * 1024;
 
 /// In the marker of a tool output history keeps a preview of: what follows names the whole.
 pub const CUT: &str = ": the whole output is stored as tool output ";
+
+/// How long the events of a part that ended may wait for the stream's end before they go to the
+/// store on their own. A provider ends its last part with its finish and sends only usage and its
+/// end marker after it: the part's end then rides in the step's last write instead of a write of
+/// its own. A part followed by more output (reasoning, then text) is durable this much later than
+/// its end.
+const PART_END_GRACE: Duration = Duration::from_millis(2);
 
 /// The note that continues a response a broken stream cut off.
 pub const CONTINUE_NOTE: &str = "Your previous response was cut off by a network error. Continue \
@@ -260,10 +268,12 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
         let streamed = async {
             let cancelled = d.cancel.cancelled();
             let mut cancelled = std::pin::pin!(cancelled);
+            let mut grace: Option<Pin<Box<tokio::time::Sleep>>> = None;
             Ok::<bool, Error>(loop {
-                // What the stream has ready is handled at once; before waiting for more, the events
-                // of the parts that ended so far go to the store. One poll per event: the stream
-                // is not polled once to see whether it is ready and again to wait.
+                // What the stream has ready is handled at once; before waiting for more, what the
+                // step submitted goes to the store: the step's start at once, the events of
+                // parts that ended after [`PART_END_GRACE`] (see there). One poll per event: the
+                // stream is not polled once to see whether it is ready and again to wait.
                 let next = std::future::poll_fn(|cx| {
                     if cancelled.as_mut().poll(cx).is_ready() {
                         return Poll::Ready(None);
@@ -271,7 +281,18 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
                     match stream.poll_next_unpin(cx) {
                         Poll::Ready(next) => Poll::Ready(Some(next)),
                         Poll::Pending => {
-                            d.send();
+                            let wait = d.unsent_only_part_ends()
+                                && grace
+                                    .get_or_insert_with(|| {
+                                        Box::pin(tokio::time::sleep(PART_END_GRACE))
+                                    })
+                                    .as_mut()
+                                    .poll(cx)
+                                    .is_pending();
+                            if !wait {
+                                grace = None;
+                                d.send();
+                            }
                             Poll::Pending
                         }
                     }

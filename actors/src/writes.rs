@@ -4,8 +4,9 @@
 //!
 //! Events nothing waits on before the step's next durable boundary (the step's start, a part that
 //! ended, a tool call, the step's end) are submitted without waiting and sent to the writer as one
-//! operation whenever the step is about to wait (for the provider or a stream permit) and with
-//! every write and flush, where they ride ahead of that write's own actions. Every `append` first
+//! operation whenever the step is about to wait (for the provider or a stream permit; the ends
+//! of parts alone wait up to `step::PART_END_GRACE` for the stream's end) and with every write
+//! and flush, where they ride ahead of that write's own actions. Every `append` first
 //! waits for all earlier submissions, and so does every point that needs them durable: before
 //! tools run, before the next step reads its snapshot, before compaction reads the history, before
 //! interrupt cleanup, before observers see a settled step.
@@ -107,6 +108,22 @@ impl Drain {
         let mut submitted = self.submitted();
         submitted.note(&events);
         submitted.unsent.extend(events);
+    }
+
+    /// Whether something is submitted and not sent, and all of it records parts that ended
+    /// (text, reasoning, tool calls): what may wait a moment for the step's end (see
+    /// `step::PART_END_GRACE`).
+    pub(crate) fn unsent_only_part_ends(&self) -> bool {
+        let submitted = self.submitted();
+        !submitted.unsent.is_empty()
+            && submitted.unsent.iter().all(|event| {
+                matches!(
+                    event,
+                    Event::TextEnded { .. }
+                        | Event::ReasoningEnded { .. }
+                        | Event::ToolCalled { .. }
+                )
+            })
     }
 
     /// Whether this drain's writes leave the session claimed.

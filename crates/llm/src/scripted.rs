@@ -78,6 +78,9 @@ pub enum Step {
     Error(Error),
     /// Waits (tokio time, so a paused clock controls it).
     Delay(Duration),
+    /// Returns `Pending` once and is polled again at once, as a network stream is between two
+    /// chunks that arrived together.
+    Yield,
     /// Never makes progress again; only dropping the stream ends it.
     Hang,
     /// Waits until the test releases the gate.
@@ -197,6 +200,11 @@ impl Script {
     /// Waits for `duration` of tokio time.
     pub fn delay(self, duration: Duration) -> Self {
         self.step(Step::Delay(duration))
+    }
+
+    /// Yields once: the stream is not ready for a moment (see [`Step::Yield`]).
+    pub fn yield_now(self) -> Self {
+        self.step(Step::Yield)
     }
 
     /// Hangs until the stream is dropped.
@@ -444,6 +452,7 @@ impl Player {
                     self.finish(reason);
                 }
                 Some(Step::Delay(duration)) => tokio::time::sleep(duration).await,
+                Some(Step::Yield) => tokio::task::yield_now().await,
                 Some(Step::Hang) => futures::future::pending::<()>().await,
                 Some(Step::Gate(gate)) => gate.pass().await,
                 Some(Step::Usage(usage)) => self.usage = usage,

@@ -1,6 +1,7 @@
 //! The session actor's laws: serialized drains, coalesced wakes, joins, interrupts.
 
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use agenthost_actors::{Call, Executor, Extensions, Outcome, Runtime, Tool, Tools};
 use agenthost_llm::scripted::{Gate, Script};
@@ -429,6 +430,39 @@ async fn a_ready_stream_settles_its_turn_in_one_write() {
         ]
     );
     h.assert_replay_equal();
+}
+
+/// A part that ends with the provider's finish waits a moment for the stream's end, as over
+/// HTTP, where usage and the end marker follow the finish: it rides in the step's last write. A
+/// turn then costs three writer operations: the admission, the step's start (sent while the
+/// provider has not answered yet), and the step's end with the part; four if the part went on its
+/// own. Timing decides only when the machine stalls longer than the grace, so the bound leaves
+/// room for a few such turns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_part_that_ends_with_the_finish_rides_in_the_steps_last_write() {
+    const TURNS: u64 = 20;
+    let turn = || {
+        Script::new()
+            .delay(Duration::from_millis(1))
+            .text("answer")
+            .event(agenthost_llm::Event::TextEnd { part: 0 })
+            .yield_now()
+            .finish(FinishReason::Stop)
+    };
+    let h = Harness::start((0..TURNS).map(|_| turn())).await;
+    let s = h.session().await;
+    let ops = || h.runtime.store().stats().ops.get();
+    let before = ops();
+    for n in 0..TURNS {
+        h.prompt(&s, &format!("go {n}")).await;
+        h.idle(&s).await;
+    }
+    let written = ops() - before;
+    assert!(
+        written < TURNS * 3 + TURNS / 2,
+        "{written} operations for {TURNS} turns"
+    );
+    assert_eq!(h.count(&s, "text_ended"), TURNS as usize);
 }
 
 /// A part that ended is durable while the stream waits for more, not only when the step ends.
