@@ -16,7 +16,6 @@ use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
-use serde_json::Value;
 
 use crate::config::Config;
 use crate::error::{Error, ErrorKind};
@@ -84,7 +83,7 @@ impl Endpoint {
         &self,
         mut headers: HeaderMap,
         request: &Request,
-        body: &Value,
+        body: &impl serde::Serialize,
     ) -> Result<reqwest::Request, Error> {
         let mut extra = Headers::new();
         if let Some(session) = &request.session_id

@@ -291,6 +291,21 @@ fn legacy_max_tokens_and_extra_body() {
     assert!(body.get("max_completion_tokens").is_none());
     assert_eq!(body["reasoning_effort"], json!("low"));
 
+    // A key of `extra_body` replaces the built one: it is sent once, with the extra value.
+    request
+        .extra_body
+        .insert("stream_options".into(), json!({ "include_usage": false }));
+    let http = client.http_request(&request).expect("request");
+    let bytes = http
+        .body()
+        .and_then(|b| b.as_bytes())
+        .expect("buffered body");
+    let text = std::str::from_utf8(bytes).expect("UTF-8");
+    assert_eq!(text.matches("\"stream_options\"").count(), 1, "{text}");
+    let sent: Value = serde_json::from_slice(bytes).expect("JSON body");
+    assert_eq!(sent["stream_options"], json!({ "include_usage": false }));
+    assert_eq!(sent, client.body(&request));
+
     let anthropic = Anthropic::new(&Config::new(Kind::Anthropic)).expect("client");
     request.extra_body.insert(
         "thinking".into(),

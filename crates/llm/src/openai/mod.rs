@@ -10,10 +10,13 @@
 
 mod parse;
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
 use reqwest::header::AUTHORIZATION;
+use serde::ser::{SerializeMap, SerializeSeq as _};
+use serde::{Serialize, Serializer};
 use serde_json::{Map, Value, json};
 
 pub use parse::Parser;
@@ -54,57 +57,17 @@ impl OpenAi {
         })
     }
 
-    /// The JSON body sent for `request`.
+    /// The JSON body sent for `request`, as a tree (the bytes sent are serialized from the same
+    /// [`Body`] without building one).
     pub fn body(&self, request: &Request) -> Value {
-        let mut body = Map::new();
-        body.insert("model".into(), json!(request.model));
-        body.insert("messages".into(), Value::Array(messages(request)));
-        body.insert("stream".into(), json!(true));
-        body.insert("stream_options".into(), json!({ "include_usage": true }));
-        if !request.tools.is_empty() {
-            let tools = request
-                .tools
-                .iter()
-                .map(|tool| {
-                    let mut function = Map::new();
-                    function.insert("name".into(), json!(tool.name));
-                    if !tool.description.is_empty() {
-                        function.insert("description".into(), json!(tool.description));
-                    }
-                    function.insert("parameters".into(), tool.parameters.clone());
-                    json!({ "type": "function", "function": function })
-                })
-                .collect();
-            body.insert("tools".into(), Value::Array(tools));
-            // Sent only with tools: OpenAI rejects a tool_choice without them.
-            let choice = match &request.tool_choice {
-                ToolChoice::Auto => json!("auto"),
-                ToolChoice::None => json!("none"),
-                ToolChoice::Required => json!("required"),
-                ToolChoice::Tool(name) => {
-                    json!({ "type": "function", "function": { "name": name } })
-                }
-            };
-            body.insert("tool_choice".into(), choice);
+        serde_json::to_value(self.wire_body(request)).unwrap_or(Value::Null)
+    }
+
+    fn wire_body<'a>(&self, request: &'a Request) -> Body<'a> {
+        Body {
+            request,
+            legacy_max_tokens: self.legacy_max_tokens,
         }
-        if let Some(max) = request.max_output {
-            let field = if self.legacy_max_tokens {
-                "max_tokens"
-            } else {
-                "max_completion_tokens"
-            };
-            body.insert(field.into(), json!(max));
-        }
-        if let Some(temperature) = request.temperature {
-            body.insert("temperature".into(), json!(temperature));
-        }
-        if let Some(key) = &request.prompt_cache_key {
-            body.insert("prompt_cache_key".into(), json!(key));
-        }
-        for (key, value) in &request.extra_body {
-            body.insert(key.clone(), value.clone());
-        }
-        Value::Object(body)
     }
 
     /// The complete HTTP request for `request`: POST to `{base_url}/chat/completions` with the
@@ -118,7 +81,8 @@ impl OpenAi {
                 http::secret_header(format!("Bearer {}", key.expose()))?,
             );
         }
-        self.endpoint.post(headers, request, &self.body(request))
+        self.endpoint
+            .post(headers, request, &self.wire_body(request))
     }
 }
 
@@ -129,38 +93,155 @@ impl Provider for OpenAi {
     }
 }
 
-fn messages(request: &Request) -> Vec<Value> {
-    let mut out = Vec::with_capacity(request.messages.len() + 1);
-    if !request.system.is_empty() {
-        let text: Vec<&str> = request
-            .system
-            .iter()
-            .map(|part| part.text.as_str())
-            .collect();
-        out.push(json!({ "role": "system", "content": text.join("\n\n") }));
-    }
-    for message in &request.messages {
-        match message {
-            Message::User { text, files } => out.push(user(text, files)),
-            Message::Assistant { parts } => {
-                if let Some(message) = assistant(parts) {
-                    out.push(message);
-                }
-            }
-            Message::Tool(result) => out.push(json!({
-                "role": "tool",
-                "tool_call_id": result.call_id,
-                "content": result.output,
-            })),
-        }
-    }
-    out
+/// The Chat Completions body of a request, serialized straight from it: the built fields, then
+/// `extra_body`, whose keys replace built ones.
+struct Body<'a> {
+    request: &'a Request,
+    legacy_max_tokens: bool,
 }
 
-fn user(text: &str, files: &[File]) -> Value {
-    if files.is_empty() {
-        return json!({ "role": "user", "content": text });
+impl Serialize for Body<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let request = self.request;
+        let extra = &request.extra_body;
+        let mut map = serializer.serialize_map(None)?;
+        entry(&mut map, extra, "model", &request.model)?;
+        entry(&mut map, extra, "messages", &Messages(request))?;
+        entry(&mut map, extra, "stream", &true)?;
+        entry(
+            &mut map,
+            extra,
+            "stream_options",
+            &json!({ "include_usage": true }),
+        )?;
+        if !request.tools.is_empty() {
+            let tools: Vec<Value> = request
+                .tools
+                .iter()
+                .map(|tool| {
+                    let mut function = Map::new();
+                    function.insert("name".into(), json!(tool.name));
+                    if !tool.description.is_empty() {
+                        function.insert("description".into(), json!(tool.description));
+                    }
+                    function.insert("parameters".into(), tool.parameters.clone());
+                    json!({ "type": "function", "function": function })
+                })
+                .collect();
+            entry(&mut map, extra, "tools", &tools)?;
+            // Sent only with tools: OpenAI rejects a tool_choice without them.
+            let choice = match &request.tool_choice {
+                ToolChoice::Auto => json!("auto"),
+                ToolChoice::None => json!("none"),
+                ToolChoice::Required => json!("required"),
+                ToolChoice::Tool(name) => {
+                    json!({ "type": "function", "function": { "name": name } })
+                }
+            };
+            entry(&mut map, extra, "tool_choice", &choice)?;
+        }
+        if let Some(max) = request.max_output {
+            let key = if self.legacy_max_tokens {
+                "max_tokens"
+            } else {
+                "max_completion_tokens"
+            };
+            entry(&mut map, extra, key, &max)?;
+        }
+        if let Some(temperature) = request.temperature {
+            entry(&mut map, extra, "temperature", &temperature)?;
+        }
+        if let Some(key) = &request.prompt_cache_key {
+            entry(&mut map, extra, "prompt_cache_key", key)?;
+        }
+        for (key, value) in extra {
+            map.serialize_entry(key, value)?;
+        }
+        map.end()
     }
+}
+
+/// A built field of the body, unless `extra_body` replaces it.
+fn entry<M: SerializeMap, V: Serialize + ?Sized>(
+    map: &mut M,
+    extra: &Map<String, Value>,
+    key: &str,
+    value: &V,
+) -> Result<(), M::Error> {
+    if extra.contains_key(key) {
+        return Ok(());
+    }
+    map.serialize_entry(key, value)
+}
+
+/// `messages`: the system prompt as one message, then the conversation.
+struct Messages<'a>(&'a Request);
+
+impl Serialize for Messages<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let request = self.0;
+        let mut seq = serializer.serialize_seq(None)?;
+        if !request.system.is_empty() {
+            let text: Vec<&str> = request
+                .system
+                .iter()
+                .map(|part| part.text.as_str())
+                .collect();
+            seq.serialize_element(&Role {
+                role: "system",
+                content: Some(Content::Text(&text.join("\n\n"))),
+                ..Role::default()
+            })?;
+        }
+        for message in &request.messages {
+            match message {
+                Message::User { text, files } if files.is_empty() => {
+                    seq.serialize_element(&Role {
+                        role: "user",
+                        content: Some(Content::Text(text)),
+                        ..Role::default()
+                    })?
+                }
+                Message::User { text, files } => seq.serialize_element(&Role {
+                    role: "user",
+                    content: Some(Content::Parts(user_parts(text, files))),
+                    ..Role::default()
+                })?,
+                Message::Assistant { parts } => {
+                    if let Some(message) = Assistant::of(parts) {
+                        seq.serialize_element(&message)?;
+                    }
+                }
+                Message::Tool(result) => seq.serialize_element(&Role {
+                    role: "tool",
+                    tool_call_id: Some(&result.call_id),
+                    content: Some(Content::Text(&result.output)),
+                })?,
+            }
+        }
+        seq.end()
+    }
+}
+
+/// A system, user or tool message.
+#[derive(Serialize, Default)]
+struct Role<'a> {
+    role: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<Content<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Content<'a> {
+    Text(&'a str),
+    Parts(Vec<Value>),
+}
+
+/// A user message's text and files as content parts.
+fn user_parts(text: &str, files: &[File]) -> Vec<Value> {
     let mut content = Vec::new();
     if !text.is_empty() {
         content.push(json!({ "type": "text", "text": text }));
@@ -175,7 +256,64 @@ fn user(text: &str, files: &[File]) -> Value {
             FileContent::Text(body) => json!({ "type": "text", "text": file_text(file, body) }),
         });
     }
-    json!({ "role": "user", "content": content })
+    content
+}
+
+/// An assistant message: its text (null when it has none) and its tool calls.
+#[derive(Serialize)]
+struct Assistant<'a> {
+    role: &'static str,
+    content: Option<Cow<'a, str>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<Call<'a>>,
+}
+
+#[derive(Serialize)]
+struct Call<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: Function<'a>,
+}
+
+#[derive(Serialize)]
+struct Function<'a> {
+    name: &'a str,
+    arguments: &'a str,
+}
+
+impl<'a> Assistant<'a> {
+    /// `None` when there is nothing to replay (reasoning alone).
+    fn of(parts: &'a [AssistantPart]) -> Option<Self> {
+        let mut text: Option<Cow<'a, str>> = None;
+        let mut tool_calls = Vec::new();
+        for part in parts {
+            match part {
+                AssistantPart::Text(more) => match &mut text {
+                    None => text = Some(Cow::Borrowed(more)),
+                    Some(text) => text.to_mut().push_str(more),
+                },
+                AssistantPart::Reasoning { .. } => {}
+                AssistantPart::ToolCall(call) => tool_calls.push(Call {
+                    id: &call.id,
+                    kind: "function",
+                    function: Function {
+                        name: &call.name,
+                        arguments: &call.input,
+                    },
+                }),
+            }
+        }
+        let content = text.filter(|text| !text.is_empty());
+        if content.is_none() && tool_calls.is_empty() {
+            return None;
+        }
+        Some(Assistant {
+            role: "assistant",
+            content,
+            tool_calls,
+        })
+    }
 }
 
 /// A file by URL where the API cannot attach it: named, so the model knows it exists. Shared
@@ -196,38 +334,4 @@ pub(crate) fn file_text(file: &File, body: &str) -> String {
         ),
         None => format!("<file type=\"{}\">\n{body}\n</file>", file.media_type),
     }
-}
-
-fn assistant(parts: &[AssistantPart]) -> Option<Value> {
-    let mut text = String::new();
-    let mut calls = Vec::new();
-    for part in parts {
-        match part {
-            AssistantPart::Text(more) => text.push_str(more),
-            AssistantPart::Reasoning { .. } => {}
-            AssistantPart::ToolCall(call) => calls.push(json!({
-                "id": call.id,
-                "type": "function",
-                "function": { "name": call.name, "arguments": call.input },
-            })),
-        }
-    }
-    if text.is_empty() && calls.is_empty() {
-        // Reasoning alone has nothing to replay here.
-        return None;
-    }
-    let mut message = Map::new();
-    message.insert("role".into(), json!("assistant"));
-    message.insert(
-        "content".into(),
-        if text.is_empty() {
-            Value::Null
-        } else {
-            json!(text)
-        },
-    );
-    if !calls.is_empty() {
-        message.insert("tool_calls".into(), Value::Array(calls));
-    }
-    Some(Value::Object(message))
 }
