@@ -166,7 +166,7 @@ impl Decoder {
         mut chunk: &[u8],
         on_frame: &mut impl FnMut(&str, &str, Option<&str>),
     ) {
-        while let Some(end) = chunk.iter().position(|&b| b == b'\n' || b == b'\r') {
+        while let Some(end) = memchr::memchr2(b'\n', b'\r', chunk) {
             if self.line.is_empty() {
                 self.line_complete(&chunk[..end], on_frame);
             } else {
@@ -216,7 +216,7 @@ impl Decoder {
         if line[0] == b':' {
             return;
         }
-        let (field, value) = match line.iter().position(|&b| b == b':') {
+        let (field, value) = match memchr::memchr(b':', line) {
             Some(colon) => {
                 let value = &line[colon + 1..];
                 (&line[..colon], value.strip_prefix(b" ").unwrap_or(value))
@@ -232,15 +232,15 @@ impl Decoder {
                     self.data.push('\n');
                 }
                 self.has_data = true;
-                self.data.push_str(&String::from_utf8_lossy(value));
+                push_utf8(&mut self.data, value);
             }
             b"event" => {
                 self.event.clear();
-                self.event.push_str(&String::from_utf8_lossy(value));
+                push_utf8(&mut self.event, value);
             }
             b"id" if !value.contains(&0) && value.len() <= MAX_ID => {
                 self.last_id.clear();
-                self.last_id.push_str(&String::from_utf8_lossy(value));
+                push_utf8(&mut self.last_id, value);
                 self.frame_has_id = true;
             }
             // `retry` and unknown fields.
@@ -261,6 +261,15 @@ impl Decoder {
         self.has_data = false;
         self.event.clear();
         self.data.clear();
+    }
+}
+
+/// Appends `bytes` as text; invalid UTF-8 becomes U+FFFD (checked with the standard library's
+/// fast validation first, since a stream is almost always valid).
+fn push_utf8(buf: &mut String, bytes: &[u8]) {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => buf.push_str(text),
+        Err(_) => buf.push_str(&String::from_utf8_lossy(bytes)),
     }
 }
 
@@ -378,6 +387,12 @@ mod tests {
         decoder.feed(b"\n\r", &mut out);
         decoder.feed(b"\n", &mut out);
         assert_eq!(out, vec![frame("", "a\nb")]);
+    }
+
+    #[test]
+    fn invalid_utf8_becomes_replacement_characters() {
+        let out = frames(b"event: t\xffx\ndata: a\xff\xfeb\n\n");
+        assert_eq!(out, vec![frame("t\u{fffd}x", "a\u{fffd}\u{fffd}b")]);
     }
 
     #[test]
