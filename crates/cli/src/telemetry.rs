@@ -3,6 +3,7 @@
 //! every span (drains, steps, provider and tool calls, requests) to an OpenTelemetry collector
 //! over OTLP/HTTP (protobuf), batched on a thread of its own.
 
+use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{EnvFilter, Layer, Registry};
@@ -48,11 +49,31 @@ impl Drop for Guard {
 /// The registry under one filter: the logs and the trace export keep the same spans and events
 /// (both follow `RUST_LOG`), so one global filter serves both. A filter per layer would cost a
 /// lookup of the span on every enter and exit of every instrumented future.
-type Filtered = tracing_subscriber::layer::Layered<EnvFilter, Registry>;
+type Filter = Box<dyn Layer<Registry> + Send + Sync>;
+type Filtered = tracing_subscriber::layer::Layered<Filter, Registry>;
 type Boxed = Box<dyn Layer<Filtered> + Send + Sync>;
 
-fn filter() -> EnvFilter {
-    EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"))
+/// `RUST_LOG`, `info` when unset or invalid. Targets and levels alone (`info`,
+/// `agenthost=debug,hyper=warn`) make a static filter ([`Targets`]), which does nothing when a
+/// span is entered or left; a directive on spans or fields (`[drain]=debug`) needs [`EnvFilter`],
+/// which looks up every span entered and left.
+fn filter() -> Filter {
+    filter_of(&std::env::var("RUST_LOG").unwrap_or_default())
+}
+
+fn filter_of(directives: &str) -> Filter {
+    let directives = match directives.trim() {
+        "" => "info",
+        set => set,
+    };
+    // `Targets` would read `[drain]` as a target's name.
+    let on_spans = directives.contains(['[', '{']);
+    match directives.parse::<Targets>() {
+        Ok(targets) if !on_spans => targets.boxed(),
+        _ => EnvFilter::try_new(directives)
+            .unwrap_or_else(|_| EnvFilter::new("info"))
+            .boxed(),
+    }
 }
 
 /// Installs the process's subscriber: call once, from the binary only.
@@ -136,5 +157,51 @@ mod otlp {
         let tracer = provider.tracer("agenthost");
         let layer = tracing_opentelemetry::layer().with_tracer(tracer).boxed();
         Ok((layer, provider))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    use super::*;
+
+    /// Counts the events that reach it.
+    struct Count(Arc<AtomicUsize>);
+
+    impl<S: tracing::Subscriber> Layer<S> for Count {
+        fn on_event(&self, _: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// How many of a fixed set of events pass `directives`: info and debug events in this
+    /// crate's target, and a debug event inside a span named `drain`.
+    fn passed(directives: &str) -> usize {
+        let count = Arc::new(AtomicUsize::new(0));
+        let subscriber = tracing_subscriber::registry()
+            .with(filter_of(directives))
+            .with(Count(count.clone()));
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!("info");
+            tracing::debug!("debug");
+            tracing::info_span!("drain").in_scope(|| tracing::debug!("in a drain"));
+        });
+        count.load(Ordering::SeqCst)
+    }
+
+    #[test]
+    fn rust_log_filters_by_target_and_level_and_by_span_when_asked() {
+        // Unset or invalid: info.
+        assert_eq!(passed(""), 1);
+        assert_eq!(passed("not a level=="), 1);
+        assert_eq!(passed("warn"), 0);
+        assert_eq!(passed("info"), 1);
+        assert_eq!(passed("info,agenthost=debug"), 3);
+        // A span directive: the debug event inside `drain` passes, the one outside does not.
+        assert_eq!(passed("info,[drain]=debug"), 2);
     }
 }
