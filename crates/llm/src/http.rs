@@ -126,6 +126,20 @@ impl Endpoint {
     }
 }
 
+/// A field the protocol builds into its body, unless the request's `extra_body` replaces it
+/// (the extra fields are written after the built ones).
+pub(crate) fn field<M: serde::ser::SerializeMap, V: serde::Serialize + ?Sized>(
+    map: &mut M,
+    extra: &serde_json::Map<String, serde_json::Value>,
+    key: &str,
+    value: &V,
+) -> Result<(), M::Error> {
+    if extra.contains_key(key) {
+        return Ok(());
+    }
+    map.serialize_entry(key, value)
+}
+
 /// The headers every call starts with: a JSON body in, an event stream back.
 pub(crate) fn stream_headers() -> HeaderMap {
     let mut headers = HeaderMap::new();

@@ -217,6 +217,13 @@ fn anthropic_messages_body() {
     assert_eq!(header(&http, "x-org"), Some("acme"));
     assert_eq!(header(&http, "x-trace"), Some("abc"));
     assert!(http.headers().get("authorization").is_none());
+    let sent: Value = serde_json::from_slice(
+        http.body()
+            .and_then(|b| b.as_bytes())
+            .expect("buffered body"),
+    )
+    .expect("JSON body");
+    assert_eq!(sent, client.body(&request));
 }
 
 #[test]

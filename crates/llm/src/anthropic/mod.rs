@@ -12,11 +12,14 @@
 
 mod parse;
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
 use reqwest::header::{HeaderName, HeaderValue};
-use serde_json::{Map, Value, json};
+use serde::ser::SerializeMap as _;
+use serde::{Serialize, Serializer};
+use serde_json::{Value, json};
 
 pub use parse::Parser;
 
@@ -62,50 +65,17 @@ impl Anthropic {
         })
     }
 
-    /// The JSON body sent for `request`.
+    /// The JSON body sent for `request`, as a tree (the bytes sent are serialized from the same
+    /// [`Body`] without building one).
     pub fn body(&self, request: &Request) -> Value {
-        let mut body = Map::new();
-        body.insert("model".into(), json!(request.model));
-        body.insert(
-            "max_tokens".into(),
-            json!(request.max_output.unwrap_or(self.default_max_output)),
-        );
-        body.insert("stream".into(), json!(true));
-        let system = system(request);
-        if !system.is_empty() {
-            body.insert("system".into(), Value::Array(system));
+        serde_json::to_value(self.wire_body(request)).unwrap_or(Value::Null)
+    }
+
+    fn wire_body<'a>(&self, request: &'a Request) -> Body<'a> {
+        Body {
+            request,
+            default_max_output: self.default_max_output,
         }
-        body.insert("messages".into(), Value::Array(messages(request)));
-        if !request.tools.is_empty() {
-            let tools = request
-                .tools
-                .iter()
-                .map(|tool| {
-                    let mut spec = Map::new();
-                    spec.insert("name".into(), json!(tool.name));
-                    if !tool.description.is_empty() {
-                        spec.insert("description".into(), json!(tool.description));
-                    }
-                    spec.insert("input_schema".into(), tool.parameters.clone());
-                    Value::Object(spec)
-                })
-                .collect();
-            body.insert("tools".into(), Value::Array(tools));
-            let choice = match &request.tool_choice {
-                ToolChoice::Auto => json!({ "type": "auto" }),
-                ToolChoice::None => json!({ "type": "none" }),
-                ToolChoice::Required => json!({ "type": "any" }),
-                ToolChoice::Tool(name) => json!({ "type": "tool", "name": name }),
-            };
-            body.insert("tool_choice".into(), choice);
-        }
-        if let Some(temperature) = request.temperature {
-            body.insert("temperature".into(), json!(temperature));
-        }
-        for (key, value) in &request.extra_body {
-            body.insert(key.clone(), value.clone());
-        }
-        Value::Object(body)
     }
 
     /// The complete HTTP request for `request`: POST to `{base_url}/messages` with `x-api-key`,
@@ -123,7 +93,8 @@ impl Anthropic {
                 http::secret_header(key.expose().to_owned())?,
             );
         }
-        self.endpoint.post(headers, request, &self.body(request))
+        self.endpoint
+            .post(headers, request, &self.wire_body(request))
     }
 }
 
@@ -134,96 +105,220 @@ impl Provider for Anthropic {
     }
 }
 
-fn system(request: &Request) -> Vec<Value> {
+/// The Messages body of a request, serialized straight from it: the built fields, then
+/// `extra_body`, whose keys replace built ones.
+struct Body<'a> {
+    request: &'a Request,
+    default_max_output: u32,
+}
+
+impl Serialize for Body<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let request = self.request;
+        let extra = &request.extra_body;
+        let mut map = serializer.serialize_map(None)?;
+        http::field(&mut map, extra, "model", &request.model)?;
+        let max_tokens = request.max_output.unwrap_or(self.default_max_output);
+        http::field(&mut map, extra, "max_tokens", &max_tokens)?;
+        http::field(&mut map, extra, "stream", &true)?;
+        let system = system(request);
+        if !system.is_empty() {
+            http::field(&mut map, extra, "system", &system)?;
+        }
+        http::field(&mut map, extra, "messages", &turns(request))?;
+        if !request.tools.is_empty() {
+            let tools: Vec<Tool<'_>> = request
+                .tools
+                .iter()
+                .map(|tool| Tool {
+                    name: &tool.name,
+                    description: Some(tool.description.as_str()).filter(|d| !d.is_empty()),
+                    input_schema: &tool.parameters,
+                })
+                .collect();
+            http::field(&mut map, extra, "tools", &tools)?;
+            let choice = match &request.tool_choice {
+                ToolChoice::Auto => json!({ "type": "auto" }),
+                ToolChoice::None => json!({ "type": "none" }),
+                ToolChoice::Required => json!({ "type": "any" }),
+                ToolChoice::Tool(name) => json!({ "type": "tool", "name": name }),
+            };
+            http::field(&mut map, extra, "tool_choice", &choice)?;
+        }
+        if let Some(temperature) = request.temperature {
+            http::field(&mut map, extra, "temperature", &temperature)?;
+        }
+        for (key, value) in extra {
+            map.serialize_entry(key, value)?;
+        }
+        map.end()
+    }
+}
+
+#[derive(Serialize)]
+struct Tool<'a> {
+    name: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    description: Option<&'a str>,
+    input_schema: &'a Value,
+}
+
+/// A system text block; the last stable one marks the end of the cached prefix.
+#[derive(Serialize)]
+struct SystemBlock<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_control: Option<CacheControl>,
+}
+
+#[derive(Serialize)]
+struct CacheControl {
+    #[serde(rename = "type")]
+    kind: &'static str,
+}
+
+fn system(request: &Request) -> Vec<SystemBlock<'_>> {
     let last_stable = request.system.iter().rposition(|part| part.stable);
     request
         .system
         .iter()
         .enumerate()
         .filter(|(_, part)| !part.text.is_empty())
-        .map(|(position, part)| {
-            let mut block = Map::new();
-            block.insert("type".into(), json!("text"));
-            block.insert("text".into(), json!(part.text));
-            if Some(position) == last_stable {
-                block.insert("cache_control".into(), json!({ "type": "ephemeral" }));
-            }
-            Value::Object(block)
+        .map(|(position, part)| SystemBlock {
+            kind: "text",
+            text: &part.text,
+            cache_control: (Some(position) == last_stable)
+                .then_some(CacheControl { kind: "ephemeral" }),
         })
         .collect()
 }
 
-fn messages(request: &Request) -> Vec<Value> {
-    // (role, content blocks); adjacent turns of one role are merged below.
-    let mut turns: Vec<(&'static str, Vec<Value>)> = Vec::new();
+/// One message of the body: a role and its content blocks.
+#[derive(Serialize)]
+struct Turn<'a> {
+    role: &'static str,
+    content: Vec<Block<'a>>,
+}
+
+/// A content block.
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Block<'a> {
+    Text {
+        text: Cow<'a, str>,
+    },
+    Image {
+        source: Source<'a>,
+    },
+    Document {
+        source: Source<'a>,
+    },
+    Thinking {
+        thinking: &'a str,
+        signature: &'a str,
+    },
+    RedactedThinking {
+        data: &'a str,
+    },
+    ToolUse {
+        id: &'a str,
+        name: &'a str,
+        input: Value,
+    },
+    ToolResult {
+        tool_use_id: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        content: Option<&'a str>,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        is_error: bool,
+    },
+}
+
+#[derive(Serialize)]
+struct Source<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    url: &'a str,
+}
+
+/// The conversation as turns; adjacent messages of one role are merged into one turn.
+fn turns(request: &Request) -> Vec<Turn<'_>> {
+    let mut turns: Vec<Turn<'_>> = Vec::new();
     for message in &request.messages {
         let (role, blocks) = match message {
             Message::User { text, files } => ("user", user(text, files)),
             Message::Assistant { parts } => ("assistant", assistant(parts)),
-            Message::Tool(result) => {
-                let mut block = Map::new();
-                block.insert("type".into(), json!("tool_result"));
-                block.insert("tool_use_id".into(), json!(result.call_id));
-                if !result.output.is_empty() {
-                    block.insert("content".into(), json!(result.output));
-                }
-                if result.is_error {
-                    block.insert("is_error".into(), json!(true));
-                }
-                ("user", vec![Value::Object(block)])
-            }
+            Message::Tool(result) => (
+                "user",
+                vec![Block::ToolResult {
+                    tool_use_id: &result.call_id,
+                    content: Some(result.output.as_str()).filter(|o| !o.is_empty()),
+                    is_error: result.is_error,
+                }],
+            ),
         };
         if blocks.is_empty() {
             continue;
         }
         match turns.last_mut() {
-            Some((last_role, content)) if *last_role == role => content.extend(blocks),
-            _ => turns.push((role, blocks)),
+            Some(last) if last.role == role => last.content.extend(blocks),
+            _ => turns.push(Turn {
+                role,
+                content: blocks,
+            }),
         }
     }
     turns
-        .into_iter()
-        .map(|(role, content)| json!({ "role": role, "content": content }))
-        .collect()
 }
 
-fn user(text: &str, files: &[File]) -> Vec<Value> {
+fn user<'a>(text: &'a str, files: &'a [File]) -> Vec<Block<'a>> {
     let mut blocks = Vec::new();
     if !text.is_empty() {
-        blocks.push(json!({ "type": "text", "text": text }));
+        blocks.push(Block::Text {
+            text: Cow::Borrowed(text),
+        });
     }
     for file in files {
         blocks.push(match &file.content {
-            FileContent::Url(url) if file.media_type.starts_with("image/") => {
-                json!({ "type": "image", "source": { "type": "url", "url": url } })
-            }
-            FileContent::Url(url) if file.media_type == "application/pdf" => {
-                json!({ "type": "document", "source": { "type": "url", "url": url } })
-            }
-            FileContent::Url(url) => json!({ "type": "text", "text": file_link(file, url) }),
-            FileContent::Text(body) => json!({ "type": "text", "text": file_text(file, body) }),
+            FileContent::Url(url) if file.media_type.starts_with("image/") => Block::Image {
+                source: Source { kind: "url", url },
+            },
+            FileContent::Url(url) if file.media_type == "application/pdf" => Block::Document {
+                source: Source { kind: "url", url },
+            },
+            FileContent::Url(url) => Block::Text {
+                text: Cow::Owned(file_link(file, url)),
+            },
+            FileContent::Text(body) => Block::Text {
+                text: Cow::Owned(file_text(file, body)),
+            },
         });
     }
     blocks
 }
 
-fn assistant(parts: &[AssistantPart]) -> Vec<Value> {
+fn assistant(parts: &[AssistantPart]) -> Vec<Block<'_>> {
     let mut blocks = Vec::new();
     for part in parts {
         match part {
             AssistantPart::Reasoning {
                 text,
                 metadata: Some(ReasoningMetadata::Anthropic { signature }),
-            } => {
-                blocks.push(json!({ "type": "thinking", "thinking": text, "signature": signature }))
-            }
+            } => blocks.push(Block::Thinking {
+                thinking: text,
+                signature,
+            }),
             AssistantPart::Reasoning {
                 metadata: Some(ReasoningMetadata::AnthropicRedacted { data }),
                 ..
-            } => blocks.push(json!({ "type": "redacted_thinking", "data": data })),
+            } => blocks.push(Block::RedactedThinking { data }),
             AssistantPart::Reasoning { metadata: None, .. } => {}
             AssistantPart::Text(text) if text.is_empty() => {}
-            AssistantPart::Text(text) => blocks.push(json!({ "type": "text", "text": text })),
+            AssistantPart::Text(text) => blocks.push(Block::Text {
+                text: Cow::Borrowed(text),
+            }),
             AssistantPart::ToolCall(call) => {
                 // The API wants the input as an object. Arguments that were not one were
                 // already answered with a failed tool result; `{}` keeps the turn valid.
@@ -231,12 +326,11 @@ fn assistant(parts: &[AssistantPart]) -> Vec<Value> {
                     Ok(object @ Value::Object(_)) => object,
                     _ => json!({}),
                 };
-                blocks.push(json!({
-                    "type": "tool_use",
-                    "id": call.id,
-                    "name": call.name,
-                    "input": input,
-                }));
+                blocks.push(Block::ToolUse {
+                    id: &call.id,
+                    name: &call.name,
+                    input,
+                });
             }
         }
     }

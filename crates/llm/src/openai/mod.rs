@@ -15,7 +15,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use reqwest::header::AUTHORIZATION;
-use serde::ser::{SerializeMap, SerializeSeq as _};
+use serde::ser::{SerializeMap as _, SerializeSeq as _};
 use serde::{Serialize, Serializer};
 use serde_json::{Map, Value, json};
 
@@ -105,10 +105,10 @@ impl Serialize for Body<'_> {
         let request = self.request;
         let extra = &request.extra_body;
         let mut map = serializer.serialize_map(None)?;
-        entry(&mut map, extra, "model", &request.model)?;
-        entry(&mut map, extra, "messages", &Messages(request))?;
-        entry(&mut map, extra, "stream", &true)?;
-        entry(
+        http::field(&mut map, extra, "model", &request.model)?;
+        http::field(&mut map, extra, "messages", &Messages(request))?;
+        http::field(&mut map, extra, "stream", &true)?;
+        http::field(
             &mut map,
             extra,
             "stream_options",
@@ -128,7 +128,7 @@ impl Serialize for Body<'_> {
                     json!({ "type": "function", "function": function })
                 })
                 .collect();
-            entry(&mut map, extra, "tools", &tools)?;
+            http::field(&mut map, extra, "tools", &tools)?;
             // Sent only with tools: OpenAI rejects a tool_choice without them.
             let choice = match &request.tool_choice {
                 ToolChoice::Auto => json!("auto"),
@@ -138,7 +138,7 @@ impl Serialize for Body<'_> {
                     json!({ "type": "function", "function": { "name": name } })
                 }
             };
-            entry(&mut map, extra, "tool_choice", &choice)?;
+            http::field(&mut map, extra, "tool_choice", &choice)?;
         }
         if let Some(max) = request.max_output {
             let key = if self.legacy_max_tokens {
@@ -146,32 +146,19 @@ impl Serialize for Body<'_> {
             } else {
                 "max_completion_tokens"
             };
-            entry(&mut map, extra, key, &max)?;
+            http::field(&mut map, extra, key, &max)?;
         }
         if let Some(temperature) = request.temperature {
-            entry(&mut map, extra, "temperature", &temperature)?;
+            http::field(&mut map, extra, "temperature", &temperature)?;
         }
         if let Some(key) = &request.prompt_cache_key {
-            entry(&mut map, extra, "prompt_cache_key", key)?;
+            http::field(&mut map, extra, "prompt_cache_key", key)?;
         }
         for (key, value) in extra {
             map.serialize_entry(key, value)?;
         }
         map.end()
     }
-}
-
-/// A built field of the body, unless `extra_body` replaces it.
-fn entry<M: SerializeMap, V: Serialize + ?Sized>(
-    map: &mut M,
-    extra: &Map<String, Value>,
-    key: &str,
-    value: &V,
-) -> Result<(), M::Error> {
-    if extra.contains_key(key) {
-        return Ok(());
-    }
-    map.serialize_entry(key, value)
 }
 
 /// `messages`: the system prompt as one message, then the conversation.
