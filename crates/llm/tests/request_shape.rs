@@ -104,6 +104,15 @@ fn assert_shape(expected: &Value, actual: &Value) {
     );
 }
 
+/// The JSON body of a built request, as sent.
+fn sent(request: &reqwest::Request) -> Value {
+    let bytes = request
+        .body()
+        .and_then(|b| b.as_bytes())
+        .expect("buffered body");
+    serde_json::from_slice(bytes).expect("JSON body")
+}
+
 fn header<'a>(request: &'a reqwest::Request, name: &str) -> Option<&'a str> {
     request.headers().get(name).and_then(|v| v.to_str().ok())
 }
@@ -158,13 +167,7 @@ fn openai_chat_completions_body() {
     assert_eq!(header(&http, "x-org"), Some("acme"));
     assert_eq!(header(&http, "x-trace"), Some("abc"));
     assert!(http.headers().get("x-api-key").is_none());
-    let sent: Value = serde_json::from_slice(
-        http.body()
-            .and_then(|b| b.as_bytes())
-            .expect("buffered body"),
-    )
-    .expect("JSON body");
-    assert_eq!(sent, client.body(&request));
+    assert_eq!(sent(&http), client.body(&request));
 }
 
 #[test]
@@ -217,13 +220,7 @@ fn anthropic_messages_body() {
     assert_eq!(header(&http, "x-org"), Some("acme"));
     assert_eq!(header(&http, "x-trace"), Some("abc"));
     assert!(http.headers().get("authorization").is_none());
-    let sent: Value = serde_json::from_slice(
-        http.body()
-            .and_then(|b| b.as_bytes())
-            .expect("buffered body"),
-    )
-    .expect("JSON body");
-    assert_eq!(sent, client.body(&request));
+    assert_eq!(sent(&http), client.body(&request));
 }
 
 #[test]
@@ -309,9 +306,11 @@ fn legacy_max_tokens_and_extra_body() {
         .expect("buffered body");
     let text = std::str::from_utf8(bytes).expect("UTF-8");
     assert_eq!(text.matches("\"stream_options\"").count(), 1, "{text}");
-    let sent: Value = serde_json::from_slice(bytes).expect("JSON body");
-    assert_eq!(sent["stream_options"], json!({ "include_usage": false }));
-    assert_eq!(sent, client.body(&request));
+    assert_eq!(
+        sent(&http)["stream_options"],
+        json!({ "include_usage": false })
+    );
+    assert_eq!(sent(&http), client.body(&request));
 
     let anthropic = Anthropic::new(&Config::new(Kind::Anthropic)).expect("client");
     request.extra_body.insert(
