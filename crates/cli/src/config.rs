@@ -151,8 +151,12 @@ struct Provider {
     kind: llm::Kind,
     base_url: Option<String>,
     api_key_env: Option<String>,
-    /// Seconds of silence tolerated while streaming.
+    /// Milliseconds of silence tolerated while streaming.
     idle_timeout_ms: Option<u64>,
+    /// HTTP/2 without negotiation (h2c for `http://`).
+    http2_prior_knowledge: Option<bool>,
+    /// Calls multiplexed on one HTTP/2 connection at most.
+    streams_per_connection: Option<u64>,
     // Behaviour of `kind = "mock"` only.
     latency_ms: Option<u64>,
     tokens_per_sec: Option<f64>,
@@ -428,6 +432,18 @@ pub fn resolve(
             }
             config.idle_timeout = Duration::from_millis(ms);
         }
+        if let Some(h2) = p.http2_prior_knowledge {
+            config.http2_prior_knowledge = h2;
+        }
+        if let Some(n) = p.streams_per_connection {
+            if n == 0 {
+                return Err(invalid(
+                    &key("streams_per_connection"),
+                    "must be at least 1".into(),
+                ));
+            }
+            config.streams_per_connection = usize::try_from(n).unwrap_or(usize::MAX);
+        }
         let mock_keys = [
             ("latency_ms", p.latency_ms.is_some()),
             ("tokens_per_sec", p.tokens_per_sec.is_some()),
@@ -442,13 +458,15 @@ pub fn resolve(
                 ));
             }
         } else {
-            if p.base_url.is_some() || p.api_key_env.is_some() {
+            let remote_keys = [
+                ("base_url", p.base_url.is_some()),
+                ("api_key_env", p.api_key_env.is_some()),
+                ("http2_prior_knowledge", p.http2_prior_knowledge.is_some()),
+                ("streams_per_connection", p.streams_per_connection.is_some()),
+            ];
+            if let Some((field, _)) = remote_keys.iter().find(|(_, set)| *set) {
                 return Err(invalid(
-                    &key(if p.base_url.is_some() {
-                        "base_url"
-                    } else {
-                        "api_key_env"
-                    }),
+                    &key(field),
                     "does not apply to kind = \"mock\" (it runs in-process)".into(),
                 ));
             }
@@ -932,6 +950,8 @@ pub fn effective(name: &str, file: &File, settings: &Settings) -> serde_json::Va
                     "base_url": p.base_url,
                     "api_key": key,
                     "idle_timeout_ms": p.idle_timeout_ms,
+                    "http2_prior_knowledge": p.http2_prior_knowledge,
+                    "streams_per_connection": p.streams_per_connection,
                 });
                 (name.clone(), value)
             })
@@ -1305,6 +1325,18 @@ auto = false
             (
                 "[providers.p]\nkind = \"openai\"\nidle_timeout_secs = 5",
                 "unknown field `idle_timeout_secs`",
+            ),
+            (
+                "[providers.p]\nkind = \"openai\"\nstreams_per_connection = 0",
+                "`providers.p.streams_per_connection`: must be at least 1",
+            ),
+            (
+                "[providers.p]\nkind = \"openai\"\nhttp2_prior_knowledge = \"yes\"",
+                "invalid type: string \"yes\", expected a boolean",
+            ),
+            (
+                "[providers.m]\nkind = \"mock\"\nhttp2_prior_knowledge = true",
+                "`providers.m.http2_prior_knowledge`: does not apply to kind = \"mock\"",
             ),
             ("[server]\nport = 1", "unknown field `port`"),
             ("[server]\nbind = \"localhost\"", "`server.bind`"),

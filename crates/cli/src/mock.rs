@@ -1,6 +1,7 @@
-//! `agenthost mock-provider`: the mock model server (OpenAI Chat Completions over HTTP, from
-//! `agenthost_llm::mock::server`), for load tests and end-to-end tests through the real client.
-//! Point a provider of `kind = "openai"` at the printed base URL.
+//! `agenthost mock-provider`: the mock model server (OpenAI Chat Completions and Anthropic
+//! Messages over HTTP/1.1 and h2c, from `agenthost_llm::mock::server`), for load tests and
+//! end-to-end tests through the real client. Point a provider of `kind = "openai"` at the
+//! printed base URL (with `http2_prior_knowledge = true` to call it over HTTP/2).
 
 use std::time::Duration;
 
@@ -34,8 +35,8 @@ pub struct Args {
     /// Mixed into every decision; different seeds give different reproducible runs.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Close every connection after its answer (`connection: close`) instead of keeping it
-    /// alive, as some gateways do.
+    /// Close every HTTP/1.1 connection after its answer (`connection: close`) instead of
+    /// keeping it alive, as some gateways do.
     #[arg(long)]
     close: bool,
 }

@@ -327,9 +327,13 @@ fn config(dir: &Path, fast: &str, slow: &str, slow_provider: &str) -> PathBuf {
     let text = format!(
         r#"
 data_dir = "{data}"
+# The fast provider is spoken to over HTTP/2 (h2c), the slow one over HTTP/1.1: the mock
+# serves both on one port.
 [providers.fast]
 kind = "openai"
 base_url = "{fast}"
+http2_prior_knowledge = true
+streams_per_connection = 2
 [providers.slow]
 kind = "openai"
 base_url = "{slow}"

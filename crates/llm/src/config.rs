@@ -43,6 +43,10 @@ impl FromStr for Kind {
     }
 }
 
+/// Default of [`Config::streams_per_connection`]: the fewest concurrent streams RFC 9113 asks a
+/// server to allow, so that no call waits on a server that follows it.
+pub const DEFAULT_STREAMS_PER_CONNECTION: usize = 100;
+
 /// How to reach one provider. `Debug` never shows the key ([`ApiKey`]) or credential headers
 /// ([`Headers`]).
 #[derive(Clone, Debug)]
@@ -64,6 +68,14 @@ pub struct Config {
     /// Longest silence tolerated while waiting for response headers or between body bytes.
     /// There is deliberately no total deadline: long generations are fine while bytes flow.
     pub idle_timeout: Duration,
+    /// Speak HTTP/2 from the first byte, without negotiating it: for a plain `http://` server
+    /// that serves HTTP/2 (h2c). Over TLS, HTTP/2 is negotiated anyway when the server offers
+    /// it; with this set, a server that does not speak it cannot be reached.
+    pub http2_prior_knowledge: bool,
+    /// Calls multiplexed on one HTTP/2 connection at most; one more opens another connection
+    /// (hyper alone would make it wait for the server's stream limit). Over HTTP/1.1, where
+    /// each call has a connection of its own, it only splits the pool of idle connections.
+    pub streams_per_connection: usize,
     /// Anthropic requires `max_tokens`; this is sent when a request has no `max_output`.
     pub default_max_output: u32,
     /// Send OpenAI's legacy `max_tokens` instead of `max_completion_tokens` (which OpenAI's
@@ -75,8 +87,9 @@ pub struct Config {
 
 impl Config {
     /// Defaults for `kind`: public endpoint, no key, 10 s connect timeout, 180 s idle timeout
-    /// (reasoning models can think quietly for minutes), `x-session-affinity`, 4096 default
-    /// output tokens for Anthropic.
+    /// (reasoning models can think quietly for minutes), HTTP/2 only where TLS negotiates it,
+    /// [`DEFAULT_STREAMS_PER_CONNECTION`], `x-session-affinity`, 4096 default output tokens for
+    /// Anthropic.
     pub fn new(kind: Kind) -> Self {
         Self {
             kind,
@@ -86,6 +99,8 @@ impl Config {
             affinity_header: "x-session-affinity".to_owned(),
             connect_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(180),
+            http2_prior_knowledge: false,
+            streams_per_connection: DEFAULT_STREAMS_PER_CONNECTION,
             default_max_output: 4096,
             legacy_max_tokens: false,
             mock: crate::mock::Config::default(),

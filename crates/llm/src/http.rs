@@ -10,6 +10,8 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -29,7 +31,7 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
 
 /// Where and how one configured provider is called: what both HTTP clients hold.
 pub(crate) struct Endpoint {
-    client: reqwest::Client,
+    clients: Arc<Clients>,
     url: reqwest::Url,
     api_key: Option<ApiKey>,
     headers: Headers,
@@ -49,7 +51,7 @@ impl Endpoint {
             )
         })?;
         Ok(Self {
-            client: client(config.connect_timeout)?,
+            clients: Arc::new(Clients::new(config)?),
             url,
             api_key: config.api_key.clone(),
             headers: config.headers.clone(),
@@ -115,7 +117,7 @@ impl Endpoint {
     ) -> EventStream {
         match request {
             Ok(request) => stream(
-                self.client.clone(),
+                self.clients.clone(),
                 request,
                 wire,
                 self.timeouts,
@@ -148,23 +150,115 @@ pub(crate) fn stream_headers() -> HeaderMap {
     headers
 }
 
-/// Builds the client shared by every call of one provider.
+/// The HTTP clients of one provider, each holding up to `per_client` calls at once.
+///
+/// Over HTTP/2 a client multiplexes its calls on one connection, and hyper does not open a
+/// second connection when the server's limit on concurrent streams is reached: the calls past it
+/// would wait for a stream to end, which for model calls can be minutes. So a call takes the
+/// first client with fewer than `per_client` calls open, and when every client is full one more
+/// is made, with a connection of its own. Clients are never dropped: there are at most as many
+/// as the runtime's limit on concurrent calls divided by `per_client`.
+struct Clients {
+    clients: Mutex<Vec<Counted>>,
+    per_client: usize,
+    connect_timeout: Duration,
+    http2_prior_knowledge: bool,
+}
+
+#[derive(Clone)]
+struct Counted {
+    client: reqwest::Client,
+    open: Arc<AtomicUsize>,
+}
+
+/// One call counted against its client until it is dropped.
+struct Lease(Arc<AtomicUsize>);
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Clients {
+    /// The first client is made at once, so that a configuration no client can be built from
+    /// fails when the provider is built.
+    fn new(config: &Config) -> Result<Self, Error> {
+        let clients = Clients {
+            clients: Mutex::new(Vec::new()),
+            per_client: config.streams_per_connection.max(1),
+            connect_timeout: config.connect_timeout,
+            http2_prior_knowledge: config.http2_prior_knowledge,
+        };
+        let first = clients.make()?;
+        clients
+            .clients
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(first);
+        Ok(clients)
+    }
+
+    /// A client for one more call, and the lease that counts the call until it is dropped.
+    fn checkout(&self) -> Result<(reqwest::Client, Lease), Error> {
+        // Counts go up only under the lock, so two calls cannot both take a client's last
+        // place; they go down without it, which can only leave more room.
+        let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
+        let free = clients
+            .iter()
+            .find(|c| c.open.load(Ordering::Relaxed) < self.per_client)
+            .cloned();
+        let chosen = match free {
+            Some(counted) => counted,
+            None => {
+                let counted = self.make()?;
+                clients.push(counted.clone());
+                counted
+            }
+        };
+        chosen.open.fetch_add(1, Ordering::Relaxed);
+        Ok((chosen.client, Lease(chosen.open)))
+    }
+
+    fn make(&self) -> Result<Counted, Error> {
+        Ok(Counted {
+            client: client(self.connect_timeout, self.http2_prior_knowledge)?,
+            open: Arc::new(AtomicUsize::new(0)),
+        })
+    }
+
+    #[cfg(test)]
+    fn count(&self) -> usize {
+        self.clients
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+}
+
+/// Builds one HTTP client of a provider.
 ///
 /// No total timeout: it would kill long streams. Idle time is enforced per read in
 /// [`stream`] instead.
-fn client(connect_timeout: Duration) -> Result<reqwest::Client, Error> {
-    agenthost_http::client_builder()
+fn client(
+    connect_timeout: Duration,
+    http2_prior_knowledge: bool,
+) -> Result<reqwest::Client, Error> {
+    let builder = agenthost_http::client_builder()
         .map_err(|reason| Error::new(ErrorKind::InvalidRequest, reason))?
         .connect_timeout(connect_timeout)
         .redirect(reqwest::redirect::Policy::none())
-        .tcp_nodelay(true)
-        .build()
-        .map_err(|error| {
-            Error::new(
-                ErrorKind::InvalidRequest,
-                format!("cannot build the HTTP client: {}", describe(&error)),
-            )
-        })
+        .tcp_nodelay(true);
+    let builder = match http2_prior_knowledge {
+        true => builder.http2_prior_knowledge(),
+        false => builder,
+    };
+    builder.build().map_err(|error| {
+        Error::new(
+            ErrorKind::InvalidRequest,
+            format!("cannot build the HTTP client: {}", describe(&error)),
+        )
+    })
 }
 
 /// Adds `headers` to `map`, marking credentials sensitive so that hyper never prints them.
@@ -212,7 +306,7 @@ struct Timeouts {
 
 enum Phase {
     // Boxed: the request is large and this state lives for the whole stream.
-    Request(Box<(reqwest::Client, reqwest::Request)>),
+    Request(Box<(Arc<Clients>, reqwest::Request)>),
     Body(Box<Body>),
     Done,
 }
@@ -266,25 +360,28 @@ struct State<W> {
     received_any: bool,
     timeouts: Timeouts,
     secret: Option<ApiKey>,
+    /// Held from the request's sending to the stream's end.
+    lease: Option<Lease>,
 }
 
 /// Runs one request and parses its body with `wire`. Nothing happens until the stream is
 /// polled; dropping it drops the connection.
 fn stream<W: Wire>(
-    client: reqwest::Client,
+    clients: Arc<Clients>,
     request: reqwest::Request,
     wire: W,
     timeouts: Timeouts,
     secret: Option<ApiKey>,
 ) -> EventStream {
     let state = State {
-        phase: Phase::Request(Box::new((client, request))),
+        phase: Phase::Request(Box::new((clients, request))),
         wire,
         queue: VecDeque::new(),
         scratch: Vec::new(),
         received_any: false,
         timeouts,
         secret,
+        lease: None,
     };
     futures::stream::unfold(state, |mut state| async move {
         let item = state.next().await?;
@@ -303,10 +400,19 @@ impl<W: Wire> State<W> {
                 });
             }
             match std::mem::replace(&mut self.phase, Phase::Done) {
-                Phase::Done => return None,
+                Phase::Done => {
+                    self.lease = None;
+                    return None;
+                }
                 Phase::Request(call) => {
-                    let (client, request) = *call;
-                    self.send(client, request).await;
+                    let (clients, request) = *call;
+                    match clients.checkout() {
+                        Ok((client, lease)) => {
+                            self.lease = Some(lease);
+                            self.send(client, request).await;
+                        }
+                        Err(error) => self.queue.push_back(Err(error)),
+                    }
                 }
                 Phase::Body(mut body) => {
                     match body.next(self.timeouts.idle).await {
@@ -462,11 +568,38 @@ mod tests {
     /// embedder's choice of rustls crypto provider, or its absence, stands.
     #[test]
     fn clients_install_no_process_wide_crypto_provider() {
-        let client = super::client(std::time::Duration::from_secs(1)).expect("a provider client");
+        let client =
+            super::client(std::time::Duration::from_secs(1), false).expect("a provider client");
         drop(client);
         assert!(
             rustls::crypto::CryptoProvider::get_default().is_none(),
             "a library installed a process-wide crypto provider"
         );
+    }
+
+    /// A call takes the first client with room; one more client is made only when every client
+    /// is full, and a call that ends makes room in its own client.
+    #[test]
+    fn calls_fill_a_client_before_another_is_made() {
+        let mut config = crate::Config::new(crate::Kind::Openai);
+        config.streams_per_connection = 2;
+        let clients = super::Clients::new(&config).expect("clients");
+        let a = clients.checkout().expect("a");
+        let b = clients.checkout().expect("b");
+        assert_eq!(clients.count(), 1, "two calls fit one client");
+        let c = clients.checkout().expect("c");
+        assert_eq!(clients.count(), 2, "the third call needs another client");
+        drop(a);
+        let d = clients.checkout().expect("d");
+        assert_eq!(
+            clients.count(),
+            2,
+            "an ended call made room in the first client"
+        );
+        let e = clients.checkout().expect("e");
+        assert_eq!(clients.count(), 2, "the second client had room");
+        let f = clients.checkout().expect("f");
+        assert_eq!(clients.count(), 3, "both clients were full");
+        drop((b, c, d, e, f));
     }
 }

@@ -37,7 +37,7 @@ mod wire;
 
 pub use agenthost_http::{client_builder, sse};
 pub use anthropic::Anthropic;
-pub use config::{Config, Kind};
+pub use config::{Config, DEFAULT_STREAMS_PER_CONNECTION, Kind};
 pub use error::{Error, ErrorKind};
 pub use event::{Collector, Event, FinishReason, Reasoning, Response, Usage, collect};
 pub use mock::Mock;

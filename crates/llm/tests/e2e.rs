@@ -444,3 +444,128 @@ async fn a_mock_that_closes_connections_still_answers_every_call() {
         );
     }
 }
+
+/// With `http2_prior_knowledge`, calls go over HTTP/2 to a plain `http://` server (the mock
+/// serves both protocols on one port), and several calls share one connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_prior_knowledge_streams_over_h2c() {
+    let server = start(server::Config::default()).await;
+    let mut config = Config::new(Kind::Openai);
+    config.base_url = Some(server.base_url());
+    config.http2_prior_knowledge = true;
+    let provider = OpenAi::new(&config).expect("client");
+    let calls = (0..3).map(|i| provider.generate(ask(&format!("call {i}"))));
+    let local = Mock::new(mock::Config::default());
+    for (i, response) in tokio::time::timeout(BOUND, futures::future::join_all(calls))
+        .await
+        .expect("bounded")
+        .into_iter()
+        .enumerate()
+    {
+        let response = response.expect("success");
+        assert_eq!(response.finish, FinishReason::Stop);
+        let expected = local
+            .generate(ask(&format!("call {i}")))
+            .await
+            .expect("mock");
+        assert_eq!(response.text, expected.text);
+    }
+    assert_eq!(server.requests(), 3);
+    assert_eq!(server.http2_requests(), 3, "every call went over HTTP/2");
+
+    // Without it, the same server is reached over HTTP/1.1.
+    let provider = client(server.base_url(), BOUND);
+    let response = tokio::time::timeout(BOUND, provider.generate(ask("over HTTP/1.1")))
+        .await
+        .expect("bounded")
+        .expect("success");
+    assert_eq!(response.finish, FinishReason::Stop);
+    assert_eq!((server.requests(), server.http2_requests()), (4, 3));
+    server.shutdown().await.expect("clean shutdown");
+}
+
+/// A server that allows two streams per HTTP/2 connection: a client with
+/// `streams_per_connection = 2` opens a second connection for a third call rather than make it
+/// wait. The server holds every call of the batch until all three have arrived, so the test
+/// would hang (and fail at its bound) if the third waited for a stream of the first connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_past_the_streams_of_a_connection_opens_another() {
+    use axum::http::Request as HttpRequest;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use hyper_util::service::TowerToHyperService;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    const SSE: &str = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":0,\
+        \"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\
+        \"hi\"},\"finish_reason\":null}]}\n\n\
+        data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"m\",\
+        \"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n\
+        data: [DONE]\n\n";
+    let calls = Arc::new(AtomicUsize::new(0));
+    let connections = Arc::new(AtomicUsize::new(0));
+    // The first call (which lets the client learn the server's limit) is not held.
+    let batch = Arc::new(tokio::sync::Barrier::new(3));
+    let app = {
+        let calls = calls.clone();
+        axum::Router::new().route(
+            "/v1/chat/completions",
+            axum::routing::post(move |_request: HttpRequest<axum::body::Body>| {
+                let calls = calls.clone();
+                let batch = batch.clone();
+                async move {
+                    if calls.fetch_add(1, Ordering::SeqCst) > 0 {
+                        batch.wait().await;
+                    }
+                    axum::response::Response::builder()
+                        .header("content-type", "text/event-stream")
+                        .body(axum::body::Body::from(SSE))
+                        .expect("response")
+                }
+            }),
+        )
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let accepted = connections.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            accepted.fetch_add(1, Ordering::SeqCst);
+            let service = TowerToHyperService::new(app.clone());
+            tokio::spawn(async move {
+                let mut builder =
+                    hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                builder.http2().max_concurrent_streams(2);
+                let _ = builder
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+
+    let mut config = Config::new(Kind::Openai);
+    config.base_url = Some(format!("http://{addr}/v1"));
+    config.http2_prior_knowledge = true;
+    config.streams_per_connection = 2;
+    let provider = OpenAi::new(&config).expect("client");
+    let first = tokio::time::timeout(BOUND, provider.generate(ask("first")))
+        .await
+        .expect("bounded")
+        .expect("success");
+    assert_eq!(first.text, "hi");
+    let batch = (0..3).map(|i| provider.generate(ask(&format!("call {i}"))));
+    let results = tokio::time::timeout(BOUND, futures::future::join_all(batch))
+        .await
+        .expect("a call waited for a stream of a full connection");
+    for response in results {
+        let response = response.expect("success");
+        assert_eq!(
+            (response.text.as_str(), response.finish),
+            ("hi", FinishReason::Stop)
+        );
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+    assert_eq!(connections.load(Ordering::SeqCst), 2);
+}

@@ -8,6 +8,9 @@
 //! else by [`Config::fail_ratio`], drawn deterministically from the request's sequence number.
 //! Every request is counted ([`Handle::requests`]) so tests can assert that a client sent
 //! exactly one.
+//!
+//! One port serves HTTP/1.1 and HTTP/2 without TLS (h2c, for a client with prior knowledge),
+//! as a real provider offers HTTP/2 over TLS. `close_connections` applies to HTTP/1.1 only.
 
 use std::convert::Infallible;
 use std::io;
@@ -20,7 +23,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, Version, header};
 use axum::response::Response;
 use axum::routing::{get, post};
 use futures::StreamExt;
@@ -134,7 +137,19 @@ impl Default for Config {
 struct Shared {
     config: Config,
     requests: AtomicU64,
+    /// Of [`Shared::requests`], those that came over HTTP/2.
+    http2_requests: AtomicU64,
     shutdown: watch::Receiver<bool>,
+}
+
+impl Shared {
+    /// Counts one more request; its sequence number, from 1.
+    fn count(&self, version: Version) -> u64 {
+        if version == Version::HTTP_2 {
+            self.http2_requests.fetch_add(1, Ordering::SeqCst);
+        }
+        self.requests.fetch_add(1, Ordering::SeqCst) + 1
+    }
 }
 
 /// A running mock server. Dropping it without [`Handle::shutdown`] leaves the task running
@@ -152,6 +167,7 @@ impl std::fmt::Debug for Shared {
         f.debug_struct("Shared")
             .field("config", &self.config)
             .field("requests", &self.requests)
+            .field("http2_requests", &self.http2_requests)
             .finish_non_exhaustive()
     }
 }
@@ -172,6 +188,11 @@ impl Handle {
         self.shared.requests.load(Ordering::SeqCst)
     }
 
+    /// Of [`Handle::requests`], those that came over HTTP/2.
+    pub fn http2_requests(&self) -> u64 {
+        self.shared.http2_requests.load(Ordering::SeqCst)
+    }
+
     /// Stops accepting, ends stalled streams, waits for open responses to finish.
     pub async fn shutdown(self) -> io::Result<()> {
         let _ = self.stop.send(true);
@@ -188,6 +209,7 @@ pub fn serve(listener: TcpListener, config: Config) -> io::Result<Handle> {
     let shared = Arc::new(Shared {
         config,
         requests: AtomicU64::new(0),
+        http2_requests: AtomicU64::new(0),
         shutdown: shutdown.clone(),
     });
     let mut app = Router::new()
@@ -196,12 +218,17 @@ pub fn serve(listener: TcpListener, config: Config) -> io::Result<Handle> {
         .route("/v1/models", get(models))
         .with_state(shared.clone());
     if shared.config.close_connections {
-        app = app.layer(axum::middleware::map_response(
-            |mut response: Response| async move {
-                response.headers_mut().insert(
-                    header::CONNECTION,
-                    header::HeaderValue::from_static("close"),
-                );
+        // HTTP/2 has no `connection` header (a connection carries every call anyway).
+        app = app.layer(axum::middleware::from_fn(
+            |request: axum::extract::Request, next: axum::middleware::Next| async move {
+                let http1 = request.version() < Version::HTTP_2;
+                let mut response = next.run(request).await;
+                if http1 {
+                    response.headers_mut().insert(
+                        header::CONNECTION,
+                        header::HeaderValue::from_static("close"),
+                    );
+                }
                 response
             },
         ));
@@ -231,10 +258,11 @@ async fn models() -> Response {
 
 async fn completions(
     State(shared): State<Arc<Shared>>,
+    version: Version,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let number = shared.requests.fetch_add(1, Ordering::SeqCst) + 1;
+    let number = shared.count(version);
     let config = &shared.config;
     let Ok(wire) = serde_json::from_slice::<Value>(&body) else {
         return error_response(
@@ -604,8 +632,8 @@ fn decode(wire: &Value) -> Request {
 
 /// `POST /v1/messages`: Anthropic Messages, streamed. A request the real API would refuse gets
 /// its 400 `invalid_request_error`.
-async fn messages(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
-    shared.requests.fetch_add(1, Ordering::SeqCst);
+async fn messages(State(shared): State<Arc<Shared>>, version: Version, body: Bytes) -> Response {
+    shared.count(version);
     let refuse = |message: &str| {
         json_response(
             StatusCode::BAD_REQUEST,
