@@ -25,7 +25,13 @@ async fn start(config: server::Config) -> Handle {
 }
 
 fn client(base_url: String, idle: Duration) -> OpenAi {
+    client_over(base_url, idle, false)
+}
+
+/// [`client`], over HTTP/2 (h2c) when `http2`: failures must read the same either way.
+fn client_over(base_url: String, idle: Duration, http2: bool) -> OpenAi {
     let mut config = Config::new(Kind::Openai);
+    config.http2_prior_knowledge = http2;
     config.base_url = Some(base_url);
     config.api_key = Some(ApiKey::new("sk-e2e-secret-key-000000"));
     config.connect_timeout = Duration::from_secs(2);
@@ -137,12 +143,21 @@ async fn streams_tool_calls_with_split_arguments() {
 
 #[tokio::test]
 async fn injected_failures_are_classified_and_each_call_is_one_request() {
+    injected_failures_are_classified_and_each_call_is_one_request_over(false).await;
+}
+
+#[tokio::test]
+async fn injected_failures_are_classified_and_each_call_is_one_request_over_http2() {
+    injected_failures_are_classified_and_each_call_is_one_request_over(true).await;
+}
+
+async fn injected_failures_are_classified_and_each_call_is_one_request_over(http2: bool) {
     let server = start(server::Config {
         retry_after: Duration::from_secs(3),
         ..server::Config::default()
     })
     .await;
-    let client = client(server.base_url(), Duration::from_secs(5));
+    let client = client_over(server.base_url(), Duration::from_secs(5), http2);
     let cases: [(&str, ErrorKind, bool, Option<Duration>); 8] = [
         (
             "rate_limit",
@@ -190,13 +205,23 @@ async fn injected_failures_are_classified_and_each_call_is_one_request() {
         assert_eq!(error.retry_after(), retry_after, "{failure}");
         assert_eq!(items.iter().filter(|i| i.is_err()).count(), 1, "{failure}");
     }
+    assert_eq!(server.http2_requests(), if http2 { 8 } else { 0 });
     server.shutdown().await.expect("clean shutdown");
 }
 
 #[tokio::test]
 async fn a_truncated_stream_keeps_its_partial_output() {
+    a_truncated_stream_keeps_its_partial_output_over(false).await;
+}
+
+#[tokio::test]
+async fn a_truncated_stream_keeps_its_partial_output_over_http2() {
+    a_truncated_stream_keeps_its_partial_output_over(true).await;
+}
+
+async fn a_truncated_stream_keeps_its_partial_output_over(http2: bool) {
     let server = start(server::Config::default()).await;
-    let client = client(server.base_url(), Duration::from_secs(5));
+    let client = client_over(server.base_url(), Duration::from_secs(5), http2);
     let items = events(&client, failing(ask("hi"), "truncate")).await;
     let text: String = items
         .iter()
@@ -217,13 +242,23 @@ async fn a_truncated_stream_keeps_its_partial_output() {
     // The open text part is not ended: it is partial.
     assert!(!items.iter().any(|i| matches!(i, Ok(Event::TextEnd { .. }))));
     assert_eq!(server.requests(), 1);
+    assert_eq!(server.http2_requests(), u64::from(http2));
     server.shutdown().await.expect("clean shutdown");
 }
 
 #[tokio::test]
 async fn idle_timeout_fires_on_a_stalled_stream() {
+    idle_timeout_fires_on_a_stalled_stream_over(false).await;
+}
+
+#[tokio::test]
+async fn idle_timeout_fires_on_a_stalled_stream_over_http2() {
+    idle_timeout_fires_on_a_stalled_stream_over(true).await;
+}
+
+async fn idle_timeout_fires_on_a_stalled_stream_over(http2: bool) {
     let server = start(server::Config::default()).await;
-    let client = client(server.base_url(), Duration::from_millis(200));
+    let client = client_over(server.base_url(), Duration::from_millis(200), http2);
     let items = events(&client, failing(ask("hi"), "stall")).await;
     let error = items.last().expect("items").clone().expect_err("times out");
     assert_eq!(
@@ -237,6 +272,7 @@ async fn idle_timeout_fires_on_a_stalled_stream() {
     // The first chunk arrived before the stall.
     assert!(matches!(items[0], Ok(Event::StepStart { .. })));
     assert_eq!(server.requests(), 1);
+    assert_eq!(server.http2_requests(), u64::from(http2));
     // Shutdown ends the stalled response on the server side too.
     server.shutdown().await.expect("clean shutdown");
 }
