@@ -846,6 +846,37 @@ async fn anthropic_wire_tool_loop_to_the_step_limit_and_generate_after_tools() {
     );
 }
 
+/// A proxy named in the environment carries the calls to a plain-`http://` provider, as reqwest
+/// does everywhere: the provider's own address refuses connections, and the proxy (the mock
+/// provider, which answers a request in absolute form like any other) gives the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_in_the_environment_carries_provider_calls() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let proxy = tool_mock(d, "proxy-mock", "0", "0");
+    let proxy_url = proxy.url();
+    let proxy_url = proxy_url.trim_end_matches("/v1");
+    let path = tool_loop_config(d, "openai", "http://127.0.0.1:9/v1", 1);
+    let cfg = path.to_str().expect("utf-8 path");
+    let server = Proc::spawn_with_env(
+        "serve-proxied",
+        d,
+        &["serve", "--config", cfg, "--bind", "127.0.0.1:0"],
+        &[
+            ("HTTP_PROXY", proxy_url),
+            ("NO_PROXY", ""),
+            ("no_proxy", ""),
+        ],
+    );
+    let http = Http::new(&server.url());
+    let (_, live) = http.turn("hello").await;
+    assert!(
+        live.iter().any(|f| f.event == "execution_succeeded"),
+        "{live:?}\n{}",
+        server.log_text()
+    );
+}
+
 /// Kills `agenthost serve` with SIGKILL or stops it with SIGTERM at moments spread over a mixed
 /// workload (text answers, tool loops, several sessions at once), restarts it each time, and
 /// checks that after the last restart no session is left with an input that is neither answered

@@ -2,7 +2,8 @@
 //!
 //! **Owns**: its own request and event types ([`Request`], [`Event`], [`Response`]), the
 //! [`Provider`] trait, the OpenAI-compatible Chat Completions and Anthropic Messages clients
-//! over reqwest with the incremental SSE decoder of `agenthost-http`, the scripted provider for tests,
+//! over HTTP (reqwest, and HTTP/1.1 connections of its own for plain-`http://` providers) with
+//! the incremental SSE decoder of `agenthost-http`, the scripted provider for tests,
 //! the mock provider and its HTTP server, and the error taxonomy ([`Error`], [`ErrorKind`]).
 //!
 //! **Must not**: depend on any other agenthost crate but `agenthost-http` (it knows nothing of

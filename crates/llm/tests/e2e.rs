@@ -1,4 +1,4 @@
-//! End to end over loopback: the real reqwest clients against the mock provider server (OpenAI
+//! End to end over loopback: the real HTTP clients against the mock provider server (OpenAI
 //! wire) and a small fixture-replaying server (Anthropic wire). Every call is bounded in time,
 //! and every call must reach the server exactly once.
 
@@ -604,4 +604,177 @@ async fn a_call_past_the_streams_of_a_connection_opens_another() {
     }
     assert_eq!(calls.load(Ordering::SeqCst), 4);
     assert_eq!(connections.load(Ordering::SeqCst), 2);
+}
+
+/// An OpenAI-wire answer of one text chunk, "hi".
+const HI: &str = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":0,\
+    \"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\
+    \"hi\"},\"finish_reason\":null}]}\n\n\
+    data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"m\",\
+    \"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n\
+    data: [DONE]\n\n";
+
+/// A plain HTTP/1.1 server counting connections and requests: each request is answered with
+/// [`HI`] (chunked, keep-alive), unless its prompt says `stall`, which gets the first event and
+/// then nothing. With `close_after`, the server closes each connection that long after an
+/// answer without saying so first, as a server's keep-alive timeout does.
+async fn counting_server(
+    close_after: Option<Duration>,
+) -> (
+    String,
+    Arc<std::sync::atomic::AtomicUsize>,
+    Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let connections = Arc::new(AtomicUsize::new(0));
+    let requests = Arc::new(AtomicUsize::new(0));
+    let (accepted, answered) = (connections.clone(), requests.clone());
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            accepted.fetch_add(1, Ordering::SeqCst);
+            let answered = answered.clone();
+            tokio::spawn(async move {
+                let mut buffer = Vec::new();
+                loop {
+                    // One request: its head, then `content-length` bytes of body.
+                    let head_end = loop {
+                        if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break end + 4;
+                        }
+                        let mut chunk = [0u8; 4096];
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buffer[..head_end]).to_lowercase();
+                    let length: usize = head
+                        .lines()
+                        .find_map(|line| line.strip_prefix("content-length:"))
+                        .and_then(|value| value.trim().parse().ok())
+                        .unwrap_or(0);
+                    while buffer.len() < head_end + length {
+                        let mut chunk = [0u8; 4096];
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let body: Vec<u8> = buffer.drain(..head_end + length).skip(head_end).collect();
+                    // Origin form and a `Host`, as RFC 9112 asks of a client.
+                    if !head.starts_with("post /v1/chat/completions http/1.1\r\n")
+                        || !head.contains(&format!("\r\nhost: {addr}\r\n"))
+                    {
+                        let _ = stream
+                            .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+                            .await;
+                        return;
+                    }
+                    answered.fetch_add(1, Ordering::SeqCst);
+                    let stall = String::from_utf8_lossy(&body).contains("stall");
+                    let text = match stall {
+                        true => HI.split_inclusive("\n\n").next().unwrap_or(HI),
+                        false => HI,
+                    };
+                    let mut reply = String::from(
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                         transfer-encoding: chunked\r\n\r\n",
+                    );
+                    reply.push_str(&format!("{:x}\r\n{text}\r\n", text.len()));
+                    if !stall {
+                        reply.push_str("0\r\n\r\n");
+                    }
+                    if stream.write_all(reply.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    if stall {
+                        // Until the client closes the connection.
+                        let mut rest = [0u8; 64];
+                        while let Ok(n) = stream.read(&mut rest).await {
+                            if n == 0 {
+                                return;
+                            }
+                        }
+                        return;
+                    }
+                    if let Some(after) = close_after {
+                        tokio::time::sleep(after).await;
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (format!("http://{addr}/v1"), connections, requests)
+}
+
+/// Calls one after another to a plain-HTTP/1.1 provider share one connection; a call dropped
+/// before its answer ends closes its connection, so the next call opens another.
+#[tokio::test]
+async fn http1_calls_reuse_a_connection_and_a_dropped_call_closes_its_own() {
+    use std::sync::atomic::Ordering;
+    let (base, connections, requests) = counting_server(None).await;
+    let provider = client(base, BOUND);
+    for i in 0..5 {
+        let response = tokio::time::timeout(BOUND, provider.generate(ask(&format!("call {i}"))))
+            .await
+            .expect("bounded")
+            .expect("success");
+        assert_eq!(
+            (response.text.as_str(), response.finish),
+            ("hi", FinishReason::Stop)
+        );
+    }
+    assert_eq!(requests.load(Ordering::SeqCst), 5);
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        1,
+        "five calls, one connection"
+    );
+
+    let mut stalled = provider.stream(ask("stall"));
+    let first = tokio::time::timeout(BOUND, stalled.next())
+        .await
+        .expect("bounded");
+    assert!(matches!(first, Some(Ok(_))), "{first:?}");
+    drop(stalled);
+    let response = tokio::time::timeout(BOUND, provider.generate(ask("after")))
+        .await
+        .expect("bounded")
+        .expect("success");
+    assert_eq!(response.text, "hi");
+    assert_eq!(requests.load(Ordering::SeqCst), 7);
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        2,
+        "the stalled call took the idle connection and closed it; the next call opened another"
+    );
+}
+
+/// A server that closes idle connections without warning (a keep-alive timeout) never fails a
+/// call: the closed connection is found out before it is used, and the call goes on a new one.
+#[tokio::test]
+async fn a_connection_the_server_closed_while_idle_fails_no_call() {
+    use std::sync::atomic::Ordering;
+    let (base, connections, requests) = counting_server(Some(Duration::from_millis(20))).await;
+    let provider = client(base, BOUND);
+    for i in 0..3 {
+        let response = tokio::time::timeout(BOUND, provider.generate(ask(&format!("call {i}"))))
+            .await
+            .expect("bounded")
+            .expect("a closed idle connection failed a call");
+        assert_eq!(response.text, "hi");
+        // Past the server's close.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        requests.load(Ordering::SeqCst),
+        3,
+        "each call was sent once"
+    );
+    assert_eq!(connections.load(Ordering::SeqCst), 3);
 }

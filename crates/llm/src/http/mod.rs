@@ -1,11 +1,18 @@
-//! The HTTP plumbing both wire formats share: the [`Endpoint`] a client holds (reqwest client,
+//! The HTTP plumbing both wire formats share: the [`Endpoint`] a client holds (its connections,
 //! URL, key, configured headers, timeouts), the one request per call, the idle-read timeout,
 //! error responses, and feeding body bytes to a [`Wire`] parser. The protocol modules add only
 //! their body, their own headers and their parser.
 //!
+//! Connections: a plain-`http://` provider is called over HTTP/1.1 connections of our own, each
+//! driven by the call using it ([`h1`]); TLS, HTTP/2 and proxies go through reqwest clients
+//! ([`Clients`]).
+//!
 //! **Invariant:** exactly one HTTP request per stream, sent on first poll, never retried and
 //! never re-sent on a redirect (redirects are disabled: following a 301/302 would turn the POST
-//! into a GET).
+//! into a GET). A request the HTTP library hands back unsent, none of it written, may go on
+//! another connection: the server has seen nothing of it.
+
+mod h1;
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -32,6 +39,8 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
 /// Where and how one configured provider is called: what both HTTP clients hold.
 pub(crate) struct Endpoint {
     clients: Arc<Clients>,
+    /// Connections of our own, used instead of `clients` for a plain-HTTP/1.1 provider.
+    own: Option<Arc<h1::Pool>>,
     url: reqwest::Url,
     api_key: Option<ApiKey>,
     headers: Headers,
@@ -50,8 +59,11 @@ impl Endpoint {
                 format!("invalid base_url for {kind}"),
             )
         })?;
+        let own = h1::Pool::applies(&url, config.http2_prior_knowledge, config.connect_timeout)
+            .map(Arc::new);
         Ok(Self {
             clients: Arc::new(Clients::new(config)?),
+            own,
             url,
             api_key: config.api_key.clone(),
             headers: config.headers.clone(),
@@ -117,7 +129,10 @@ impl Endpoint {
     ) -> EventStream {
         match request {
             Ok(request) => stream(
-                self.clients.clone(),
+                match &self.own {
+                    Some(pool) => Route::Own(pool.clone()),
+                    None => Route::Clients(self.clients.clone()),
+                },
                 request,
                 wire,
                 self.timeouts,
@@ -304,16 +319,53 @@ struct Timeouts {
     idle: Duration,
 }
 
+/// Which connections carry a call.
+enum Route {
+    Clients(Arc<Clients>),
+    Own(Arc<h1::Pool>),
+}
+
+/// A response body's chunks, or why one could not be read.
+enum Chunks {
+    Clients(BoxStream<'static, Result<Bytes, String>>),
+    Own(Box<h1::Streamed>),
+}
+
+impl futures::Stream for Chunks {
+    type Item = Result<Bytes, String>;
+
+    fn poll_next(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        match self.get_mut() {
+            Chunks::Clients(chunks) => chunks.poll_next_unpin(cx),
+            Chunks::Own(chunks) => chunks.poll_next_unpin(cx),
+        }
+    }
+}
+
+impl Chunks {
+    /// Done with a body whose parser has read all it needs: an own connection is read to the
+    /// body's end so that it can be reused; reqwest's are dropped, as reqwest reads on.
+    fn finish(self) {
+        match self {
+            Chunks::Clients(chunks) => drop(chunks),
+            Chunks::Own(chunks) => (*chunks).finish(),
+        }
+    }
+}
+
 enum Phase {
     // Boxed: the request is large and this state lives for the whole stream.
-    Request(Box<(Arc<Clients>, reqwest::Request)>),
+    Request(Box<(Route, reqwest::Request)>),
     Body(Box<Body>),
     Done,
 }
 
 /// The response body being read, and its idle timer.
 struct Body {
-    chunks: BoxStream<'static, reqwest::Result<Bytes>>,
+    chunks: Chunks,
     /// Armed once and moved only when it fires early: a chunk pushes `deadline` out, not the
     /// timer, so a reply streamed chunk by chunk does not re-arm a timer for every chunk.
     idle: Pin<Box<tokio::time::Sleep>>,
@@ -322,7 +374,7 @@ struct Body {
 }
 
 impl Body {
-    fn new(chunks: BoxStream<'static, reqwest::Result<Bytes>>, idle: Duration) -> Self {
+    fn new(chunks: Chunks, idle: Duration) -> Self {
         let deadline = tokio::time::Instant::now() + idle;
         Body {
             chunks,
@@ -332,7 +384,7 @@ impl Body {
     }
 
     /// The next chunk; `None` when the body was idle for a whole period.
-    async fn next(&mut self, idle: Duration) -> Option<Option<reqwest::Result<Bytes>>> {
+    async fn next(&mut self, idle: Duration) -> Option<Option<Result<Bytes, String>>> {
         loop {
             tokio::select! {
                 biased;
@@ -367,14 +419,14 @@ struct State<W> {
 /// Runs one request and parses its body with `wire`. Nothing happens until the stream is
 /// polled; dropping it drops the connection.
 fn stream<W: Wire>(
-    clients: Arc<Clients>,
+    route: Route,
     request: reqwest::Request,
     wire: W,
     timeouts: Timeouts,
     secret: Option<ApiKey>,
 ) -> EventStream {
     let state = State {
-        phase: Phase::Request(Box::new((clients, request))),
+        phase: Phase::Request(Box::new((route, request))),
         wire,
         queue: VecDeque::new(),
         scratch: Vec::new(),
@@ -405,14 +457,8 @@ impl<W: Wire> State<W> {
                     return None;
                 }
                 Phase::Request(call) => {
-                    let (clients, request) = *call;
-                    match clients.checkout() {
-                        Ok((client, lease)) => {
-                            self.lease = Some(lease);
-                            self.send(client, request).await;
-                        }
-                        Err(error) => self.queue.push_back(Err(error)),
-                    }
+                    let (route, request) = *call;
+                    self.send(route, request).await;
                 }
                 Phase::Body(mut body) => {
                     match body.next(self.timeouts.idle).await {
@@ -430,17 +476,17 @@ impl<W: Wire> State<W> {
                         Some(Some(Err(error))) => {
                             let error = Error::transport(
                                 self.received_any,
-                                format!("reading the stream: {}", describe(&error)),
+                                format!("reading the stream: {error}"),
                             );
                             self.wire.fail(error, &mut self.scratch);
                         }
                         Some(Some(Ok(bytes))) => {
                             self.received_any |= !bytes.is_empty();
                             self.wire.feed(&bytes, &mut self.scratch);
-                            // After `[DONE]`, `message_stop` or an error nothing more is read;
-                            // dropping the body closes the connection.
-                            if !self.wire.is_done() {
-                                self.phase = Phase::Body(body);
+                            // After `[DONE]`, `message_stop` or an error nothing more is parsed.
+                            match self.wire.is_done() {
+                                true => body.chunks.finish(),
+                                false => self.phase = Phase::Body(body),
                             }
                         }
                     }
@@ -450,11 +496,42 @@ impl<W: Wire> State<W> {
         }
     }
 
-    async fn send(&mut self, client: reqwest::Client, request: reqwest::Request) {
+    async fn send(&mut self, route: Route, request: reqwest::Request) {
         tracing::debug!(url.path = request.url().path(), "provider request");
         // The wait for response headers is bounded too: connect time plus one idle period.
         let wait = self.timeouts.connect + self.timeouts.idle;
-        let response = match tokio::time::timeout(wait, client.execute(request)).await {
+        let sent = match route {
+            Route::Own(pool) => tokio::time::timeout(wait, pool.send(request))
+                .await
+                .map(|sent| {
+                    sent.map(|(head, body)| {
+                        (head.status, head.headers, Chunks::Own(Box::new(body)))
+                    })
+                }),
+            Route::Clients(clients) => {
+                let (client, lease) = match clients.checkout() {
+                    Ok(checked_out) => checked_out,
+                    Err(error) => return self.queue.push_back(Err(error)),
+                };
+                self.lease = Some(lease);
+                tokio::time::timeout(wait, client.execute(request))
+                    .await
+                    .map(|sent| match sent {
+                        Ok(mut response) => Ok((
+                            response.status(),
+                            std::mem::take(response.headers_mut()),
+                            Chunks::Clients(
+                                response
+                                    .bytes_stream()
+                                    .map(|chunk| chunk.map_err(|error| describe(&error)))
+                                    .boxed(),
+                            ),
+                        )),
+                        Err(error) => Err(describe(&error)),
+                    })
+            }
+        };
+        let (status, headers, chunks) = match sent {
             Err(_elapsed) => {
                 return self.queue.push_back(Err(Error::transport(
                     false,
@@ -464,28 +541,25 @@ impl<W: Wire> State<W> {
             Ok(Err(error)) => {
                 return self.queue.push_back(Err(Error::transport(
                     false,
-                    format!("sending the request: {}", describe(&error)),
+                    format!("sending the request: {error}"),
                 )));
             }
-            Ok(Ok(response)) => response,
+            Ok(Ok(sent)) => sent,
         };
-        let status = response.status();
         if !status.is_success() {
-            let headers = response.headers().clone();
-            let body = read_error_body(response, self.timeouts.idle).await;
+            let body = read_error_body(chunks, self.timeouts.idle).await;
             let error = Error::from_http(status.as_u16(), &headers, &body);
             tracing::debug!(status = status.as_u16(), kind = %error.kind(), "provider error response");
             return self.queue.push_back(Err(error));
         }
-        let is_json = response
-            .headers()
+        let is_json = headers
             .get(CONTENT_TYPE)
             .and_then(|value| value.to_str().ok())
             .is_some_and(|value| value.starts_with("application/json"));
         if is_json {
             // A 200 JSON body instead of a stream: an error object from a gateway, or a server
             // that ignored `stream: true`.
-            let body = read_error_body(response, self.timeouts.idle).await;
+            let body = read_error_body(chunks, self.timeouts.idle).await;
             let error = match serde_json::from_str::<serde_json::Value>(&body) {
                 Ok(value) if value.get("error").is_some_and(|e| !e.is_null()) => {
                     Error::from_stream_body(&value)
@@ -494,10 +568,7 @@ impl<W: Wire> State<W> {
             };
             return self.queue.push_back(Err(error));
         }
-        self.phase = Phase::Body(Box::new(Body::new(
-            response.bytes_stream().boxed(),
-            self.timeouts.idle,
-        )));
+        self.phase = Phase::Body(Box::new(Body::new(chunks, self.timeouts.idle)));
     }
 
     fn scrub(&self, error: Error) -> Error {
@@ -510,9 +581,8 @@ impl<W: Wire> State<W> {
 
 /// Reads at most [`MAX_ERROR_BODY`] bytes, each read bounded by the idle timeout; a body that
 /// cannot be read classifies from status and headers alone.
-async fn read_error_body(response: reqwest::Response, idle: Duration) -> String {
+async fn read_error_body(mut chunks: Chunks, idle: Duration) -> String {
     let mut body = Vec::new();
-    let mut chunks = response.bytes_stream();
     while body.len() < MAX_ERROR_BODY {
         match tokio::time::timeout(idle, chunks.next()).await {
             Ok(Some(Ok(bytes))) => body.extend_from_slice(&bytes),
