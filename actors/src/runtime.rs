@@ -286,6 +286,28 @@ impl Runtime {
         }
     }
 
+    /// [`Runtime::resume`] without waiting: returns once the session's actor holds the request,
+    /// with the future of its outcome. Whatever is asked of the session afterwards (a wait, a
+    /// compaction) is queued behind it, so it sees the drain this resume starts.
+    pub async fn start_resume(
+        &self,
+        session: &SessionId,
+    ) -> Result<impl Future<Output = Result<Outcome>> + Send + 'static> {
+        self.check_open()?;
+        for _ in 0..3 {
+            let Some(actor) = self.route(session, false).await? else {
+                return Err(Error::SessionNotFound(session.clone()));
+            };
+            let (tx, rx) = ractor::concurrency::oneshot();
+            if actor.send_message(session::Msg::Resume(tx.into())).is_ok() {
+                let session = session.clone();
+                return Ok(async move { rx.await.unwrap_or(Err(Error::ActorDied(session))) });
+            }
+            self.retire(session, &actor, "resume").await?;
+        }
+        Err(Error::ActorDied(session.clone()))
+    }
+
     /// Compacts the session's active history now: a summary of the older part, the
     /// recent part kept verbatim. Fails with `NothingToCompact` when there is nothing to compact (no
     /// provider call) and with `Unavailable` while a drain runs. Returns the new `kept_from`.
@@ -633,25 +655,34 @@ impl Runtime {
                         what,
                     });
                 }
-                Ok(CallResult::SenderError) | Err(_) => {
-                    if self.shared.is_shutting_down() {
-                        return Err(Error::ShuttingDown);
-                    }
-                    // Limits answer with an error, so a dropped request means the actor is
-                    // going away. Only once it has stopped may its routing entry go, so a new
-                    // actor never overlaps the old one.
-                    if !stopped(&actor).await {
-                        return Err(Error::Unavailable(format!(
-                            "the actor of session {session} did not answer {what}"
-                        )));
-                    }
-                    self.shared
-                        .actors
-                        .remove_if(session, |_, a| a.get_id() == actor.get_id());
-                }
+                Ok(CallResult::SenderError) | Err(_) => self.retire(session, &actor, what).await?,
             }
         }
         Err(Error::ActorDied(session.clone()))
+    }
+
+    /// After a request to `actor` was dropped: removes its routing entry once it has stopped, so
+    /// that the next attempt gets a new actor; an error when that cannot be.
+    async fn retire(
+        &self,
+        session: &SessionId,
+        actor: &ActorRef<session::Msg>,
+        what: &'static str,
+    ) -> Result<()> {
+        if self.shared.is_shutting_down() {
+            return Err(Error::ShuttingDown);
+        }
+        // Limits answer with an error, so a dropped request means the actor is going away. Only
+        // once it has stopped may its routing entry go, so a new actor never overlaps the old one.
+        if !stopped(actor).await {
+            return Err(Error::Unavailable(format!(
+                "the actor of session {session} did not answer {what}"
+            )));
+        }
+        self.shared
+            .actors
+            .remove_if(session, |_, a| a.get_id() == actor.get_id());
+        Ok(())
     }
 }
 

@@ -212,8 +212,9 @@ export interface paths {
         get?: never;
         put?: never;
         /**
-         * Starts a forced drain or joins the running one. Without `wait`, answers 202 at once; with
-         *     `wait=true`, answers with the drain's outcome (or its error).
+         * Starts a forced drain or joins the running one. Without `wait`, answers 202 as soon as the
+         *     session holds the request (a `wait` sent after the 202 sees its drain); with `wait=true`,
+         *     answers with the drain's outcome (or its error).
          */
         post: operations["resume"];
         delete?: never;

@@ -361,8 +361,9 @@ pub(crate) async fn compact(
     }))
 }
 
-/// Starts a forced drain or joins the running one. Without `wait`, answers 202 at once; with
-/// `wait=true`, answers with the drain's outcome (or its error).
+/// Starts a forced drain or joins the running one. Without `wait`, answers 202 as soon as the
+/// session holds the request (a `wait` sent after the 202 sees its drain); with `wait=true`,
+/// answers with the drain's outcome (or its error).
 #[utoipa::path(post, path = "/api/session/{id}/resume", operation_id = "resume", tag = "session",
     params(("id" = String, Path, description = "Session id, `ses_…`", pattern = r"^ses_[A-Za-z0-9_-]{1,64}$"), wire::ResumeQuery),
     responses(
@@ -390,11 +391,12 @@ pub(crate) async fn resume(
     if shared.closing.is_cancelled() {
         return Err(Error::ShuttingDown.into());
     }
-    let runtime = shared.runtime.clone();
-    // The drain belongs to the session actor; this task only carries the request to it and
-    // logs the outcome nobody waits for. The tracker lets shutdown wait for it.
+    // The 202 goes once the session's actor holds the request, so that a wait or anything else
+    // asked after it is queued behind it. The drain belongs to the actor; this task only logs
+    // the outcome nobody waits for. The tracker lets shutdown wait for it.
+    let outcome = shared.runtime.start_resume(&id).await?;
     shared.tasks.spawn(async move {
-        match runtime.resume(&id).await {
+        match outcome.await {
             Ok(outcome) => tracing::debug!(session_id = %id, ?outcome, "resume finished"),
             Err(e) => tracing::warn!(session_id = %id, error = %e, "resume failed"),
         }

@@ -766,6 +766,40 @@ async fn resume_interrupt_wait_and_active() {
     );
 }
 
+/// A wait that follows an accepted resume waits for that resume's drain: the 202 is sent only
+/// once the resume is in the session's hands, so nothing asked after it can overtake it.
+#[tokio::test]
+async fn a_wait_after_an_accepted_resume_waits_for_its_drain() {
+    let h = harness(vec![text("first"), text("second")]).await;
+    let s = h.session().await;
+    let reply = h
+        .post(&format!("/api/session/{s}/resume?wait=true"), None)
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json);
+
+    let reply = h.post(&format!("/api/session/{s}/resume"), None).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.json);
+    h.idle(&s).await;
+    let messages = h.get(&format!("/api/session/{s}/messages")).await;
+    let texts: Vec<String> = messages.json["data"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| {
+            m["content"][0]["text"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(
+        texts,
+        ["first", "second"],
+        "the wait answered before the accepted resume's drain: {}",
+        messages.json
+    );
+}
+
 #[tokio::test]
 async fn provider_failure_is_a_bad_gateway() {
     let auth = LlmError::new(ErrorKind::Authentication, "bad key");
