@@ -256,7 +256,7 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
             return Err(Error::ShuttingDown);
         };
         let mut a = Attempt::default();
-        let mut stream = prepared.provider.stream(prepared.request.clone());
+        let mut stream = prepared.provider.stream_ref(&prepared.request);
         let call = tracing::info_span!(
             "provider_call",
             session_id = %d.session,

@@ -22,6 +22,13 @@ pub trait Provider: Send + Sync + fmt::Debug {
     /// cancels the call.
     fn stream(&self, request: Request) -> EventStream;
 
+    /// [`Provider::stream`] of a request the caller keeps, to send it again on a retry.
+    /// Providers that only read the request override this to spare a copy of it: the HTTP ones
+    /// serialize their body from it at once, so a long history is not copied once per call.
+    fn stream_ref(&self, request: &Request) -> EventStream {
+        self.stream(request.clone())
+    }
+
     /// Runs one call to completion and collects it. Single attempt, like [`Provider::stream`].
     fn generate(&self, request: Request) -> BoxFuture<'static, Result<Response, Error>> {
         collect(self.stream(request)).boxed()

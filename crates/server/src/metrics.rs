@@ -454,15 +454,25 @@ pub struct Timed {
     stats: ProviderStats,
 }
 
-impl llm::Provider for Timed {
-    fn stream(&self, request: llm::Request) -> llm::EventStream {
+impl Timed {
+    fn timed(&self, inner: llm::EventStream) -> llm::EventStream {
         Box::pin(TimedStream {
-            inner: self.inner.stream(request),
+            inner,
             stats: self.stats.clone(),
             started: None,
             first: false,
             ended: false,
         })
+    }
+}
+
+impl llm::Provider for Timed {
+    fn stream(&self, request: llm::Request) -> llm::EventStream {
+        self.timed(self.inner.stream(request))
+    }
+
+    fn stream_ref(&self, request: &llm::Request) -> llm::EventStream {
+        self.timed(self.inner.stream_ref(request))
     }
 
     fn generate(

@@ -74,7 +74,11 @@ impl Mock {
 
 impl Provider for Mock {
     fn stream(&self, request: Request) -> EventStream {
-        let plan = plan(&self.config, &request);
+        self.stream_ref(&request)
+    }
+
+    fn stream_ref(&self, request: &Request) -> EventStream {
+        let plan = plan(&self.config, request);
         let interval = self.config.token_interval();
         let mut schedule: VecDeque<(Duration, Event)> = VecDeque::new();
         schedule.push_back((

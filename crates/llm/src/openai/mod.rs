@@ -88,8 +88,12 @@ impl OpenAi {
 
 impl Provider for OpenAi {
     fn stream(&self, request: Request) -> EventStream {
+        self.stream_ref(&request)
+    }
+
+    fn stream_ref(&self, request: &Request) -> EventStream {
         self.endpoint
-            .stream(self.http_request(&request), Parser::new().into_wire())
+            .stream(self.http_request(request), Parser::new().into_wire())
     }
 }
 
