@@ -778,3 +778,93 @@ async fn a_connection_the_server_closed_while_idle_fails_no_call() {
     );
     assert_eq!(connections.load(Ordering::SeqCst), 3);
 }
+
+/// A provider named by host name is reached through the resolver, whichever of its addresses
+/// (`::1` or `127.0.0.1`) answers.
+#[tokio::test]
+async fn a_provider_named_by_host_name_is_reached() {
+    let handle = start(server::Config::default()).await;
+    let provider = client(handle.base_url().replace("127.0.0.1", "localhost"), BOUND);
+    let response = tokio::time::timeout(BOUND, provider.generate(ask("hello")))
+        .await
+        .expect("bounded")
+        .expect("success");
+    assert_eq!(response.finish, FinishReason::Stop);
+    assert_eq!(handle.requests(), 1);
+}
+
+/// A server that answers in HTTP/1.0 and ends the body by closing the connection (as a small
+/// script server does) gives the whole answer, and the next call opens a new connection.
+#[tokio::test]
+async fn an_http10_answer_ended_by_closing_the_connection_is_read_whole() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                // The request's head and body arrive together here; what they say is not read.
+                let mut request = [0u8; 16 * 1024];
+                let _ = stream.read(&mut request).await;
+                let reply =
+                    format!("HTTP/1.0 200 OK\r\ncontent-type: text/event-stream\r\n\r\n{HI}");
+                let _ = stream.write_all(reply.as_bytes()).await;
+                let _ = stream.shutdown().await;
+            });
+        }
+    });
+    let provider = client(format!("http://{addr}/v1"), BOUND);
+    for _ in 0..2 {
+        let response = tokio::time::timeout(BOUND, provider.generate(ask("hello")))
+            .await
+            .expect("bounded")
+            .expect("success");
+        assert_eq!(
+            (response.text.as_str(), response.finish),
+            ("hi", FinishReason::Stop)
+        );
+    }
+}
+
+/// A server that never ends its body after `[DONE]` does not hold the call up: the answer is
+/// complete at `[DONE]`, and the connection, whose body never ended, is not reused.
+#[tokio::test]
+async fn a_body_left_open_after_done_does_not_hold_the_call() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let connections = Arc::new(AtomicUsize::new(0));
+    let accepted = connections.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            accepted.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut request = [0u8; 16 * 1024];
+                let _ = stream.read(&mut request).await;
+                let reply = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                     transfer-encoding: chunked\r\n\r\n{:x}\r\n{HI}\r\n",
+                    HI.len()
+                );
+                let _ = stream.write_all(reply.as_bytes()).await;
+                // No last chunk: the body stays open until the client goes.
+                let mut rest = [0u8; 64];
+                while let Ok(n) = stream.read(&mut rest).await {
+                    if n == 0 {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let provider = client(format!("http://{addr}/v1"), BOUND);
+    for _ in 0..2 {
+        let response = tokio::time::timeout(BOUND, provider.generate(ask("hello")))
+            .await
+            .expect("the call ended at [DONE]")
+            .expect("success");
+        assert_eq!(response.text, "hi");
+    }
+    assert_eq!(connections.load(Ordering::SeqCst), 2);
+}
