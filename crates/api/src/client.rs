@@ -48,14 +48,7 @@ impl Error {
 
 /// reqwest's error with its causes, which its `Display` leaves out.
 fn describe(error: &reqwest::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
+    agenthost_http::describe(error)
 }
 
 /// A bearer token, never printed.

@@ -1,9 +1,9 @@
 //! `agenthost-http`: the HTTP pieces every client of agenthost shares, the provider clients
 //! (`agenthost-llm`) and the API client (`agenthost-api`) alike.
 //!
-//! **Owns**: the incremental server-sent-events decoder ([`sse::Decoder`]) and
+//! **Owns**: the incremental server-sent-events decoder ([`sse::Decoder`]),
 //! [`client_builder`] (and, with the `blocking` feature, `blocking_client_builder`), where every
-//! reqwest client of agenthost starts.
+//! reqwest client of agenthost starts, and [`describe`], how their errors are told.
 //!
 //! **Must not**: depend on any other agenthost crate, or set process-wide state (no global
 //! crypto provider, no global client).
@@ -18,6 +18,19 @@ use std::sync::Arc;
 /// client of agenthost starts here.
 pub fn client_builder() -> Result<reqwest::ClientBuilder, String> {
     Ok(reqwest::Client::builder().tls_backend_preconfigured(tls()?))
+}
+
+/// An HTTP client's error with its causes, which hold the useful part ("connection refused")
+/// and which reqwest's and hyper's `Display` leave out.
+pub fn describe(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// [`client_builder`] for a blocking client, with the same TLS.

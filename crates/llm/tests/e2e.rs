@@ -531,12 +531,6 @@ async fn a_call_past_the_streams_of_a_connection_opens_another() {
     use hyper_util::service::TowerToHyperService;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    const SSE: &str = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":0,\
-        \"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\
-        \"hi\"},\"finish_reason\":null}]}\n\n\
-        data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"m\",\
-        \"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n\
-        data: [DONE]\n\n";
     let calls = Arc::new(AtomicUsize::new(0));
     let connections = Arc::new(AtomicUsize::new(0));
     // The first call (which lets the client learn the server's limit) is not held.
@@ -554,7 +548,7 @@ async fn a_call_past_the_streams_of_a_connection_opens_another() {
                     }
                     axum::response::Response::builder()
                         .header("content-type", "text/event-stream")
-                        .body(axum::body::Body::from(SSE))
+                        .body(axum::body::Body::from(HI))
                         .expect("response")
                 }
             }),
@@ -613,6 +607,18 @@ const HI: &str = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"cre
     data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"m\",\
     \"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n\
     data: [DONE]\n\n";
+
+/// One call that must be answered with [`HI`].
+async fn answers_hi(provider: &OpenAi, prompt: &str) {
+    let response = tokio::time::timeout(BOUND, provider.generate(ask(prompt)))
+        .await
+        .expect("bounded")
+        .expect("success");
+    assert_eq!(
+        (response.text.as_str(), response.finish),
+        ("hi", FinishReason::Stop)
+    );
+}
 
 /// A plain HTTP/1.1 server counting connections and requests: each request is answered with
 /// [`HI`] (chunked, keep-alive), unless its prompt says `stall`, which gets the first event and
@@ -720,14 +726,7 @@ async fn http1_calls_reuse_a_connection_and_a_dropped_call_closes_its_own() {
     let (base, connections, requests) = counting_server(None).await;
     let provider = client(base, BOUND);
     for i in 0..5 {
-        let response = tokio::time::timeout(BOUND, provider.generate(ask(&format!("call {i}"))))
-            .await
-            .expect("bounded")
-            .expect("success");
-        assert_eq!(
-            (response.text.as_str(), response.finish),
-            ("hi", FinishReason::Stop)
-        );
+        answers_hi(&provider, &format!("call {i}")).await;
     }
     assert_eq!(requests.load(Ordering::SeqCst), 5);
     assert_eq!(
@@ -742,11 +741,7 @@ async fn http1_calls_reuse_a_connection_and_a_dropped_call_closes_its_own() {
         .expect("bounded");
     assert!(matches!(first, Some(Ok(_))), "{first:?}");
     drop(stalled);
-    let response = tokio::time::timeout(BOUND, provider.generate(ask("after")))
-        .await
-        .expect("bounded")
-        .expect("success");
-    assert_eq!(response.text, "hi");
+    answers_hi(&provider, "after").await;
     assert_eq!(requests.load(Ordering::SeqCst), 7);
     assert_eq!(
         connections.load(Ordering::SeqCst),
@@ -763,11 +758,7 @@ async fn a_connection_the_server_closed_while_idle_fails_no_call() {
     let (base, connections, requests) = counting_server(Some(Duration::from_millis(20))).await;
     let provider = client(base, BOUND);
     for i in 0..3 {
-        let response = tokio::time::timeout(BOUND, provider.generate(ask(&format!("call {i}"))))
-            .await
-            .expect("bounded")
-            .expect("a closed idle connection failed a call");
-        assert_eq!(response.text, "hi");
+        answers_hi(&provider, &format!("call {i}")).await;
         // Past the server's close.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -815,14 +806,7 @@ async fn an_http10_answer_ended_by_closing_the_connection_is_read_whole() {
     });
     let provider = client(format!("http://{addr}/v1"), BOUND);
     for _ in 0..2 {
-        let response = tokio::time::timeout(BOUND, provider.generate(ask("hello")))
-            .await
-            .expect("bounded")
-            .expect("success");
-        assert_eq!(
-            (response.text.as_str(), response.finish),
-            ("hi", FinishReason::Stop)
-        );
+        answers_hi(&provider, "hello").await;
     }
 }
 
@@ -860,11 +844,8 @@ async fn a_body_left_open_after_done_does_not_hold_the_call() {
     });
     let provider = client(format!("http://{addr}/v1"), BOUND);
     for _ in 0..2 {
-        let response = tokio::time::timeout(BOUND, provider.generate(ask("hello")))
-            .await
-            .expect("the call ended at [DONE]")
-            .expect("success");
-        assert_eq!(response.text, "hi");
+        // Bounded: the call ends at `[DONE]`.
+        answers_hi(&provider, "hello").await;
     }
     assert_eq!(connections.load(Ordering::SeqCst), 2);
 }

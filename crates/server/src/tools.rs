@@ -183,14 +183,7 @@ impl Http {
 
 /// reqwest's error with its sources, which hold the useful part (connection refused, …).
 fn describe(e: &reqwest::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
+    agenthost_http::describe(e)
 }
 
 fn excerpt(bytes: &[u8]) -> String {

@@ -349,14 +349,7 @@ fn proxied(url: &reqwest::Url) -> bool {
 
 /// A hyper error with its causes.
 fn describe(error: &hyper::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = std::error::Error::source(error);
-    while let Some(current) = cause {
-        text.push_str(": ");
-        text.push_str(&current.to_string());
-        cause = current.source();
-    }
-    text
+    agenthost_http::describe(error)
 }
 
 #[cfg(test)]
