@@ -5,14 +5,16 @@
 //! costs about 2n task wake-ups, most of them across threads. Here a call polls its connection
 //! itself, in the task that reads the body: a reply already in the socket is read without
 //! waking anyone. Between calls a connection waits unpolled in the [`Pool`]; one the server
-//! closed meanwhile is found out when it is taken, and dropped.
+//! closed meanwhile is found out when it is taken, or by the pool's look-over every
+//! [`REAP_EVERY`], and dropped.
 //!
 //! Used only where reqwest would add nothing (see [`Pool::applies`]): `http://` URLs, without a
 //! proxy in the environment or HTTP/2 prior knowledge. TLS, proxies and HTTP/2 stay with reqwest.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -33,6 +35,10 @@ type Sender = http1::SendRequest<reqwest::Body>;
 /// server just as a request goes out costs that request.
 const IDLE_LIFETIME: Duration = Duration::from_secs(90);
 
+/// How often idle connections are looked over: those past [`IDLE_LIFETIME`] and those the
+/// server closed are dropped, so that a provider no longer called holds no sockets.
+const REAP_EVERY: Duration = Duration::from_secs(30);
+
 /// How long the rest of an unwanted body is read for before its connection is closed instead.
 const FINISH_WITHIN: Duration = Duration::from_secs(5);
 
@@ -49,6 +55,8 @@ pub(super) struct Pool {
     target: hyper::Uri,
     connect_timeout: Duration,
     idle: Mutex<Vec<Idle>>,
+    /// Whether the task that looks over idle connections runs (started with the first one).
+    reaping: AtomicBool,
 }
 
 struct Idle {
@@ -124,6 +132,7 @@ impl Pool {
             target: target.parse().ok()?,
             connect_timeout,
             idle: Mutex::new(Vec::new()),
+            reaping: AtomicBool::new(false),
         })
     }
 
@@ -134,7 +143,7 @@ impl Pool {
     /// server in the meantime, goes once more on a new connection: nothing of it reached the
     /// server, so this is not a retry of the call.
     pub async fn send(
-        self: &std::sync::Arc<Self>,
+        self: &Arc<Self>,
         request: reqwest::Request,
     ) -> Result<(hyper::http::response::Parts, Streamed), String> {
         let mut request = self.http_request(request);
@@ -253,7 +262,7 @@ impl Pool {
         })
     }
 
-    fn put(&self, live: Live) {
+    fn put(self: &Arc<Self>, live: Live) {
         let Some(connection) = live.connection else {
             return;
         };
@@ -268,6 +277,45 @@ impl Pool {
                 connection,
                 since: Instant::now(),
             });
+        if !self.reaping.swap(true, Ordering::Relaxed)
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(reap(Arc::downgrade(self)));
+        }
+    }
+
+    /// Drops the idle connections past [`IDLE_LIFETIME`] and those the server closed; returns
+    /// how many are left.
+    fn reap(&self) -> usize {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        let mut cx = Context::from_waker(Waker::noop());
+        // Dropped after the lock: closing a socket is a system call.
+        let gone: Vec<Idle> = idle
+            .extract_if(.., |c| {
+                now.duration_since(c.since) >= IDLE_LIFETIME
+                    || c.sender.is_closed()
+                    || Pin::new(&mut c.connection).poll(&mut cx).is_ready()
+            })
+            .collect();
+        let left = idle.len();
+        drop(idle);
+        drop(gone);
+        left
+    }
+}
+
+/// Looks over a pool's idle connections every [`REAP_EVERY`] until the pool is gone.
+async fn reap(pool: Weak<Pool>) {
+    let mut every = tokio::time::interval_at(Instant::now() + REAP_EVERY, REAP_EVERY);
+    loop {
+        every.tick().await;
+        match pool.upgrade() {
+            Some(pool) => {
+                pool.reap();
+            }
+            None => return,
+        }
     }
 }
 
@@ -276,7 +324,7 @@ impl Pool {
 pub(super) struct Streamed {
     live: Option<Live>,
     body: Incoming,
-    pool: std::sync::Arc<Pool>,
+    pool: Arc<Pool>,
 }
 
 impl Stream for Streamed {
@@ -354,7 +402,11 @@ fn describe(error: &hyper::Error) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::time::Duration;
+
+    use futures::StreamExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::Pool;
 
@@ -389,5 +441,46 @@ mod tests {
             pool("http://user:secret@127.0.0.1:8080/v1", false).is_none(),
             "credentials"
         );
+    }
+
+    /// A connection back in the pool is kept while its server keeps it open, and dropped once
+    /// the server closes it, without waiting for the next call.
+    #[tokio::test]
+    async fn idle_connections_the_server_closed_are_dropped() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (close, closed) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.expect("accept");
+            let mut request = [0u8; 4096];
+            let _ = stream.read(&mut request).await;
+            let reply = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi";
+            stream.write_all(reply.as_bytes()).await.expect("answer");
+            let _ = closed.await;
+        });
+        let url = reqwest::Url::parse(&format!("http://{addr}/v1")).expect("URL");
+        let pool = Arc::new(Pool::applies(&url, false, Duration::from_secs(5)).expect("pool"));
+        let mut request = reqwest::Request::new(reqwest::Method::POST, url);
+        *request.body_mut() = Some(reqwest::Body::from("{}"));
+        let (head, mut body) = pool.send(request).await.expect("answered");
+        assert_eq!(head.status, 200);
+        let mut got = Vec::new();
+        while let Some(chunk) = body.next().await {
+            got.extend_from_slice(&chunk.expect("chunk"));
+        }
+        assert_eq!(got, b"hi");
+        assert_eq!(pool.reap(), 1, "the server keeps the connection open");
+
+        drop(close);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while pool.reap() != 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "a connection the server closed stayed in the pool"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 }
