@@ -300,8 +300,15 @@ impl Runtime {
             };
             let (tx, rx) = ractor::concurrency::oneshot();
             if actor.send_message(session::Msg::Resume(tx.into())).is_ok() {
-                let session = session.clone();
-                return Ok(async move { rx.await.unwrap_or(Err(Error::ActorDied(session))) });
+                let (session, shared) = (session.clone(), self.shared.clone());
+                return Ok(async move {
+                    // An actor stops without answering at shutdown, or when it failed.
+                    rx.await
+                        .unwrap_or_else(|_| match shared.is_shutting_down() {
+                            true => Err(Error::ShuttingDown),
+                            false => Err(Error::ActorDied(session)),
+                        })
+                });
             }
             self.retire(session, &actor, "resume").await?;
         }

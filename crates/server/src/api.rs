@@ -398,6 +398,10 @@ pub(crate) async fn resume(
     shared.tasks.spawn(async move {
         match outcome.await {
             Ok(outcome) => tracing::debug!(session_id = %id, ?outcome, "resume finished"),
+            // The drain stopped with the server; the next start resumes what it owed.
+            Err(Error::ShuttingDown) => {
+                tracing::debug!(session_id = %id, "resume ended by shutdown")
+            }
             Err(e) => tracing::warn!(session_id = %id, error = %e, "resume failed"),
         }
     });
