@@ -849,3 +849,59 @@ async fn a_body_left_open_after_done_does_not_hold_the_call() {
     }
     assert_eq!(connections.load(Ordering::SeqCst), 2);
 }
+
+/// A server that takes the request and never answers it: the call fails after the connect
+/// timeout plus one idle period, as a transport error before any output, over HTTP/1.1 and
+/// HTTP/2 alike. An HTTP/1.1 connection is closed with its call; an HTTP/2 one carries other
+/// calls and stays.
+#[tokio::test]
+async fn a_server_that_never_answers_times_out() {
+    for http2 in [false, true] {
+        a_server_that_never_answers_times_out_over(http2).await;
+    }
+}
+
+async fn a_server_that_never_answers_times_out_over(http2: bool) {
+    use tokio::io::AsyncReadExt;
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (hung_up, on_hang_up) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.expect("accept");
+        let mut buffer = [0u8; 4096];
+        // Reads until the client goes; answers nothing.
+        while let Ok(n) = stream.read(&mut buffer).await {
+            if n == 0 {
+                break;
+            }
+        }
+        let _ = hung_up.send(());
+    });
+    let mut config = Config::new(Kind::Openai);
+    config.http2_prior_knowledge = http2;
+    config.base_url = Some(format!("http://{addr}/v1"));
+    config.connect_timeout = Duration::from_millis(200);
+    config.idle_timeout = Duration::from_millis(300);
+    let provider = OpenAi::new(&config).expect("client");
+    let events = events(&provider, ask("hello")).await;
+    let Some(Err(error)) = events.last() else {
+        panic!("expected an error: {events:?}");
+    };
+    assert_eq!(
+        error.kind(),
+        ErrorKind::Transport {
+            received_any: false
+        },
+        "{error}"
+    );
+    assert!(
+        error.message().contains("no response within 500 ms"),
+        "{error}"
+    );
+    if !http2 {
+        tokio::time::timeout(BOUND, on_hang_up)
+            .await
+            .expect("the connection was closed")
+            .expect("the server saw the close");
+    }
+}
