@@ -25,6 +25,9 @@ pub const DEFAULT_DATA_DIR: &str = ".agenthost";
 /// The environment variable holding the API token unless `[server] token_env` names another.
 pub const DEFAULT_TOKEN_ENV: &str = "AGENTHOST_TOKEN";
 
+/// The longest `[store] commit_linger_us` accepted: a second.
+const MAX_COMMIT_LINGER_US: u64 = 1_000_000;
+
 /// The embedded store's page cache, in MiB, unless `[store] cache_mib` says otherwise. redb's
 /// own default (1 GiB) suits a desktop database; a server keeps its hot pages (the log's front,
 /// the busy sessions' rows) in far less, and its memory for sessions.
@@ -97,6 +100,8 @@ struct StoreSection {
     check_on_start: Option<bool>,
     /// The embedded store's page cache in MiB (redb only).
     cache_mib: Option<usize>,
+    /// How long a busy writer's batch waits for more operations, in µs (redb only).
+    commit_linger_us: Option<u64>,
     /// PostgreSQL: the environment variable holding the connection URL.
     url_env: Option<String>,
     /// PostgreSQL: the schema of agenthost's tables.
@@ -295,6 +300,8 @@ pub struct Settings {
     pub check_on_start: bool,
     /// The embedded store's page cache, in MiB.
     pub cache_mib: usize,
+    /// How long a busy embedded writer's batch waits for more operations.
+    pub commit_linger: Duration,
     /// The PostgreSQL store, when `[store] kind = "postgres"`. An empty `advertise_url` means
     /// `http://` and the address `serve` listens on.
     pub postgres: Option<agenthost_store::PgConfig>,
@@ -344,6 +351,7 @@ impl Settings {
         }
         config.store.check_on_open = self.check_on_start;
         config.store.cache_size = Some(self.cache_mib << 20);
+        config.store.max_wait = self.commit_linger;
         config.store.postgres = self.postgres.clone();
         config
     }
@@ -778,6 +786,16 @@ pub fn resolve(
             "must be between 1 and 1048576".into(),
         ));
     }
+    let commit_linger = match file.store.commit_linger_us {
+        None => agenthost_store::DEFAULT_LINGER,
+        Some(us) if us <= MAX_COMMIT_LINGER_US => Duration::from_micros(us),
+        Some(_) => {
+            return Err(invalid(
+                "store.commit_linger_us",
+                format!("must be between 0 and {MAX_COMMIT_LINGER_US}"),
+            ));
+        }
+    };
     let telemetry = match (&file.telemetry.otlp_endpoint, &file.telemetry.service_name) {
         (Some(endpoint), service) => {
             check_url(endpoint).map_err(|reason| invalid("telemetry.otlp_endpoint", reason))?;
@@ -826,6 +844,7 @@ pub fn resolve(
         protect_healthz: file.server.protect_healthz.unwrap_or(false),
         check_on_start: file.store.check_on_start.unwrap_or(true),
         cache_mib,
+        commit_linger,
         postgres,
         builtin_mock,
         providers,
@@ -876,6 +895,12 @@ fn postgres(
         return Err(invalid(
             "store.cache_mib",
             "applies only to the embedded store (redb); PostgreSQL caches on its own".into(),
+        ));
+    }
+    if store.commit_linger_us.is_some() {
+        return Err(invalid(
+            "store.commit_linger_us",
+            "applies only to the embedded store (redb)".into(),
         ));
     }
     let url_env = store.url_env.as_deref().unwrap_or(DEFAULT_PG_URL_ENV);
@@ -993,6 +1018,7 @@ pub fn effective(name: &str, file: &File, settings: &Settings) -> serde_json::Va
             "path": crate::store_path(&settings.data_dir),
             "check_on_start": settings.check_on_start,
             "cache_mib": settings.cache_mib,
+            "commit_linger_us": settings.commit_linger.as_micros() as u64,
         }),
         Some(pg) => {
             let url_env = file.store.url_env.as_deref().unwrap_or(DEFAULT_PG_URL_ENV);
@@ -1245,7 +1271,7 @@ auto = false
              waiters_per_session = 9\n\
              tool_output_bytes = 1000\nhistory_cache_bytes = 0\ncall_timeout_ms = 1500\n\
              shutdown_timeout_ms = 2500\nwake_sweep_ms = 0\npassivate_after_ms = 60000\n\
-             [server]\nbody_limit_bytes = 2048\n",
+             [server]\nbody_limit_bytes = 2048\n[store]\ncommit_linger_us = 250\n",
         )
         .expect("valid");
         assert_eq!(s.limits.concurrent_streams, 3);
@@ -1262,6 +1288,11 @@ auto = false
         let runtime = s.runtime(PathBuf::from("x.redb"));
         assert_eq!(runtime.limits, s.limits);
         assert_eq!(runtime.passivate_after, Duration::from_secs(60));
+        assert_eq!(runtime.store.max_wait, Duration::from_micros(250));
+        let defaults = settings("")
+            .expect("defaults")
+            .runtime(PathBuf::from("x.redb"));
+        assert_eq!(defaults.store.max_wait, agenthost_store::DEFAULT_LINGER);
     }
 
     #[test]
@@ -1311,6 +1342,10 @@ auto = false
             ("[server]\nbody_limit = 10", "unknown field `body_limit`"),
             ("[store]\ncache_mib = 0", "`store.cache_mib`"),
             (
+                "[store]\ncommit_linger_us = 1000001",
+                "`store.commit_linger_us`",
+            ),
+            (
                 "[telemetry]\notlp_endpoint = \"localhost:4318\"",
                 "`telemetry.otlp_endpoint`",
             ),
@@ -1349,6 +1384,10 @@ auto = false
             (
                 "[cluster]\nnode_id = \"a\"",
                 "`cluster.node_id`: applies only to the PostgreSQL store",
+            ),
+            (
+                "[store]\nkind = \"postgres\"\nurl_env = \"KEY\"\ncommit_linger_us = 0",
+                "`store.commit_linger_us`: applies only to the embedded store",
             ),
             (
                 "[store]\nkind = \"postgres\"\nurl_env = \"KEY\"\n[cluster]\npartitions = 0",

@@ -206,6 +206,11 @@ impl Metrics {
             stats.commit_seconds.clone(),
         );
         r.register(
+            "agenthost_store_lingered_batches",
+            "Batches that waited for more operations before their commit (a busy writer's)",
+            stats.lingered.clone(),
+        );
+        r.register(
             "agenthost_store_maintenance",
             "Maintenance runs inside commits (the embedded store's folds of its log front)",
             stats.maintenance_runs.clone(),

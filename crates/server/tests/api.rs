@@ -173,6 +173,7 @@ async fn health_metrics_and_unknown_routes() {
         "agenthost_store_commit_batch_size_bucket{le=\"1.0\"}",
         "agenthost_store_commit_seconds_bucket{le=\"0.0001\"}",
         "agenthost_store_maintenance_total ",
+        "agenthost_store_lingered_batches_total ",
         "agenthost_drains_total ",
         "agenthost_admissions_total ",
         "agenthost_sse_streams ",

@@ -133,15 +133,24 @@ pub fn open(mut config: Config) -> Result<Arc<dyn Store>> {
     }
 }
 
+/// How long a busy writer's batch waits for more operations by default ([`Config::max_wait`]).
+pub const DEFAULT_LINGER: Duration = Duration::from_millis(1);
+
 /// How to open a [`RedbStore`].
 #[derive(Clone)]
 pub struct Config {
     pub path: PathBuf,
     /// Most operations committed in one transaction. 1 disables group commit.
     pub max_batch: usize,
-    /// How long the writer lingers for more requests before committing a batch. Zero commits as
-    /// soon as the queue is empty: batches then form from what arrives during the previous fsync.
+    /// How long a batch lingers for more operations before it is committed while the writer is
+    /// busy (see `linger_after` and `busy_for`), so that one fsync serves more of them. Zero
+    /// never lingers: batches then form from what arrives during the previous fsync alone.
     pub max_wait: Duration,
+    /// The writer may be busy once its last batch held this many operations or more.
+    pub linger_after: usize,
+    /// ... and once it has had work for this long without resting (an idle wait of 2 ms or
+    /// more), so that a short burst does not make it busy. Zero: the last batch alone decides.
+    pub busy_for: Duration,
     pub prompt_limit: usize,
     /// Pending inputs a session may hold: an admission beyond it is refused with
     /// [`Error::Full`] (an exact retry is still answered with its receipt).
@@ -177,7 +186,9 @@ impl Config {
         Config {
             path: path.into(),
             max_batch: 4096,
-            max_wait: Duration::ZERO,
+            max_wait: DEFAULT_LINGER,
+            linger_after: 8,
+            busy_for: Duration::from_millis(20),
             prompt_limit: DEFAULT_PROMPT_LIMIT,
             pending_limit: u32::MAX,
             cache_size: None,
@@ -200,6 +211,8 @@ impl fmt::Debug for Config {
             .field("path", &self.path)
             .field("max_batch", &self.max_batch)
             .field("max_wait", &self.max_wait)
+            .field("linger_after", &self.linger_after)
+            .field("busy_for", &self.busy_for)
             .field("prompt_limit", &self.prompt_limit)
             .field("pending_limit", &self.pending_limit)
             .field("cache_size", &self.cache_size)
@@ -269,7 +282,13 @@ impl RedbStore {
             in_flight: Default::default(),
             epoch: 0,
             max_batch: config.max_batch.max(1),
-            max_wait: config.max_wait,
+            linger: writer::Linger {
+                max_wait: config.max_wait,
+                after: config.linger_after,
+                busy_for: config.busy_for,
+            },
+            last_batch: 0,
+            stats: stats.clone(),
             pending_limit: config.pending_limit,
             clock: config.clock,
         };

@@ -14,7 +14,18 @@
 //! planner hands N+1 over, to be inserted the moment N is durable, and starts N+2 (a small
 //! batch waits for N's commit instead, to gather more): batches form from what arrives
 //! meanwhile, as with one thread, but the work of a batch is split between two cores and the
-//! committer does not wait for the planner. A batch is planned on the rows of
+//! committer does not wait for the planner.
+//!
+//! Under sustained load a batch lingers for more ([`Linger`]): once the writer has had work
+//! without a rest for a while (`busy_for`, a rest being an idle wait of [`REST`]) and its last
+//! batch held `linger_after` operations or more, a batch the committer is ready for waits up to
+//! `max_wait`, taking in what came every [`TICK`] without being woken for each request, until it
+//! fills up or two naps in a row bring nothing. One fsync, and the pages every commit rewrites,
+//! then serve more operations. A quiet writer, or one hit by a short burst, commits at once, and
+//! a linger that brought nothing (its writers all wait in the batch) pauses lingering for
+//! [`DRY_PAUSE`] batches.
+//!
+//! A batch is planned on the rows of
 //! the (at most two) batches handed over and not yet durable. If a commit fails, the batch
 //! handed over on top of it is dropped, the one being planned fails, and the planner drops its
 //! caches and starts again from what is durable.
@@ -100,6 +111,8 @@ pub struct Stats {
     pub fenced: Counter,
     /// Operations per commit (group commit).
     pub batch_size: Histogram,
+    /// Batches that lingered for more operations before their commit (a busy writer's).
+    pub lingered: Counter,
     /// Time one commit took: page writes and the fsync (redb), the round trips and the commit
     /// (PostgreSQL).
     pub commit_seconds: Histogram,
@@ -121,6 +134,7 @@ impl Default for Stats {
             fenced: Counter::default(),
             // 1, 2, 4, … 2048 operations.
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
+            lingered: Counter::default(),
             // 100 µs to about 3 s.
             commit_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             commit_micros: Counter::default(),
@@ -179,6 +193,11 @@ struct Flow {
     backlog: VecDeque<Request>,
     /// A commit failed, for this reason.
     failed: Option<Failure>,
+    /// Since when the writer has had work without a [`REST`]; `None` while it rests.
+    working_since: Option<Instant>,
+    /// Batches still to hand over before one may linger again: a linger that brought nothing
+    /// pauses lingering for [`DRY_PAUSE`] batches.
+    linger_pause: u32,
 }
 
 impl Flow {
@@ -242,7 +261,11 @@ impl Flow {
             if self.closing {
                 return;
             }
+            let idle = Instant::now();
             self.request(inbox.requests.recv());
+            if planned == 0 && idle.elapsed() >= REST {
+                self.working_since = None;
+            }
         } else {
             match inbox.signals.recv_timeout(TICK) {
                 Ok(signal) => self.signal(Ok(signal)),
@@ -267,6 +290,54 @@ impl Flow {
     }
 }
 
+/// An idle wait for requests at least this long ends the writer's busy spell.
+const REST: Duration = Duration::from_millis(2);
+
+/// Naps in a row that bring nothing end a linger: the batch then holds every writer there is.
+const EMPTY_NAPS: u32 = 2;
+
+/// Batches handed over without lingering after a linger that brought nothing: writers that all
+/// wait for the batch they are in (a closed loop) pay a linger that rarely.
+const DRY_PAUSE: u32 = 8;
+
+/// A batch lingering: since when, how many operations it held then and when it last looked, and
+/// how many naps in a row brought none.
+struct Lingering {
+    since: Instant,
+    first: usize,
+    seen: usize,
+    empty: u32,
+}
+
+/// When a batch the committer is ready for waits for more operations, decided from counts and
+/// times alone (see the module docs).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Linger {
+    /// The longest a batch waits; zero never.
+    pub(crate) max_wait: Duration,
+    /// Operations in the last batch from which the writer may be busy.
+    pub(crate) after: usize,
+    /// How long the writer must have had work, without a [`REST`], to be busy.
+    pub(crate) busy_for: Duration,
+}
+
+impl Linger {
+    /// Whether the next batch lingers: the last one held `last_batch` operations, and the writer
+    /// has had work for `working` without a rest (`None`: it is resting). With a zero `busy_for`
+    /// the last batch alone decides.
+    fn starts(&self, last_batch: usize, working: Option<Duration>) -> bool {
+        !self.max_wait.is_zero()
+            && last_batch >= self.after
+            && (self.busy_for.is_zero() || working.is_some_and(|w| w >= self.busy_for))
+    }
+
+    /// How long a lingering batch sleeps before it looks again, having lingered `waited`, the
+    /// last `empty` naps in a row bringing nothing. `None` hands it over.
+    fn nap(&self, waited: Duration, empty: u32) -> Option<Duration> {
+        (empty < EMPTY_NAPS && waited < self.max_wait).then(|| (self.max_wait - waited).min(TICK))
+    }
+}
+
 /// The planner's two channels.
 pub(crate) struct Inbox {
     pub(crate) requests: mpsc::Receiver<Msg>,
@@ -282,7 +353,10 @@ pub(crate) struct Planner {
     /// Failed commits seen.
     pub(crate) epoch: u64,
     pub(crate) max_batch: usize,
-    pub(crate) max_wait: Duration,
+    pub(crate) linger: Linger,
+    /// Operations in the batch handed over last, which tell whether the writer is busy.
+    pub(crate) last_batch: usize,
+    pub(crate) stats: Arc<Stats>,
     pub(crate) pending_limit: u32,
     pub(crate) clock: Clock,
 }
@@ -343,6 +417,7 @@ impl Planner {
             }
         };
         let n = flow.handed + 1;
+        let ops = replies.len();
         let plan = Plan {
             n,
             epoch: self.epoch,
@@ -359,6 +434,9 @@ impl Planner {
             return false;
         }
         flow.handed = n;
+        self.last_batch = ops;
+        flow.working_since.get_or_insert_with(Instant::now);
+        flow.linger_pause = flow.linger_pause.saturating_sub(1);
         self.front.committed(fold, finished.front_rows);
         self.committed.take(finished.cached);
         let mut changes = finished.changes;
@@ -385,7 +463,7 @@ impl Planner {
         let mut tables = Tables::open(&read, self.front.generation, &self.committed, in_flight)
             .map_err(|e| Failure::of(&e))?;
         let now = (self.clock)();
-        let mut deadline: Option<Instant> = None;
+        let mut lingering: Option<Lingering> = None;
         loop {
             flow.take_waiting(inbox);
             if let Some(reason) = &flow.failed {
@@ -393,9 +471,20 @@ impl Planner {
                 return Err(reason.clone());
             }
             let room = replies.len() < self.max_batch;
-            // The committer is ready: hand the batch over now, unless told to linger for more.
+            // The committer is ready: hand the batch over now, unless the writer is busy and
+            // the batch lingers for more. Only for an idle committer: a batch large enough to be
+            // handed over while the one before it syncs is not held back.
             let ready = flow.ready(replies.len());
-            let linger = ready && room && !flow.closing && !self.max_wait.is_zero();
+            let linger = ready
+                && flow.done >= flow.handed
+                && room
+                && !flow.closing
+                && (lingering.is_some()
+                    || (flow.linger_pause == 0
+                        && self.linger.starts(
+                            self.last_batch,
+                            flow.working_since.map(|since| since.elapsed()),
+                        )));
             if ready && !linger {
                 return tables.finish(fold).map_err(|e| Failure::of(&e));
             }
@@ -417,16 +506,31 @@ impl Planner {
                 continue;
             }
             if linger {
-                let until = *deadline.get_or_insert_with(|| Instant::now() + self.max_wait);
-                match inbox
-                    .requests
-                    .recv_timeout(until.saturating_duration_since(Instant::now()))
-                {
-                    Ok(msg) => flow.request(Ok(msg)),
-                    Err(mpsc::RecvTimeoutError::Timeout) => {
-                        return tables.finish(fold).map_err(|e| Failure::of(&e));
+                let now = replies.len();
+                let state = lingering.get_or_insert_with(|| {
+                    self.stats.lingered.inc();
+                    Lingering {
+                        since: Instant::now(),
+                        first: now,
+                        seen: 0,
+                        empty: 0,
                     }
-                    Err(mpsc::RecvTimeoutError::Disconnected) => flow.request(Err(mpsc::RecvError)),
+                });
+                state.empty = if now > state.seen { 0 } else { state.empty + 1 };
+                state.seen = now;
+                let Some(nap) = self.linger.nap(state.since.elapsed(), state.empty) else {
+                    if now == state.first {
+                        flow.linger_pause = DRY_PAUSE;
+                    }
+                    return tables.finish(fold).map_err(|e| Failure::of(&e));
+                };
+                // Asleep on the committer's channel: a request does not wake the planner (a
+                // thread wake-up each would cost more than the linger saves); what came is
+                // taken in when it wakes, so a batch that fills up goes at once.
+                match inbox.signals.recv_timeout(nap) {
+                    Ok(signal) => flow.signal(Ok(signal)),
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(mpsc::RecvTimeoutError::Disconnected) => flow.signal(Err(mpsc::RecvError)),
                 }
                 continue;
             }
@@ -617,5 +721,59 @@ impl Drop for Stopping {
                 Box::default(),
             ));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LINGER: Linger = Linger {
+        max_wait: Duration::from_millis(1),
+        after: 8,
+        busy_for: Duration::from_millis(20),
+    };
+
+    #[test]
+    fn a_batch_lingers_after_a_large_one_once_the_writer_has_worked_without_rest() {
+        let ms = Duration::from_millis;
+        assert!(LINGER.starts(8, Some(ms(20))));
+        assert!(LINGER.starts(4096, Some(ms(500))));
+        assert!(!LINGER.starts(7, Some(ms(500))), "the last batch was small");
+        assert!(!LINGER.starts(8, Some(ms(19))), "a short burst");
+        assert!(!LINGER.starts(4096, None), "the writer rests");
+        let never = Linger {
+            max_wait: Duration::ZERO,
+            ..LINGER
+        };
+        assert!(
+            !never.starts(4096, Some(ms(500))),
+            "a zero wait never lingers"
+        );
+        let always = Linger {
+            after: 0,
+            busy_for: Duration::ZERO,
+            ..LINGER
+        };
+        assert!(always.starts(0, None), "the last batch alone decides");
+    }
+
+    #[test]
+    fn a_lingering_batch_naps_a_tick_at_a_time_until_its_time_is_up_or_nothing_comes() {
+        let us = Duration::from_micros;
+        assert_eq!(LINGER.nap(us(0), 0), Some(TICK), "a tick at most");
+        assert_eq!(
+            LINGER.nap(us(900), 0),
+            Some(us(100)),
+            "what is left of the wait"
+        );
+        assert_eq!(LINGER.nap(us(1000), 0), None, "the wait is over");
+        assert_eq!(LINGER.nap(us(5000), 0), None);
+        assert_eq!(
+            LINGER.nap(us(200), 1),
+            Some(TICK),
+            "one nap brought nothing"
+        );
+        assert_eq!(LINGER.nap(us(400), EMPTY_NAPS), None, "two in a row end it");
     }
 }

@@ -164,3 +164,152 @@ fn a_snapshot_held_elsewhere_does_not_keep_the_file_from_reopening() {
     assert!(matches!(store.snapshot(), Err(crate::Error::Closed)));
     reopened.close();
 }
+
+/// A store whose writer, busy once its last batch held `linger_after` operations or more (and it
+/// has had work for `busy_for`), lets a batch linger for up to a minute while operations keep
+/// coming, and commits two operations at most at once.
+fn lingering_after(
+    dir: &std::path::Path,
+    linger_after: usize,
+    busy_for: std::time::Duration,
+) -> Arc<RedbStore> {
+    let mut config = Config::new(dir.join("store.redb"));
+    config.clock = Arc::new(|| agenthost_model::Timestamp(1_700_000_000_000));
+    config.max_batch = 2;
+    config.max_wait = std::time::Duration::from_secs(60);
+    config.linger_after = linger_after;
+    config.busy_for = busy_for;
+    Arc::new(RedbStore::open(config).expect("store opens"))
+}
+
+/// [`lingering_after`], busy on the size of the last batch alone.
+fn lingering(dir: &std::path::Path, linger_after: usize) -> Arc<RedbStore> {
+    lingering_after(dir, linger_after, std::time::Duration::ZERO)
+}
+
+/// Admits `id` to `session` on a task of its own.
+fn admit_later(
+    store: &Arc<RedbStore>,
+    session: &SessionId,
+    id: &str,
+) -> tokio::task::JoinHandle<Result<Receipt>> {
+    let (store, session, id) = (store.clone(), session.clone(), mid(id));
+    tokio::spawn(async move { store.admit(admission(&session, &id, "hello")).await })
+}
+
+/// Far below the linger of [`lingering`]: what finishes within it did not wait the linger out.
+const LONG: std::time::Duration = std::time::Duration::from_secs(30);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_writer_commits_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = lingering(dir.path(), 8);
+    let s = sid("quiet");
+    store
+        .create_session(new_session(&s))
+        .await
+        .expect("created");
+    let admitted = tokio::time::timeout(LONG, admit_later(&store, &s, "alone"))
+        .await
+        .expect("a batch after a small one does not linger");
+    admitted.expect("task").expect("admitted");
+    assert_eq!(store.stats().commits.get(), 2);
+    assert_eq!(store.stats().lingered.get(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_that_has_not_worked_long_enough_commits_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = lingering_after(dir.path(), 1, std::time::Duration::from_secs(60));
+    let s = sid("burst");
+    store
+        .create_session(new_session(&s))
+        .await
+        .expect("created");
+    for i in 0..3 {
+        let admitted = tokio::time::timeout(LONG, admit_later(&store, &s, &format!("m{i}")))
+            .await
+            .expect("a short burst does not linger");
+        admitted.expect("task").expect("admitted");
+    }
+    assert_eq!(store.stats().lingered.get(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_writer_stops_lingering_when_nothing_more_comes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = lingering(dir.path(), 1);
+    let s = sid("busy");
+    // A batch of one: the writer is busy from now on.
+    store
+        .create_session(new_session(&s))
+        .await
+        .expect("created");
+    let admitted = tokio::time::timeout(LONG, admit_later(&store, &s, "alone"))
+        .await
+        .expect("a linger that brings nothing ends");
+    admitted.expect("task").expect("admitted");
+    assert_eq!(store.stats().commits.get(), 2);
+    assert_eq!(store.stats().lingered.get(), 1, "the batch lingered");
+
+    let admitted = tokio::time::timeout(LONG, admit_later(&store, &s, "next"))
+        .await
+        .expect("admitted");
+    admitted.expect("task").expect("admitted");
+    assert_eq!(
+        store.stats().lingered.get(),
+        1,
+        "a linger that brought nothing pauses lingering"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lingering_batch_that_fills_up_commits_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = lingering(dir.path(), 1);
+    let s = sid("full");
+    store
+        .create_session(new_session(&s))
+        .await
+        .expect("created");
+    // Two at a time fill a batch; six keep coming, one after another.
+    let admissions: Vec<_> = (0..6)
+        .map(|i| admit_later(&store, &s, &format!("m{i}")))
+        .collect();
+    let answers = tokio::time::timeout(LONG, futures::future::join_all(admissions))
+        .await
+        .expect("full batches do not wait out the linger");
+    for answer in answers {
+        answer.expect("task").expect("admitted");
+    }
+    let stats = store.stats();
+    assert!(stats.commits.get() <= 7, "{} commits", stats.commits.get());
+    assert_eq!(stats.ops.get(), 7);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_commits_a_lingering_batch() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = lingering(dir.path(), 1);
+    let s = sid("closing");
+    store
+        .create_session(new_session(&s))
+        .await
+        .expect("created");
+    let last = admit_later(&store, &s, "last");
+    let closing = store.clone();
+    tokio::task::spawn_blocking(move || closing.close())
+        .await
+        .expect("closed");
+    let receipt = tokio::time::timeout(LONG, last)
+        .await
+        .expect("closing does not wait out the linger")
+        .expect("task")
+        .expect("what was queued at close is committed");
+    let reopened = open(dir.path());
+    let entry = reopened.snapshot().expect("snapshot").index(&receipt.id);
+    assert!(
+        matches!(entry, Ok(Some(IndexEntry::Prompt { .. }))),
+        "the admission is durable: {entry:?}"
+    );
+}
