@@ -200,19 +200,37 @@ fn admit_later(
 /// Far below the linger of [`lingering`]: what finishes within it did not wait the linger out.
 const LONG: std::time::Duration = std::time::Duration::from_secs(30);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_quiet_writer_commits_at_once() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = lingering(dir.path(), 8);
-    let s = sid("quiet");
+/// A new session `name` in `store`.
+async fn session_in(store: &Arc<RedbStore>, name: &str) -> SessionId {
+    let s = sid(name);
     store
         .create_session(new_session(&s))
         .await
         .expect("created");
-    let admitted = tokio::time::timeout(LONG, admit_later(&store, &s, "alone"))
+    s
+}
+
+/// Admits `id` to `session` well within [`LONG`], or fails saying `why` it should have been.
+async fn admit_in_time(store: &Arc<RedbStore>, session: &SessionId, id: &str, why: &str) {
+    tokio::time::timeout(LONG, admit_later(store, session, id))
         .await
-        .expect("a batch after a small one does not linger");
-    admitted.expect("task").expect("admitted");
+        .expect(why)
+        .expect("task")
+        .expect("admitted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_writer_commits_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = lingering(dir.path(), 8);
+    let s = session_in(&store, "quiet").await;
+    admit_in_time(
+        &store,
+        &s,
+        "alone",
+        "a batch after a small one does not linger",
+    )
+    .await;
     assert_eq!(store.stats().commits.get(), 2);
     assert_eq!(store.stats().lingered.get(), 0);
 }
@@ -221,16 +239,15 @@ async fn a_quiet_writer_commits_at_once() {
 async fn a_writer_that_has_not_worked_long_enough_commits_at_once() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = lingering_after(dir.path(), 1, std::time::Duration::from_secs(60));
-    let s = sid("burst");
-    store
-        .create_session(new_session(&s))
-        .await
-        .expect("created");
+    let s = session_in(&store, "burst").await;
     for i in 0..3 {
-        let admitted = tokio::time::timeout(LONG, admit_later(&store, &s, &format!("m{i}")))
-            .await
-            .expect("a short burst does not linger");
-        admitted.expect("task").expect("admitted");
+        admit_in_time(
+            &store,
+            &s,
+            &format!("m{i}"),
+            "a short burst does not linger",
+        )
+        .await;
     }
     assert_eq!(store.stats().lingered.get(), 0);
 }
@@ -239,23 +256,13 @@ async fn a_writer_that_has_not_worked_long_enough_commits_at_once() {
 async fn a_busy_writer_stops_lingering_when_nothing_more_comes() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = lingering(dir.path(), 1);
-    let s = sid("busy");
     // A batch of one: the writer is busy from now on.
-    store
-        .create_session(new_session(&s))
-        .await
-        .expect("created");
-    let admitted = tokio::time::timeout(LONG, admit_later(&store, &s, "alone"))
-        .await
-        .expect("a linger that brings nothing ends");
-    admitted.expect("task").expect("admitted");
+    let s = session_in(&store, "busy").await;
+    admit_in_time(&store, &s, "alone", "a linger that brings nothing ends").await;
     assert_eq!(store.stats().commits.get(), 2);
     assert_eq!(store.stats().lingered.get(), 1, "the batch lingered");
 
-    let admitted = tokio::time::timeout(LONG, admit_later(&store, &s, "next"))
-        .await
-        .expect("admitted");
-    admitted.expect("task").expect("admitted");
+    admit_in_time(&store, &s, "next", "a paused linger does not wait").await;
     assert_eq!(
         store.stats().lingered.get(),
         1,
@@ -267,11 +274,7 @@ async fn a_busy_writer_stops_lingering_when_nothing_more_comes() {
 async fn a_lingering_batch_that_fills_up_commits_at_once() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = lingering(dir.path(), 1);
-    let s = sid("full");
-    store
-        .create_session(new_session(&s))
-        .await
-        .expect("created");
+    let s = session_in(&store, "full").await;
     // Two at a time fill a batch; six keep coming, one after another.
     let admissions: Vec<_> = (0..6)
         .map(|i| admit_later(&store, &s, &format!("m{i}")))
@@ -291,11 +294,7 @@ async fn a_lingering_batch_that_fills_up_commits_at_once() {
 async fn closing_commits_a_lingering_batch() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = lingering(dir.path(), 1);
-    let s = sid("closing");
-    store
-        .create_session(new_session(&s))
-        .await
-        .expect("created");
+    let s = session_in(&store, "closing").await;
     let last = admit_later(&store, &s, "last");
     let closing = store.clone();
     tokio::task::spawn_blocking(move || closing.close())
