@@ -506,20 +506,24 @@ impl Planner {
                 continue;
             }
             if linger {
-                let now = replies.len();
+                let size = replies.len();
                 let state = lingering.get_or_insert_with(|| {
                     self.stats.lingered.inc();
                     Lingering {
                         since: Instant::now(),
-                        first: now,
+                        first: size,
                         seen: 0,
                         empty: 0,
                     }
                 });
-                state.empty = if now > state.seen { 0 } else { state.empty + 1 };
-                state.seen = now;
+                state.empty = if size > state.seen {
+                    0
+                } else {
+                    state.empty + 1
+                };
+                state.seen = size;
                 let Some(nap) = self.linger.nap(state.since.elapsed(), state.empty) else {
-                    if now == state.first {
+                    if size == state.first {
                         flow.linger_pause = DRY_PAUSE;
                     }
                     return tables.finish(fold).map_err(|e| Failure::of(&e));
