@@ -271,17 +271,17 @@ async fn a_busy_writer_stops_lingering_when_nothing_more_comes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lingering_batch_that_fills_up_commits_at_once() {
+async fn admissions_filling_batches_while_the_writer_lingers_are_all_committed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = lingering(dir.path(), 1);
     let s = session_in(&store, "full").await;
-    // Two at a time fill a batch; six keep coming, one after another.
+    // Two fill a batch; six come at once, on a writer that lingers after every batch.
     let admissions: Vec<_> = (0..6)
         .map(|i| admit_later(&store, &s, &format!("m{i}")))
         .collect();
     let answers = tokio::time::timeout(LONG, futures::future::join_all(admissions))
         .await
-        .expect("full batches do not wait out the linger");
+        .expect("no batch waits out the linger");
     for answer in answers {
         answer.expect("task").expect("admitted");
     }
@@ -291,7 +291,7 @@ async fn a_lingering_batch_that_fills_up_commits_at_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn closing_commits_a_lingering_batch() {
+async fn closing_while_the_writer_lingers_commits_what_was_queued() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = lingering(dir.path(), 1);
     let s = session_in(&store, "closing").await;
@@ -302,7 +302,7 @@ async fn closing_commits_a_lingering_batch() {
         .expect("closed");
     let receipt = tokio::time::timeout(LONG, last)
         .await
-        .expect("closing does not wait out the linger")
+        .expect("closing does not wait out a linger")
         .expect("task")
         .expect("what was queued at close is committed");
     let reopened = open(dir.path());
