@@ -73,6 +73,16 @@ impl Course {
         }
     }
 
+    /// The course of a drain that recovered a claim and owes a call at step `step`. Its first
+    /// boundary is the one recovery names: a continuation unless only new input is owed, so a
+    /// queued input never joins an exchange a stop cut.
+    pub(crate) fn recovered(step: u32, boundary: Boundary) -> Course {
+        Course {
+            continuation: boundary == Boundary::Continuation,
+            ..Course::new(false, true, step)
+        }
+    }
+
     pub(crate) fn at_boundary(&self, cancelled: bool) -> AtBoundary {
         if cancelled {
             return AtBoundary::Stop {
@@ -210,6 +220,29 @@ mod tests {
         let (ran, outcome, _) = drive(Course::new(false, true, 3), vec![], vec![ANSWER]);
         assert_eq!(ran, [3]);
         assert_eq!(outcome, Some(Outcome::Completed { steps: 1 }));
+    }
+
+    #[test]
+    fn a_recovered_exchange_runs_before_new_exchanges_at_the_step_recovery_names() {
+        let mut course = Course::recovered(3, Boundary::Continuation);
+        assert_eq!(
+            course.at_boundary(false),
+            AtBoundary::Promote(Boundary::Continuation),
+            "a queued input waits"
+        );
+        assert_eq!(course.promoted(false), AfterPromotion::Step(3));
+        assert_eq!(course.stepped(ANSWER), AfterStep::Continue);
+        assert_eq!(
+            course.at_boundary(false),
+            AtBoundary::Promote(Boundary::Idle),
+            "then the session would go idle: a queued input may start"
+        );
+        // Only new input owed: the first boundary is already idle.
+        let course = Course::recovered(1, Boundary::Idle);
+        assert_eq!(
+            course.at_boundary(false),
+            AtBoundary::Promote(Boundary::Idle)
+        );
     }
 
     #[test]

@@ -228,7 +228,10 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
                     reason,
                 });
             }
-            Recovered::Owes { next_step } => Course::new(false, true, next_step),
+            Recovered::Owes {
+                next_step,
+                boundary,
+            } => Course::recovered(next_step, boundary),
             Recovered::Answered => Course::new(false, d.forced, 1),
         },
     };

@@ -3,6 +3,7 @@
 //! idempotent tools again, failing the rest, and the one restart note.
 
 use agenthost_model::owed::{self, Owed, Policy, Why};
+use agenthost_model::promotion::Boundary;
 use agenthost_model::{Event, Message, MessageId, ToolPart};
 use futures::FutureExt;
 
@@ -20,8 +21,9 @@ pub const STOPPED_TOOL: &str = "the process stopped while this tool ran; it may 
 pub(crate) enum Recovered {
     /// Too many recoveries in a row without progress: the session is failed and halted.
     GaveUp(String),
-    /// A model call is owed; the drain runs `next_step` next.
-    Owes { next_step: u32 },
+    /// A model call is owed; the drain runs `next_step` next, promoting at `boundary` first (a
+    /// queued input waits out an exchange the stop cut).
+    Owes { next_step: u32, boundary: Boundary },
     /// Nothing is owed: the drain settles.
     Answered,
 }
@@ -103,7 +105,10 @@ pub(crate) async fn recover(d: &Drain, row: &agenthost_model::SessionRow) -> Res
         (Why::CutStep | Why::PendingRetry | Why::Compaction, Some(step)) => step,
         _ => 1,
     };
-    Ok(Recovered::Owes { next_step })
+    Ok(Recovered::Owes {
+        next_step,
+        boundary: why.boundary(),
+    })
 }
 
 /// The limits [`agenthost_model::owed`] applies to this session.

@@ -8,7 +8,8 @@
 //! invalid-JSON and last-step calls fail without running; identical duplicates run once), each
 //! settles as it finishes, and `StepEnded` carries usage and cost, which the projector adds to the
 //! session totals exactly there. An interrupt keeps partial output (incomplete), fails running
-//! tools "interrupted" and records exactly one `StepFailed { Aborted }`.
+//! tools "interrupted" (a shutdown leaves them to recovery) and records exactly one
+//! `StepFailed { Aborted }`.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -18,7 +19,9 @@ use std::time::Duration;
 
 use agenthost_llm as llm;
 use agenthost_model::history::Mode;
-use agenthost_model::{Event, FailureKind, Finish, InboxRow, Message, MessageId, StepError, Usage};
+use agenthost_model::{
+    Event, FailureKind, Finish, InboxRow, InterruptReason, Message, MessageId, StepError, Usage,
+};
 use futures::StreamExt;
 use futures::future::FutureExt;
 use tokio::task::JoinSet;
@@ -534,12 +537,19 @@ pub(crate) fn cost(usage: &llm::Usage, price: &Price) -> Usage {
     }
 }
 
-/// Settles an interrupted step: partial output kept as incomplete, unsettled tools failed
-/// "interrupted", exactly one `StepFailed`.
+/// Settles an interrupted step: partial output kept as incomplete, exactly one `StepFailed`, and
+/// after a user interrupt unsettled tools failed "interrupted". A shutdown knows no more than a
+/// crash about a tool it cut, so it leaves the call open: recovery settles it as after a crash
+/// (an idempotent tool runs again with the same key, any other is reported to the model as
+/// "may or may not have taken effect").
 async fn abort(d: &Drain, message: &MessageId, a: &mut Attempt) -> Result<StepEnd> {
     // The snapshot below must see every tool call this step submitted.
     d.flush().await?;
     a.flush_partials(d, message).await?;
+    if d.cancel.reason() == InterruptReason::Shutdown {
+        d.append(vec![aborted(message)]).await?;
+        return Ok(StepEnd::Interrupted);
+    }
     let snap = d.shared.store.snapshot()?;
     let running: Vec<String> = snap
         .history(&d.session, Mode::All)?
@@ -560,15 +570,19 @@ async fn abort(d: &Drain, message: &MessageId, a: &mut Attempt) -> Result<StepEn
             error: "interrupted".into(),
         })
         .collect();
-    events.push(Event::StepFailed {
+    events.push(aborted(message));
+    d.append(events).await?;
+    Ok(StepEnd::Interrupted)
+}
+
+fn aborted(message: &MessageId) -> Event {
+    Event::StepFailed {
         id: message.clone(),
         error: StepError {
             kind: FailureKind::Aborted,
             message: "aborted".into(),
         },
-    });
-    d.append(events).await?;
-    Ok(StepEnd::Interrupted)
+    }
 }
 
 /// What one attempt's stream produced so far.

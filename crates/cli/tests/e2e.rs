@@ -13,6 +13,10 @@ use serde_json::{Value, json};
 
 #[path = "e2e/cluster.rs"]
 mod cluster;
+#[path = "e2e/laws.rs"]
+mod laws;
+#[path = "e2e/wire.rs"]
+mod wire;
 
 const BIN: &str = env!("CARGO_BIN_EXE_agenthost");
 /// The longest any single wait in these tests may take.

@@ -19,6 +19,7 @@
 use crate::event::{Event, FailureKind, StepError};
 use crate::ids::MessageId;
 use crate::message::{CompactionState, Finish, Message, Part, SessionRow, ToolPart};
+use crate::promotion::Boundary;
 
 /// Limits the decision applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,8 +46,10 @@ pub enum Owed {
 /// Why a model call is owed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Why {
-    /// Input is pending, or a user message has no answer yet.
+    /// Input is pending and no exchange is in progress.
     NewInput,
+    /// A promoted user message has no answer yet.
+    Unanswered,
     /// A step called tools and their results wait for the model.
     ToolResults,
     /// A step was cut by a crash or a shutdown before it settled.
@@ -60,6 +63,23 @@ pub enum Why {
 impl Owed {
     pub fn is_call(&self) -> bool {
         matches!(self, Owed::Call(_))
+    }
+}
+
+impl Why {
+    /// The boundary the call's drain promotes at. Pending input alone starts a new exchange
+    /// (`Idle`: steers, or else one queued input). Anything else continues the exchange a stop
+    /// cut, which a queued input waits out however the stop came (`Continuation`: only steers
+    /// join, as they would have joined the live exchange).
+    pub fn boundary(self) -> Boundary {
+        match self {
+            Why::NewInput => Boundary::Idle,
+            Why::Unanswered
+            | Why::ToolResults
+            | Why::CutStep
+            | Why::PendingRetry
+            | Why::Compaction => Boundary::Continuation,
+        }
     }
 }
 
@@ -112,7 +132,7 @@ pub fn turn(messages: &[Message], claimed: bool, max_steps: u32) -> Option<Why> 
     });
     let why = match last {
         None => None,
-        Some(None) => Some(Why::NewInput),
+        Some(None) => Some(Why::Unanswered),
         Some(Some(a)) => match (&a.finish, &a.error) {
             // Unsettled: the process stopped while the model streamed or tools ran.
             (None, None) => Some(Why::CutStep),
@@ -218,7 +238,7 @@ mod tests {
     use crate::event::{InterruptReason, Stored};
     use crate::ids::{Seq, SessionId, Timestamp};
     use crate::memory::Projections;
-    use crate::message::Usage;
+    use crate::message::{InboxRow, Usage};
     use crate::prompt::{Delivery, Prompt};
 
     const POLICY: Policy = Policy {
@@ -231,7 +251,8 @@ mod tests {
     struct Log {
         events: Vec<Event>,
         minted: u64,
-        pending: Vec<MessageId>,
+        /// Inputs admitted and not promoted, in admission order.
+        pending: Vec<(MessageId, Delivery)>,
     }
 
     impl Log {
@@ -245,13 +266,52 @@ mod tests {
         }
 
         fn admit(&mut self) {
+            self.admit_as(Delivery::Steer);
+        }
+
+        fn admit_as(&mut self, delivery: Delivery) {
             let id = self.id();
-            self.pending.push(id.clone());
+            self.pending.push((id.clone(), delivery));
             self.push([Event::PromptAdmitted {
                 id,
-                delivery: Delivery::Steer,
+                delivery,
                 prompt: Prompt::text("task"),
             }]);
+        }
+
+        /// Promotes what `boundary` selects, as the runtime does; whether it promoted anything.
+        fn promote(&mut self, boundary: Boundary) -> bool {
+            let inbox: Vec<InboxRow> = self
+                .pending
+                .iter()
+                .enumerate()
+                .map(|(n, (id, delivery))| InboxRow {
+                    id: id.clone(),
+                    admitted_seq: Seq(n as u64),
+                    delivery: *delivery,
+                    prompt: Prompt::text("task"),
+                })
+                .collect();
+            let selected = crate::promotion::select(&inbox, boundary);
+            self.pending.retain(|(id, _)| !selected.contains(id));
+            let promoted = !selected.is_empty();
+            self.push(selected.into_iter().map(|id| Event::PromptPromoted { id }));
+            promoted
+        }
+
+        /// A step that answers with text.
+        fn answer(&mut self) {
+            let a = self.start(1);
+            self.text(&a, false);
+            self.end(&a, Finish::Stop);
+        }
+
+        /// What a drain does once its exchange is answered: each idle boundary promotes (steers,
+        /// or one queued input) and answers, until nothing is pending.
+        fn answer_the_rest(&mut self) {
+            while self.promote(Boundary::Idle) {
+                self.answer();
+            }
         }
 
         fn start(&mut self, step: u32) -> MessageId {
@@ -310,8 +370,7 @@ mod tests {
         /// One whole drain of the given shape.
         fn drain(&mut self, shape: Shape) {
             self.push([Event::ExecutionStarted { forced: false }]);
-            let promoted: Vec<_> = std::mem::take(&mut self.pending);
-            self.push(promoted.into_iter().map(|id| Event::PromptPromoted { id }));
+            self.promote(Boundary::Idle);
             match shape {
                 Shape::Text => {
                     let a = self.start(1);
@@ -426,11 +485,10 @@ mod tests {
                     self.end(&a, Finish::ContentFilter);
                 }
             }
+            self.answer_the_rest();
             self.push([Event::ExecutionSucceeded]);
         }
 
-        /// A drain cut after `at` of its events by a user interrupt or a shutdown: what the
-        /// drain writes when cancelled.
         /// The events a whole drain of `shape` would write from here, in a scratch log.
         fn whole(&self, shape: Shape) -> Log {
             let mut whole = Log {
@@ -442,6 +500,8 @@ mod tests {
             whole
         }
 
+        /// A drain cut after `at` of its events by a user interrupt or a shutdown: what the
+        /// drain writes when cancelled (a shutdown leaves running tools to recovery).
         fn cut(&mut self, shape: Shape, at: usize, reason: InterruptReason) {
             let whole = self.whole(shape);
             let at = at % whole.events.len();
@@ -456,16 +516,23 @@ mod tests {
             }
             self.minted = whole.minted;
             self.pending.clear();
-            self.pending
-                .extend(state.pending(&session).into_iter().map(|i| i.id));
+            self.pending.extend(
+                state
+                    .pending(&session)
+                    .into_iter()
+                    .map(|i| (i.id, i.delivery)),
+            );
             let row = &state.sessions[&session];
             if row.claim.is_none() {
                 // Cut before the drain took the claim (or after it let it go): nothing to write.
                 return;
             }
             let left = leftovers(&state.session_messages(&session));
-            let mut events: Vec<Event> = left
-                .tools
+            let tools = match reason {
+                InterruptReason::User => &left.tools[..],
+                InterruptReason::Shutdown => &[],
+            };
+            let mut events: Vec<Event> = tools
                 .iter()
                 .map(|(id, t)| Event::ToolFailed {
                     id: id.clone(),
@@ -493,7 +560,11 @@ mod tests {
             self.minted = whole.minted;
             let state = self.replay();
             let session = session();
-            self.pending = state.pending(&session).into_iter().map(|i| i.id).collect();
+            self.pending = state
+                .pending(&session)
+                .into_iter()
+                .map(|i| (i.id, i.delivery))
+                .collect();
             self.recover(&state);
         }
 
@@ -526,7 +597,7 @@ mod tests {
                     },
                     Event::ExecutionSucceeded,
                 ]),
-                Owed::Call(_) => {
+                Owed::Call(why) => {
                     self.push([
                         Event::ExecutionStarted { forced: false },
                         Event::RecoveryAttempted {
@@ -534,11 +605,9 @@ mod tests {
                         },
                     ]);
                     self.push(close(&leftovers(&messages), "stopped"));
-                    let promoted: Vec<_> = std::mem::take(&mut self.pending);
-                    self.push(promoted.into_iter().map(|id| Event::PromptPromoted { id }));
-                    let a = self.start(1);
-                    self.text(&a, false);
-                    self.end(&a, Finish::Stop);
+                    self.promote(why.boundary());
+                    self.answer();
+                    self.answer_the_rest();
                     self.push([Event::ExecutionSucceeded]);
                 }
             }
@@ -591,48 +660,83 @@ mod tests {
         )
     }
 
-    /// The reference: which admitted inputs are still owed an answer, read straight off the log.
-    /// An input is answered by a step that ends without tool calls to continue from, and
-    /// explicitly failed by a failed execution or a user interrupt.
-    fn unanswered(events: &[Event]) -> bool {
-        let mut pending = 0usize;
-        let mut open = false;
-        let mut halted = false;
-        let mut called: std::collections::HashMap<MessageId, (u32, bool)> = Default::default();
-        for event in events {
+    /// The reference, read straight off the log: inputs pending, whether an exchange is open (a
+    /// promoted input not yet answered: answered by a step that ends without tool calls to
+    /// continue from, ended by a failed execution or a user interrupt), and a halt.
+    #[derive(Default)]
+    struct Reference {
+        pending: usize,
+        open: bool,
+        halted: bool,
+        called: std::collections::HashMap<MessageId, (u32, bool)>,
+        queued: std::collections::HashSet<MessageId>,
+    }
+
+    impl Reference {
+        fn apply(&mut self, event: &Event) {
             match event {
-                Event::PromptAdmitted { .. } => pending += 1,
+                Event::PromptAdmitted { id, delivery, .. } => {
+                    self.pending += 1;
+                    if *delivery == Delivery::Queue {
+                        self.queued.insert(id.clone());
+                    }
+                }
                 Event::PromptPromoted { .. } => {
-                    pending -= 1;
-                    open = true;
+                    self.pending -= 1;
+                    self.open = true;
                 }
                 Event::StepStarted { id, step, .. } => {
-                    called.insert(id.clone(), (*step, false));
+                    self.called.insert(id.clone(), (*step, false));
                 }
                 Event::ToolCalled { id, .. } => {
-                    called.get_mut(id).expect("started").1 = true;
+                    self.called.get_mut(id).expect("started").1 = true;
                 }
                 Event::StepEnded { id, finish, .. } => {
-                    let (step, tools) = called[id];
+                    let (step, tools) = self.called[id];
                     let continues = tools
                         && step < POLICY.max_steps
                         && !matches!(finish, Finish::ContentFilter);
                     if !continues {
-                        open = false;
+                        self.open = false;
                     }
                 }
-                Event::ExecutionFailed { halted: h, .. } => {
-                    open = false;
-                    halted |= *h;
+                Event::ExecutionFailed { halted, .. } => {
+                    self.open = false;
+                    self.halted |= *halted;
                 }
                 Event::ExecutionInterrupted {
                     reason: InterruptReason::User,
-                } => open = false,
-                Event::ExecutionStarted { .. } => halted = false,
+                } => self.open = false,
+                Event::ExecutionStarted { .. } => self.halted = false,
                 _ => {}
             }
         }
-        !halted && (open || pending > 0)
+
+        fn unanswered(&self) -> bool {
+            !self.halted && (self.open || self.pending > 0)
+        }
+    }
+
+    fn unanswered(events: &[Event]) -> bool {
+        let mut reference = Reference::default();
+        events.iter().for_each(|e| reference.apply(e));
+        reference.unanswered()
+    }
+
+    /// The queue law: a queued input is promoted only when no exchange is open, however the last
+    /// process stopped. `Err` names the event that broke it.
+    fn queue_waits_for_the_open_exchange(events: &[Event]) -> Result<(), usize> {
+        let mut reference = Reference::default();
+        for (n, event) in events.iter().enumerate() {
+            if let Event::PromptPromoted { id } = event
+                && reference.queued.contains(id)
+                && reference.open
+            {
+                return Err(n);
+            }
+            reference.apply(event);
+        }
+        Ok(())
     }
 
     #[derive(Debug, Clone, Copy)]
@@ -650,7 +754,7 @@ mod tests {
 
     #[derive(Debug, Clone, Copy)]
     enum Op {
-        Admit,
+        Admit(Delivery),
         Drain(Shape),
         Cut(Shape, usize, InterruptReason),
         Crash(Shape, usize),
@@ -673,7 +777,7 @@ mod tests {
     fn op() -> impl Strategy<Value = Op> {
         let reason = prop_oneof![Just(InterruptReason::User), Just(InterruptReason::Shutdown)];
         prop_oneof![
-            2 => Just(Op::Admit),
+            2 => prop_oneof![Just(Delivery::Steer), Just(Delivery::Queue)].prop_map(Op::Admit),
             2 => shape().prop_map(Op::Drain),
             1 => (shape(), 0..40usize, reason).prop_map(|(s, at, r)| Op::Cut(s, at, r)),
             2 => (shape(), 0..40usize).prop_map(|(s, at)| Op::Crash(s, at)),
@@ -685,7 +789,7 @@ mod tests {
         for op in ops {
             let claimed = log.replay().sessions[&session()].claim.is_some();
             match *op {
-                Op::Admit => log.admit(),
+                Op::Admit(delivery) => log.admit_as(delivery),
                 // A new process recovers a claimed session before anything else runs it.
                 _ if claimed => {
                     let state = log.replay();
@@ -706,6 +810,9 @@ mod tests {
         #[test]
         fn owed_exactly_while_an_input_is_unanswered(ops in proptest::collection::vec(op(), 1..12)) {
             let log = build(&ops);
+            if let Err(n) = queue_waits_for_the_open_exchange(&log.events) {
+                prop_assert!(false, "event {n} promoted a queued input into an open exchange\n{:#?}", log.events);
+            }
             for end in 0..=log.events.len() {
                 let prefix = &log.events[..end];
                 let decision = decide(prefix);
@@ -761,9 +868,9 @@ mod tests {
         check(&log.events, Owed::Call(Why::NewInput));
         // A promoted input with no answer yet (the drain stopped right after promoting).
         log.push([Event::ExecutionStarted { forced: false }]);
-        let id = log.pending.pop().expect("admitted");
+        let (id, _) = log.pending.pop().expect("admitted");
         log.push([Event::PromptPromoted { id }]);
-        check(&log.events, Owed::Call(Why::NewInput));
+        check(&log.events, Owed::Call(Why::Unanswered));
     }
 
     /// The log of a drain that stopped after `take` of its events.
