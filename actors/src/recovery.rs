@@ -1,6 +1,7 @@
 //! The boot sweep: at start, find every session a previous process left with a claim or with
-//! pending input and wake it, with bounded concurrency (ARCHITECTURE.md, "Recovery: what a
-//! session owes").
+//! pending input that asked for a wake, and wake it, with bounded concurrency (ARCHITECTURE.md,
+//! "Recovery: what a session owes"). Input admitted with `resume: false` asked for none: it
+//! waits for a wake or a resume that comes for another reason, restart or not.
 //!
 //! The sweep only wakes. Counting the attempt, giving up past `max_attempts`, settling leftovers
 //! and the one note that the server restarted all happen in the session's own drain, inside its
@@ -150,13 +151,22 @@ impl Sweeps {
     }
 }
 
-/// Sessions this node owns that hold a claim or pending input.
+/// Sessions this node owns that hold a claim or pending input that asked for a wake.
 fn candidates(runtime: &Runtime) -> Result<BTreeSet<SessionId>> {
     let snap = runtime.snapshot()?;
     let mut found: BTreeSet<SessionId> = snap.claimed()?.into_iter().collect();
-    found.extend(snap.with_pending()?);
+    for session in snap.with_pending()? {
+        if !found.contains(&session) && asked_for_a_wake(&*snap, &session)? {
+            found.insert(session);
+        }
+    }
     found.retain(|s| runtime.owns(s));
     Ok(found)
+}
+
+/// Whether any pending input of `session` was admitted asking for a wake.
+fn asked_for_a_wake(snap: &dyn agenthost_store::Snapshot, session: &SessionId) -> Result<bool> {
+    Ok(snap.pending(session)?.iter().any(|input| input.wake))
 }
 
 /// In a cluster, follows this node's partitions: a partition taken (at a new epoch) gets the
@@ -213,7 +223,9 @@ async fn recover(runtime: &Runtime, session: &SessionId) -> Result<()> {
 }
 
 /// The lost-wake sweep: every `limits.wake_sweep`, wakes each session whose newest event has
-/// been the same admission since the previous sweep, with no drain of this process running it.
+/// been the same admission since the previous sweep, with no drain of this process running it,
+/// and with pending input that asked for a wake (a deferred input, `resume: false`, is left
+/// alone: it was never owed a wake).
 /// That is exactly an input admitted and never woken (its caller went away between the two); an
 /// admission whose wake is merely on its way (queued behind others, under load) is picked up by
 /// that wake before the next sweep, so it is not woken twice. A session that ran a drain since
@@ -274,8 +286,8 @@ impl Unwoken {
     }
 }
 
-/// Sessions with pending input, no drain in this process, and an admission as newest event,
-/// with that event's seq.
+/// Sessions with pending input that asked for a wake, no drain in this process, and an
+/// admission as newest event, with that event's seq.
 fn admitted_last(runtime: &Runtime) -> Result<Vec<(SessionId, Seq)>> {
     let snap = runtime.snapshot()?;
     let mut found = Vec::new();
@@ -293,6 +305,7 @@ fn admitted_last(runtime: &Runtime) -> Result<Vec<(SessionId, Seq)>> {
         if newest
             .first()
             .is_some_and(|e| matches!(e.event, agenthost_model::Event::PromptAdmitted { .. }))
+            && asked_for_a_wake(&*snap, &session)?
         {
             found.push((session, row.last_seq));
         }

@@ -225,7 +225,9 @@ impl Runtime {
         Ok(self.shared.store.create_session(new).await?)
     }
 
-    /// Admits a prompt durably, then wakes the session once when `resume` is set.
+    /// Admits a prompt durably, then wakes the session once when `resume` is set. Without
+    /// `resume` the input only waits: no sweep runs it on its own (the admission records that it
+    /// asked for no wake), and a wake or resume that comes for another reason promotes it.
     pub async fn prompt(&self, request: PromptRequest) -> Result<Receipt> {
         self.check_open()?;
         // The store checks the session, the id and the pending limit in the admission's own
@@ -236,6 +238,7 @@ impl Runtime {
             id,
             prompt: request.prompt,
             delivery: request.delivery,
+            wake: request.resume,
         };
         let receipt = self.shared.store.admit(admission).await?;
         for hook in &self.shared.hooks {

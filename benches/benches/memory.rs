@@ -252,6 +252,7 @@ async fn recovery(n: usize) {
                         id: MessageId::parse(&format!("msg_lost{i}")).expect("valid id"),
                         prompt: Prompt::text("finish this"),
                         delivery: Delivery::Steer,
+                        wake: true,
                     })
                     .await
                     .expect("admitted");

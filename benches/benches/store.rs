@@ -75,6 +75,7 @@ fn admissions(c: &mut Criterion) {
                                                 id,
                                                 prompt: Prompt::text("benchmark prompt"),
                                                 delivery: Delivery::Steer,
+                                                wake: true,
                                             };
                                             store.admit(admission).await.expect("admitted");
                                         }

@@ -90,6 +90,7 @@ fn main() {
                             id: mid,
                             prompt: Prompt::text("benchmark prompt"),
                             delivery: Delivery::Steer,
+                            wake: true,
                         };
                         store.admit(admission).await.expect("admitted");
                     }

@@ -114,6 +114,7 @@ fn main() {
                         id: MessageId::mint(system_clock(), entropy(i * 1_000_000 + n as usize)),
                         prompt: Prompt::text("work"),
                         delivery: Delivery::Queue,
+                        wake: true,
                     };
                     store.admit(admission).await.expect("admitted");
                     admitted.fetch_add(1, Ordering::Relaxed);

@@ -55,6 +55,7 @@ async fn fill(store: &RedbStore, s: &SessionId, messages: usize) {
                     id: prompt.clone(),
                     delivery: Delivery::Steer,
                     prompt: Prompt::text("go through every file in src/ and fix the lint errors"),
+                    wake: true,
                 },
                 Event::PromptPromoted { id: prompt },
             ],

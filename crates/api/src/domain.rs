@@ -223,6 +223,7 @@ impl From<&model::Stored> for Event {
                 id,
                 delivery,
                 prompt,
+                wake: _,
             } => EventBody::PromptAdmitted {
                 id: id.to_string(),
                 delivery: (*delivery).into(),
@@ -411,6 +412,7 @@ mod tests {
                 id: id.clone(),
                 delivery: model::Delivery::Queue,
                 prompt: Prompt::text("hi"),
+                wake: true,
             },
             E::PromptPromoted { id: id.clone() },
             E::InstructionsUpdated {

@@ -27,11 +27,14 @@ pub enum Event {
         model: Option<String>,
         title: Option<String>,
     },
-    /// Input recorded in the inbox, not yet visible to the model.
+    /// Input recorded in the inbox, not yet visible to the model. `wake`: the admission asked
+    /// for the input to run (`resume`, the default); without it the input only waits for a wake
+    /// or a resume that comes for another reason, and no sweep runs it on its own.
     PromptAdmitted {
         id: MessageId,
         delivery: Delivery,
         prompt: Prompt,
+        wake: bool,
     },
     /// The admitted input `id` becomes a user message at this event's seq.
     PromptPromoted {

@@ -86,6 +86,8 @@ pub struct InboxRow {
     pub admitted_seq: Seq,
     pub delivery: Delivery,
     pub prompt: Prompt,
+    /// Its admission asked for a wake (see `Event::PromptAdmitted`).
+    pub wake: bool,
 }
 
 /// Where a message id lives. Every id is unique across the whole store.

@@ -114,6 +114,22 @@ pub fn turn(messages: &[Message], claimed: bool, max_steps: u32) -> Option<Why> 
     if !claimed {
         return None;
     }
+    // A manual compaction takes its claim with its start and releases it with its end, in the
+    // same commits: a claim whose history holds one still running is that compaction's, and a
+    // stop during it owes nothing of the turn before it (which ended on its own terms).
+    let manual_compaction = messages.iter().any(|m| {
+        matches!(
+            m,
+            Message::Compaction {
+                auto: false,
+                state: CompactionState::Running,
+                ..
+            }
+        )
+    });
+    if manual_compaction {
+        return None;
+    }
     let cut_compaction = messages.iter().any(|m| {
         matches!(
             m,
@@ -276,6 +292,7 @@ mod tests {
                 id,
                 delivery,
                 prompt: Prompt::text("task"),
+                wake: true,
             }]);
         }
 
@@ -290,6 +307,7 @@ mod tests {
                     admitted_seq: Seq(n as u64),
                     delivery: *delivery,
                     prompt: Prompt::text("task"),
+                    wake: true,
                 })
                 .collect();
             let selected = crate::promotion::select(&inbox, boundary);
@@ -931,6 +949,34 @@ mod tests {
         check(&stopped(Shape::Compaction, 4), Owed::Call(Why::Compaction));
         let left = leftovers(&replay(&stopped(Shape::Compaction, 4)).session_messages(&session()));
         assert_eq!(left.compactions.len(), 1);
+    }
+
+    /// A stop during a manual compaction owes nothing of the turn before it, however that turn
+    /// ended (answered, interrupted by the user, failed): the claim was the compaction's.
+    #[test]
+    fn a_stop_during_a_manual_compaction_owes_only_pending_input() {
+        for ended in [Shape::Text, Shape::Failed] {
+            let mut log = drained(ended);
+            let c = log.id();
+            log.push([
+                Event::ExecutionStarted { forced: false },
+                Event::CompactionStarted { id: c, auto: false },
+            ]);
+            check(&log.events, Owed::Nothing);
+            let left = leftovers(&log.replay().session_messages(&session()));
+            assert_eq!(left.compactions.len(), 1, "closed by recovery");
+            log.admit();
+            check(&log.events, Owed::Call(Why::NewInput));
+        }
+        let mut log = Log::default();
+        log.admit();
+        log.cut(Shape::Text, 5, InterruptReason::User);
+        let c = log.id();
+        log.push([
+            Event::ExecutionStarted { forced: false },
+            Event::CompactionStarted { id: c, auto: false },
+        ]);
+        check(&log.events, Owed::Nothing);
     }
 
     #[test]

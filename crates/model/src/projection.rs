@@ -124,6 +124,7 @@ pub fn apply<P: Projection>(
             id,
             delivery,
             prompt,
+            wake,
         } => {
             fresh_id(p, id)?;
             row.pending += 1;
@@ -132,6 +133,7 @@ pub fn apply<P: Projection>(
                 admitted_seq: seq,
                 delivery: *delivery,
                 prompt: prompt.clone(),
+                wake: *wake,
             };
             p.put_inbox(session, inbox).map_err(be)?;
             let entry = IndexEntry::Prompt {

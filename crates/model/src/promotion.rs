@@ -49,6 +49,7 @@ mod tests {
             admitted_seq: Seq(n),
             delivery,
             prompt: Prompt::text(format!("p{n}")),
+            wake: true,
         }
     }
 

@@ -76,6 +76,7 @@ impl Generator {
                     Delivery::Steer
                 },
                 prompt: Prompt::text(format!("prompt {pick}")),
+                wake: pick % 5 != 0,
             },
             4..=6 => {
                 let pending = self.projections.pending(&session);

@@ -57,6 +57,7 @@ fn admission(s: &SessionId, id: &MessageId, text: &str, delivery: Delivery) -> A
         id: id.clone(),
         prompt: Prompt::text(text),
         delivery,
+        wake: true,
     }
 }
 

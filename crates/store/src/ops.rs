@@ -44,6 +44,10 @@ pub struct Admission {
     pub id: MessageId,
     pub prompt: Prompt,
     pub delivery: Delivery,
+    /// The admission asks for a wake (`resume`): a sweep wakes the session for this input if
+    /// the wake that follows the admission is lost. Not part of the input's identity: an exact
+    /// retry that differs only here returns the original receipt.
+    pub wake: bool,
 }
 
 /// Proof of admission. An exact retry returns a receipt equal to the original one.
@@ -226,6 +230,7 @@ fn admit(ov: &mut impl Rows, a: Admission, now: Timestamp, pending_limit: u32) -
         id: a.id.clone(),
         delivery: a.delivery,
         prompt: a.prompt,
+        wake: a.wake,
     };
     let admitted_seq = push(ov, &a.session, event, now)?;
     Ok(Receipt {

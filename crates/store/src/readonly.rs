@@ -117,7 +117,8 @@ impl ReadOnlyStore {
                 what: "format version".into(),
                 reason: format!("{} bytes instead of 2", value.value().len()),
             })?;
-        if found != FORMAT_VERSION {
+        // An older readable format reads as it is: its values decode with the current records.
+        if !(crate::codec::OLDEST_READABLE..=FORMAT_VERSION).contains(&found) {
             return Err(Error::FormatVersion {
                 found,
                 supported: FORMAT_VERSION,

@@ -121,11 +121,13 @@ pub(crate) fn inbox_row(session: &SessionId, stored: Stored) -> Result<InboxRow>
             id,
             delivery,
             prompt,
+            wake,
         } => Ok(InboxRow {
             id,
             admitted_seq: stored.seq,
             delivery,
             prompt,
+            wake,
         }),
         other => Err(Error::Corrupt {
             what: format!("pending input {session}/{}", stored.seq),

@@ -533,8 +533,18 @@ async fn admitted_input_whose_wake_never_ran_is_woken_by_the_sweep() {
     )
     .await;
     let s = h.session().await;
-    // Admitted without a wake, as when the caller goes away between the two.
-    h.admit(&s, "anyone?").await;
+    // Admitted asking for a wake that never comes, as when the caller goes away between the two.
+    h.runtime
+        .store()
+        .admit(agenthost_store::Admission {
+            session: s.clone(),
+            id: agenthost_model::MessageId::parse("msg_lost_wake").expect("id"),
+            prompt: agenthost_model::Prompt::text("anyone?"),
+            delivery: agenthost_model::Delivery::Steer,
+            wake: true,
+        })
+        .await
+        .expect("admitted");
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
     while h.count(&s, "execution_succeeded") == 0 {
         assert!(tokio::time::Instant::now() < deadline, "{:?}", h.kinds(&s));

@@ -312,6 +312,24 @@ async fn run(ops: Vec<Op>) {
             .await
             .expect("idle");
     }
+    // Recovery ran every input that asked for a wake; what it left pending was admitted with
+    // `resume: false` and waits for a wake that comes for another reason.
+    let snap = runtime.snapshot().expect("snapshot");
+    for s in &w.sessions {
+        let left = snap.pending(s).expect("pending");
+        assert!(
+            left.iter().all(|input| !input.wake),
+            "{s}: recovery left input that asked for a wake: {left:?}"
+        );
+    }
+    drop(snap);
+    for s in &w.sessions {
+        runtime.wake(s).await.expect("wake");
+        runtime
+            .wait_idle(s, Duration::from_secs(30))
+            .await
+            .expect("idle");
+    }
     let snap = runtime.snapshot().expect("snapshot");
     for s in &w.sessions {
         let row = snap.session(s).expect("read").expect("row");

@@ -350,6 +350,7 @@ async fn crashed_session(path: &Path, attempts: u32) -> SessionId {
             id: MessageId::parse("msg_lost").expect("id"),
             prompt: agenthost_model::Prompt::text("finish this"),
             delivery: agenthost_model::Delivery::Steer,
+            wake: true,
         })
         .await
         .expect("admitted");
@@ -975,6 +976,7 @@ async fn a_session_whose_agent_is_gone_fails_readably_once() {
                 id: MessageId::parse("msg_orphan").expect("id"),
                 prompt: agenthost_model::Prompt::text("hello?"),
                 delivery: agenthost_model::Delivery::Steer,
+                wake: true,
             })
             .await
             .expect("admitted");

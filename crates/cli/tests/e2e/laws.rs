@@ -28,6 +28,54 @@ async fn idle(http: &Http, session: &str) {
     assert_eq!(idle["data"]["idle"], true, "{idle}");
 }
 
+/// `resume: false` admits only: neither the lost-wake sweep nor a restart's boot sweep runs the
+/// input; an explicit resume does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferred_input_waits_for_a_resume_across_sweeps_and_restarts() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let wire = Wire::start(calls_tools_named_in_the_prompt(&[]), &[]).await;
+    // The lost-wake sweep every 50 ms: a deferred input it took for a lost wake would run at once.
+    let cfg = wire.config(d, &[], "wake_sweep_ms = 50");
+    let mut server = serve(d, "serve-1", &cfg);
+    let http = Http::new(&server.cached_url());
+    let s = http.session("default").await;
+    let admitted = http
+        .post(
+            &format!("/api/session/{s}/prompt"),
+            Some(json!({"text": "later", "resume": false})),
+        )
+        .await;
+    assert_eq!(admitted["data"]["admitted_seq"], 1, "{admitted}");
+    // Twenty sweeps.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(wire.requests().is_empty(), "{:#?}", wire.requests());
+    assert_eq!(
+        http.get(&format!("/api/session/{s}")).await["data"]["pending"],
+        1
+    );
+
+    server.signal("-TERM");
+    assert_eq!(server.wait_exit().code(), Some(0), "{}", server.log_text());
+    let server = serve(d, "serve-2", &cfg);
+    let http = Http::new(&server.cached_url());
+    idle(&http, &s).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(wire.requests().is_empty(), "{:#?}", wire.requests());
+    assert_eq!(
+        http.get(&format!("/api/session/{s}")).await["data"]["pending"],
+        1
+    );
+
+    let resumed = http
+        .post(&format!("/api/session/{s}/resume?wait=true"), None)
+        .await;
+    assert_eq!(resumed["data"], json!({"outcome": "completed", "steps": 1}));
+    let requests = wire.requests();
+    assert_eq!(requests.len(), 1, "{requests:#?}");
+    assert_eq!(last_user(&requests[0]), "later");
+}
+
 /// A queued follow-up waits until the session would otherwise go idle, recovery or not: after a
 /// SIGKILL while a tool ran, the first call answers the cut tool exchange without it, and the
 /// follow-up starts its own exchange after.

@@ -2,7 +2,7 @@
 //!
 //! **Records are the store's own, versioned types.** The store never encodes a model type: each
 //! persisted model type (events, messages, the session record, index entries, instruction state)
-//! implements [`Record`], which converts it to its record in the current format (`v3`) and back.
+//! implements [`Record`], which converts it to its record in the current format (`v4`) and back.
 //! A record mirrors its model type field for field as that type was when its format shipped,
 //! and never changes after; the conversions are written out by hand, so that a change to a model
 //! type fails to compile here instead of silently changing the bytes on disk.
@@ -12,7 +12,10 @@
 //! - A change of a record's shape (a new event variant, a new field, a new encoding) needs a
 //!   [`FORMAT_VERSION`] bump, a new `vN` module with the new records, an upgrade from the previous
 //!   version's records (opening an older store runs it), and its own golden file under
-//!   `testdata/` (the golden-file test in `tests/` fails until all of that is done).
+//!   `testdata/` (the golden-file test in `tests/` fails until all of that is done). A variant
+//!   appended to an enum is the cheapest change: bincode encodes a variant by its position, so
+//!   the older records decode with the new types as they are, and the upgrade is nothing more
+//!   (format 4 is format 3 so extended, see `v4`).
 //!
 //! Every value stored is `[FORMAT_VERSION as u16 little-endian][bincode 2 standard encoding]`,
 //! or, in the event log, a [`run`] of such records. bincode is named nowhere else in the crate.
@@ -23,6 +26,7 @@
 //! memory.
 
 mod v3;
+mod v4;
 
 use agenthost_model::{IndexEntry, InstructionState, Message, Stored};
 use serde::Serialize;
@@ -31,12 +35,14 @@ use serde::de::DeserializeOwned;
 use crate::error::{Error, Result};
 use crate::record::SessionRecord;
 
-/// The store format this build reads and writes: the first that shipped (versions 1 and 2 never
-/// did). A later format adds its upgrade from this one, and its own golden file.
-pub const FORMAT_VERSION: u16 = 3;
+/// The store format this build writes: 4, format 3 (the first that shipped; versions 1 and 2
+/// never did) with one event variant appended. A later format adds its upgrade from this one,
+/// and its own golden file.
+pub const FORMAT_VERSION: u16 = 4;
 
-/// The oldest format this build opens.
-pub const OLDEST_READABLE: u16 = FORMAT_VERSION;
+/// The oldest format this build opens: every format-3 value decodes with format 4's records
+/// (see `v4`), and opening such a store rewrites only its version.
+pub const OLDEST_READABLE: u16 = 3;
 
 /// The largest record decoded; larger length prefixes are treated as corruption.
 pub const MAX_RECORD: usize = 64 * 1024 * 1024;
@@ -57,16 +63,18 @@ pub(crate) trait Record: Sized + 'static {
 }
 
 impl Record for Stored {
-    type Stored<'a> = v3::Stored<'a>;
+    type Stored<'a> = v4::Stored<'a>;
 
-    fn to_stored(&self) -> v3::Stored<'_> {
+    fn to_stored(&self) -> v4::Stored<'_> {
         self.into()
     }
 
-    fn from_stored(stored: v3::Stored<'static>) -> Result<Self, agenthost_model::Error> {
+    fn from_stored(stored: v4::Stored<'static>) -> Result<Self, agenthost_model::Error> {
         stored.try_into()
     }
 }
+
+// The records below are format 3's, unchanged in format 4.
 
 impl Record for Message {
     type Stored<'a> = v3::Message<'a>;

@@ -145,11 +145,14 @@ fn events() -> Vec<Event> {
             id: mid("p1"),
             delivery: Delivery::Steer,
             prompt: prompt_with_files(),
+            wake: true,
         },
         Event::PromptAdmitted {
             id: mid("p2"),
             delivery: Delivery::Queue,
             prompt: Prompt::text("later"),
+            // Stored as format 4's appended record variant.
+            wake: false,
         },
         Event::PromptPromoted { id: mid("p1") },
         Event::InstructionsUpdated {

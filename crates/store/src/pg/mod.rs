@@ -290,6 +290,17 @@ fn init(client: &mut Client, config: &PgConfig) -> Result<()> {
                 .map_err(db)?;
             }
             Some(found) if found == *value => {}
+            // An older readable format: its values decode with the current records, so the
+            // upgrade rewrites only the version (nodes of the older build then refuse to start).
+            Some(found)
+                if *key == "format"
+                    && found.parse::<u16>().is_ok_and(|v| {
+                        (crate::codec::OLDEST_READABLE..crate::FORMAT_VERSION).contains(&v)
+                    }) =>
+            {
+                wait(txn.execute("UPDATE meta SET value = $2 WHERE key = $1", &[key, value]))
+                    .map_err(db)?;
+            }
             Some(found) => {
                 return Err(match *key {
                     "partitions" => Error::Storage(format!(

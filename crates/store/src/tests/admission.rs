@@ -159,6 +159,7 @@ async fn run(ops: Vec<Op>) {
                     id: id.clone(),
                     prompt: prompt.clone(),
                     delivery,
+                    wake: true,
                 };
                 let got = store.admit(a).await;
                 if !reference.next_seq.contains_key(&s) {

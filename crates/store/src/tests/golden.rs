@@ -37,10 +37,13 @@ pub(super) async fn scenario(store: &RedbStore) {
             }],
         },
         delivery: Delivery::Steer,
+        wake: true,
     };
     store.admit(with_file).await.expect("admitted");
     let mut queued = admission(&s, &mid("later"), "and then this");
     queued.delivery = Delivery::Queue;
+    // Deferred (`resume: false`): format 4's appended record variant.
+    queued.wake = false;
     store.admit(queued).await.expect("admitted");
     store
         .promote(s.clone(), Boundary::Idle)

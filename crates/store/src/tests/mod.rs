@@ -71,6 +71,7 @@ pub(crate) fn admission(session: &SessionId, id: &MessageId, text: &str) -> Admi
         id: id.clone(),
         prompt: Prompt::text(text),
         delivery: Delivery::Steer,
+        wake: true,
     }
 }
 

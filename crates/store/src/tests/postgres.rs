@@ -193,6 +193,7 @@ fn admission(
         id: super::mid(&format!("{name}{n}")),
         prompt: agenthost_model::Prompt::text("work"),
         delivery,
+        wake: true,
     }
 }
 
