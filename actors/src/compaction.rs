@@ -11,8 +11,9 @@
 //! the summary by the runtime. The summary call sends older history serialized as text (tool
 //! output cut, the oldest dropped with a marker to fit the model), follows the step's retry
 //! policy, shrinks its request on a context overflow, and a reply that breaks the template gets
-//! one reminder before the compaction fails (`summary`). Its text streams live as `summary`
-//! deltas of the compaction message.
+//! one reminder, after which it is kept marked as off the template (`summary`); only a reply
+//! with no text fails the compaction. Its text streams live as `summary` deltas of the
+//! compaction message.
 //!
 //! A manual compaction is an execution of its own: it takes the claim with `CompactionStarted`
 //! and releases it with the compaction's end, so a compaction a crash or a shutdown cut is found
@@ -146,8 +147,10 @@ struct Ask<'a> {
 }
 
 /// Asks for the summary until a reply follows the template: retryable failures back off as a
-/// step's do, an overflow halves the request, a reply off the template gets one reminder.
-/// `usage` sums every call's raw usage.
+/// step's do, an overflow halves the request, a reply off the template gets one reminder. Small
+/// and local models often ignore templates, and the turn must go on: a reply still off the
+/// template after the reminder is kept, marked as such ([`summary::off_template`]), and only a
+/// reply with no text at all fails the compaction. `usage` sums every call's raw usage.
 async fn summarize(
     d: &Drain,
     id: &MessageId,
@@ -182,10 +185,18 @@ async fn summarize(
                         reminded = Some((response.text, problem));
                         continue;
                     }
-                    (Err(problem), Some(_)) => {
-                        return Err(Error::Provider(llm::Error::invalid_output(format!(
-                            "the summary did not follow the template after a reminder: {problem}"
-                        ))));
+                    (Err(problem), Some((first, first_problem))) => {
+                        let (reply, problem) = match response.text.trim().is_empty() {
+                            false => (&response.text, &problem),
+                            true => (first, first_problem),
+                        };
+                        if reply.trim().is_empty() {
+                            return Err(Error::Provider(llm::Error::invalid_output(
+                                "the model answered the summary request with no text, twice",
+                            )));
+                        }
+                        tracing::warn!(session_id = %d.session, problem = %problem, "the summary does not follow the template after a reminder; kept as it is");
+                        return Ok(summary::off_template(reply, problem));
                     }
                 }
             }

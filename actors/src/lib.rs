@@ -54,5 +54,7 @@ pub use recovery::RESTART_NOTE;
 pub use runtime::{CreateSession, Extensions, PromptRequest, Runtime, ToolOutput};
 pub use settle::STOPPED_TOOL;
 pub use step::{CONTINUE_NOTE, CUT as TOOL_OUTPUT_CUT, MAX_STEP_OUTPUT};
-pub use summary::{SECTIONS as SUMMARY_SECTIONS, SUMMARY_REQUEST};
+pub use summary::{
+    OFF_TEMPLATE as SUMMARY_OFF_TEMPLATE, SECTIONS as SUMMARY_SECTIONS, SUMMARY_REQUEST,
+};
 pub use tools::{Call, Executor, Tool, Tools};

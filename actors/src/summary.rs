@@ -298,6 +298,15 @@ pub fn check(reply: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Opens a summary kept although it does not follow the template, so that whoever reads it (the
+/// model, an operator) knows which sections it may lack.
+pub const OFF_TEMPLATE: &str = "[This summary does not follow the requested template";
+
+/// A summary reply kept although it misses the template (`problem` says how), marked as such.
+pub fn off_template(reply: &str, problem: &str) -> String {
+    format!("{OFF_TEMPLATE}: {problem}.]\n\n{}", reply.trim())
+}
+
 /// What the model is told when its reply did not follow the template.
 pub fn reminder(problem: &str) -> String {
     format!(
