@@ -255,7 +255,9 @@ async fn call(
                     },
                 );
             }
-            collector.push(&event);
+            if let Err(error) = collector.push(&event) {
+                return Ok(Err(error));
+            }
         }
         Ok(collector.finish())
     };

@@ -253,14 +253,22 @@ pub struct Response {
     pub usage: Usage,
 }
 
+/// The most a collected response may hold (text, reasoning and tool inputs together), in bytes.
+/// Real answers are far below it; past it the provider is broken or hostile, and collecting
+/// fails with invalid output instead of growing without bound.
+pub const MAX_COLLECTED: usize = 8 * 1024 * 1024;
+
 /// Folds events into a [`Response`]; what [`crate::Provider::generate`] uses, exposed for
-/// callers that forward events and also want the summary.
+/// callers that forward events and also want the summary. Holds at most [`MAX_COLLECTED`] bytes
+/// of output.
 #[derive(Debug, Default)]
 pub struct Collector {
     response: Response,
     reasoning_open: Option<u32>,
     tools_open: Vec<(u32, ToolCall)>,
     finished: bool,
+    /// Bytes of output collected so far, against [`MAX_COLLECTED`].
+    collected: usize,
 }
 
 impl Collector {
@@ -269,8 +277,20 @@ impl Collector {
         Self::default()
     }
 
-    /// Folds one event in.
-    pub fn push(&mut self, event: &Event) {
+    /// Folds one event in; fails, keeping nothing of it, once the output would pass
+    /// [`MAX_COLLECTED`] (the caller then drops the stream, which cancels the call).
+    pub fn push(&mut self, event: &Event) -> Result<(), Error> {
+        if let Event::TextDelta { delta, .. }
+        | Event::ReasoningDelta { delta, .. }
+        | Event::ToolInputDelta { delta, .. } = event
+        {
+            self.collected = self.collected.saturating_add(delta.len());
+            if self.collected > MAX_COLLECTED {
+                return Err(Error::invalid_output(format!(
+                    "the response passed {MAX_COLLECTED} bytes of output"
+                )));
+            }
+        }
         match event {
             Event::StepStart { id, model } => {
                 self.response.id.clone_from(id);
@@ -322,6 +342,7 @@ impl Collector {
                 self.response.usage = *usage;
             }
         }
+        Ok(())
     }
 
     /// The response so far, with still-open tool inputs moved to `incomplete_tool_calls`.
@@ -353,7 +374,7 @@ where
     let mut stream = std::pin::pin!(stream);
     let mut collector = Collector::new();
     while let Some(item) = stream.next().await {
-        collector.push(&item?);
+        collector.push(&item?)?;
     }
     collector.finish()
 }

@@ -40,7 +40,9 @@ pub use agenthost_http::{client_builder, sse};
 pub use anthropic::Anthropic;
 pub use config::{Config, DEFAULT_STREAMS_PER_CONNECTION, Kind};
 pub use error::{Error, ErrorKind};
-pub use event::{Collector, Event, FinishReason, Reasoning, Response, Usage, collect};
+pub use event::{
+    Collector, Event, FinishReason, MAX_COLLECTED, Reasoning, Response, Usage, collect,
+};
 pub use mock::Mock;
 pub use openai::OpenAi;
 pub use provider::{EventStream, Provider};

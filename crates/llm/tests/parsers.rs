@@ -27,7 +27,7 @@ fn collect(items: Vec<Result<Event, Error>>) -> (Response, Option<Error>) {
     let mut collector = Collector::new();
     for item in items {
         match item {
-            Ok(event) => collector.push(&event),
+            Ok(event) => collector.push(&event).expect("within the output bound"),
             Err(error) => return (collector.snapshot(), Some(error)),
         }
     }

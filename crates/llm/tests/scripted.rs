@@ -276,3 +276,28 @@ async fn truncated_tool_calls_and_raw_events() {
     assert!(response.tool_calls.is_empty());
     assert_eq!(response.incomplete_tool_calls[0].id, "c3");
 }
+
+/// Collecting a call (`generate`, a compaction's summary) holds at most `MAX_COLLECTED` bytes of
+/// output: a provider that streams more fails with invalid output instead of growing memory
+/// without bound; within the bound the answer is collected whole.
+#[tokio::test]
+async fn collecting_stops_at_the_output_bound() {
+    let over = "x".repeat(agenthost_llm::MAX_COLLECTED + 1);
+    let within = "y".repeat(agenthost_llm::MAX_COLLECTED);
+    let provider = Scripted::new([
+        Script::new().text(over).finish(FinishReason::Stop),
+        Script::new()
+            .text(within.clone())
+            .finish(FinishReason::Stop),
+    ]);
+    let error = provider
+        .generate(request("too much"))
+        .await
+        .expect_err("over the bound");
+    assert_eq!(error.kind(), ErrorKind::InvalidOutput, "{error}");
+    let response = provider
+        .generate(request("enough"))
+        .await
+        .expect("within the bound");
+    assert_eq!(response.text.len(), within.len());
+}

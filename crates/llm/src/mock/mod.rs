@@ -488,7 +488,9 @@ mod tests {
         let mut collector = Collector::new();
         let mut stream = mock.stream(request);
         while let Some(item) = stream.next().await {
-            collector.push(&item.expect("mock streams never fail"));
+            collector
+                .push(&item.expect("mock streams never fail"))
+                .expect("within the output bound");
         }
         collector.finish().expect("mock streams finish")
     }
