@@ -58,7 +58,7 @@ pub(crate) async fn compact(d: &Drain, auto: bool) -> Result<Seq> {
     };
     if !auto && row.claim.is_some() {
         // Work a stopped process left comes first: the recovery drain settles it.
-        return Err(Error::Unavailable(format!(
+        return Err(Error::Busy(format!(
             "session {} has unfinished work from a previous run; compact it once that resumed",
             d.session
         )));

@@ -19,6 +19,9 @@ pub enum Error {
     PromptTooLarge { size: usize, limit: usize },
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// The session is running work this request cannot join; it may be sent again once idle.
+    #[error("session busy: {0}")]
+    Busy(String),
     #[error("provider error: {0}")]
     Provider(llm::Error),
     #[error("context overflow: {0}")]

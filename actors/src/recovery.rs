@@ -32,7 +32,13 @@ pub(crate) async fn sweep(runtime: &Runtime, config: &Recovery, listing: Option<
     if config.mode == RecoveryMode::Off {
         return;
     }
-    let found = match candidates(runtime) {
+    // Store reads, one per pending session: on the blocking pool, like the lost-wake sweep's.
+    let reader = runtime.clone();
+    let read = tokio::task::spawn_blocking(move || candidates(&reader))
+        .await
+        .map_err(|e| crate::Error::Unavailable(e.to_string()))
+        .and_then(|read| read);
+    let found = match read {
         Ok(found) => found,
         Err(e) => {
             tracing::error!(error = %e, "recovery sweep could not read the store");

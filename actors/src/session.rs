@@ -256,7 +256,7 @@ impl Actor for SessionActor {
             }
             Msg::Compact(reply) => match &state.current {
                 Some(_) => {
-                    let _ = reply.send(Err(Error::Unavailable(format!(
+                    let _ = reply.send(Err(Error::Busy(format!(
                         "session {} is running; compact it when idle",
                         state.session
                     ))));

@@ -87,8 +87,8 @@ export interface paths {
         put?: never;
         /**
          * Compacts the session's active history now: the older part becomes a summary, the recent part
-         *     stays verbatim. Refused while a drain runs (503) and when there is nothing to compact (400,
-         *     no provider call).
+         *     stays verbatim. Refused while a drain runs (409 `session_busy`: it is the session that is
+         *     busy, not the server) and when there is nothing to compact (400, no provider call).
          */
         post: operations["compact"];
         delete?: never;
@@ -681,7 +681,7 @@ export interface components {
          * @description The `type` of an error body. Stable: clients branch on it.
          * @enum {string}
          */
-        ErrorType: "session_not_found" | "prompt_conflict" | "invalid_request" | "payload_too_large" | "unsupported_media_type" | "request_timeout" | "context_overflow" | "unauthorized" | "not_found" | "method_not_allowed" | "provider_error" | "unavailable" | "internal";
+        ErrorType: "session_not_found" | "prompt_conflict" | "session_busy" | "invalid_request" | "payload_too_large" | "unsupported_media_type" | "request_timeout" | "context_overflow" | "unauthorized" | "not_found" | "method_not_allowed" | "provider_error" | "unavailable" | "internal";
         /**
          * @description A durable event as the SSE stream sends it (`event: <type>`, `id: <seq>`, this as `data`).
          *     The `type` is the model's stable event name (`Event::kind()`).
@@ -1358,6 +1358,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
+            /** @description A drain is running, or a previous run's work is not recovered yet (`session_busy`) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description The summary request failed */
             502: {
                 headers: {
@@ -1367,7 +1376,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description A drain is running, or the runtime is shutting down */
+            /** @description Overloaded, or the runtime is shutting down */
             503: {
                 headers: {
                     [name: string]: unknown;

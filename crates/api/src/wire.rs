@@ -28,6 +28,10 @@ pub enum ErrorType {
     SessionNotFound,
     /// 409: a prompt id was reused with a different prompt, session or delivery.
     PromptConflict,
+    /// 409: the session is running work the request cannot join (a compaction while a drain
+    /// runs, or before a previous run's work is recovered); send it again once the session is
+    /// idle.
+    SessionBusy,
     /// 400: malformed JSON, an unknown field, an invalid id, value or query parameter.
     InvalidRequest,
     /// 413: the body or the prompt is over its size limit.
@@ -59,7 +63,7 @@ impl ErrorType {
     pub fn status(self) -> u16 {
         match self {
             ErrorType::SessionNotFound | ErrorType::NotFound => 404,
-            ErrorType::PromptConflict => 409,
+            ErrorType::PromptConflict | ErrorType::SessionBusy => 409,
             ErrorType::InvalidRequest => 400,
             ErrorType::PayloadTooLarge => 413,
             ErrorType::UnsupportedMediaType => 415,
@@ -78,6 +82,7 @@ impl ErrorType {
         match self {
             ErrorType::SessionNotFound => "session_not_found",
             ErrorType::PromptConflict => "prompt_conflict",
+            ErrorType::SessionBusy => "session_busy",
             ErrorType::InvalidRequest => "invalid_request",
             ErrorType::PayloadTooLarge => "payload_too_large",
             ErrorType::UnsupportedMediaType => "unsupported_media_type",

@@ -337,8 +337,8 @@ pub(crate) async fn prompt(
 }
 
 /// Compacts the session's active history now: the older part becomes a summary, the recent part
-/// stays verbatim. Refused while a drain runs (503) and when there is nothing to compact (400,
-/// no provider call).
+/// stays verbatim. Refused while a drain runs (409 `session_busy`: it is the session that is
+/// busy, not the server) and when there is nothing to compact (400, no provider call).
 #[utoipa::path(post, path = "/api/session/{id}/compact", operation_id = "compact", tag = "session",
     params(("id" = String, Path, description = "Session id, `ses_…`", pattern = r"^ses_[A-Za-z0-9_-]{1,64}$")),
     responses(
@@ -346,8 +346,9 @@ pub(crate) async fn prompt(
         (status = 400, description = "Nothing to compact, or a malformed request", body = ErrorEnvelope),
         (status = 401, body = ErrorEnvelope),
         (status = 404, body = ErrorEnvelope),
+        (status = 409, description = "A drain is running, or a previous run's work is not recovered yet (`session_busy`)", body = ErrorEnvelope),
         (status = 502, description = "The summary request failed", body = ErrorEnvelope),
-        (status = 503, description = "A drain is running, or the runtime is shutting down", body = ErrorEnvelope),
+        (status = 503, description = "Overloaded, or the runtime is shutting down", body = ErrorEnvelope),
     ),
     security((), ("bearer" = [])))]
 pub(crate) async fn compact(

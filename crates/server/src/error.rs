@@ -53,6 +53,7 @@ impl From<Error> for ApiError {
             Error::SessionNotFound(_) => ErrorType::SessionNotFound,
             Error::NotFound(_) => ErrorType::NotFound,
             Error::PromptConflict { .. } => ErrorType::PromptConflict,
+            Error::Busy(_) => ErrorType::SessionBusy,
             Error::Invalid(_) | Error::NothingToCompact => ErrorType::InvalidRequest,
             Error::PromptTooLarge { .. } => ErrorType::PayloadTooLarge,
             Error::Provider(e) if e.kind() == agenthost_llm::ErrorKind::ContextOverflow => {
@@ -165,6 +166,7 @@ mod tests {
             ),
             (Error::Config("bad".into()), 500, "internal"),
             (Error::Unavailable("busy".into()), 503, "unavailable"),
+            (Error::Busy("running".into()), 409, "session_busy"),
             (Error::ShuttingDown, 503, "unavailable"),
             (Error::ActorDied(session.clone()), 503, "unavailable"),
             (

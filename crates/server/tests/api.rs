@@ -693,6 +693,14 @@ async fn resume_interrupt_wait_and_active() {
         .await;
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.json["data"], json!({"idle": false}));
+    // A compaction cannot join a running drain: the session is busy (409), not the server.
+    let reply = h.post(&format!("/api/session/{s}/compact"), None).await;
+    assert_error(&reply, 409, "session_busy");
+    assert!(
+        reply.headers.get("retry-after").is_none(),
+        "{:?}",
+        reply.headers
+    );
 
     let reply = h.post(&format!("/api/session/{s}/interrupt"), None).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.json);
