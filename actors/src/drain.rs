@@ -92,8 +92,7 @@ pub(crate) struct Drain {
     pub session: SessionId,
     pub shared: Arc<Shared>,
     pub forced: bool,
-    /// A manual compaction instead of the agent loop.
-    pub compact: bool,
+    pub kind: Kind,
     pub cancel: Cancel,
     /// Writes submitted and not yet confirmed durable.
     pub in_flight: Arc<Mutex<Submitted>>,
@@ -101,6 +100,18 @@ pub(crate) struct Drain {
     pub history: Option<Arc<Mutex<HistoryCache>>>,
     /// The drain's run slot, while it holds one.
     pub slot: Slot,
+}
+
+/// What a drain does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// The agent loop: recovery of a claim it finds, promotion and steps.
+    Turn,
+    /// A manual compaction.
+    Compaction,
+    /// A user interrupt that found no drain: ends what a stopped execution left under its claim
+    /// ([`release`]); runs nothing.
+    Release,
 }
 
 /// A drain's place among the drains running at once (`limits.concurrent_drains`): taken before
@@ -157,7 +168,7 @@ impl std::fmt::Debug for Drain {
         f.debug_struct("Drain")
             .field("session", &self.session)
             .field("forced", &self.forced)
-            .field("compact", &self.compact)
+            .field("kind", &self.kind)
             .finish_non_exhaustive()
     }
 }
@@ -167,13 +178,14 @@ impl std::fmt::Debug for Drain {
 /// step) records `ExecutionFailed` with the reason, so the session never stays claimed while
 /// idle. Shutdown and a panic are the exceptions: they keep the claim on purpose, for recovery.
 pub(crate) async fn run(d: Drain) -> Result<Outcome> {
-    let result = match d.compact {
+    let result = match d.kind {
         // Boxed: a compaction's future is larger than a turn's, and every running drain would
         // otherwise carry its size.
-        true => Box::pin(crate::compaction::compact(&d, false))
+        Kind::Compaction => Box::pin(crate::compaction::compact(&d, false))
             .await
             .map(|kept_from| Outcome::Compacted { kept_from }),
-        false => agent_loop(&d).await,
+        Kind::Turn => agent_loop(&d).await,
+        Kind::Release => release(&d).await,
     };
     match result {
         // A panic is the supervisor's to handle: the restarted actor recovers the claim.
@@ -207,8 +219,12 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
         (row, Some(inputs))
     };
     // Drains of one session never overlap, so a claim seen here was left by an execution that
-    // is gone: a crash, a shutdown or a dead actor. Recovery comes before anything else.
+    // is gone: a crash, a shutdown or a dead actor. Recovery comes before anything else, unless
+    // the user interrupted it already: then the interrupt wins, and nothing is run again.
     let recovering = row.claim.is_some();
+    if recovering && d.cancel.is_cancelled() && d.cancel.reason() == InterruptReason::User {
+        return release(d).await;
+    }
     if row.halted.is_some() && !d.forced {
         return Ok(Outcome::Idle);
     }
@@ -379,6 +395,30 @@ async fn instructions_update(d: &Drain) -> Result<Option<Event>> {
             "instruction source {source:?} has no value yet; the input stays pending"
         ))),
     }
+}
+
+/// Ends what a stopped execution left under its claim as a user interrupt of it would have
+/// (`owed::interrupt`: running tools failed, open steps aborted, running compactions failed,
+/// the claim released), running nothing. `Interrupted` when there was a claim to release, else
+/// `Idle` with nothing written. An interrupt therefore wins however it races a restart: it
+/// reaches a session whose execution is gone before recovery runs it again.
+pub(crate) async fn release(d: &Drain) -> Result<Outcome> {
+    let (row, messages) = {
+        let snap = d.shared.store.snapshot()?;
+        let row = snap
+            .session(&d.session)?
+            .ok_or_else(|| Error::SessionNotFound(d.session.clone()))?;
+        if row.claim.is_none() {
+            return Ok(Outcome::Idle);
+        }
+        let from = agenthost_model::history::load_from(&row);
+        let messages = snap.messages(&d.session, from, usize::MAX)?;
+        (row, messages)
+    };
+    let left = agenthost_model::owed::leftovers(&messages);
+    tracing::info!(session_id = %d.session, claim = ?row.claim, "interrupted before recovery ran it: ending the cut turn");
+    d.append(agenthost_model::owed::interrupt(&left)).await?;
+    Ok(Outcome::Interrupted)
 }
 
 /// Records the end of an interrupted drain. A user interrupt releases the claim; a shutdown keeps

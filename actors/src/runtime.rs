@@ -337,8 +337,9 @@ impl Runtime {
     /// was running. A no-op (false) for an idle or unknown session.
     pub async fn interrupt(&self, session: &SessionId) -> Result<bool> {
         self.check_open()?;
-        // Only a live actor can have a drain: never spawn one just to interrupt it.
-        if !self.shared.actors.contains_key(session) {
+        // Only a live actor can have a drain, and only a claim can hold what a stopped one left:
+        // with neither there is nothing to interrupt, and no actor is spawned for it.
+        if !self.shared.actors.contains_key(session) && !self.claimed(session).await? {
             return Ok(false);
         }
         let timeout = self.shared.limits.call_timeout;
@@ -348,6 +349,19 @@ impl Runtime {
             })
             .await?;
         Ok(interrupted.unwrap_or(false))
+    }
+
+    /// Whether the session holds a claim (read on the blocking pool, like every store read the
+    /// async paths make outside a drain).
+    async fn claimed(&self, session: &SessionId) -> Result<bool> {
+        let reader = self.clone();
+        let session = session.clone();
+        tokio::task::spawn_blocking(move || -> Result<bool> {
+            let row = reader.snapshot()?.session(&session)?;
+            Ok(row.is_some_and(|row| row.claim.is_some()))
+        })
+        .await
+        .map_err(|e| Error::Unavailable(e.to_string()))?
     }
 
     /// Returns when the session has no drain and no follow-up pending, and the boot recovery

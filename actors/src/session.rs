@@ -16,7 +16,7 @@ use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::bus::Live;
-use crate::drain::{self, Cancel, Drain, Outcome};
+use crate::drain::{self, Cancel, Drain, Kind, Outcome};
 use crate::error::{Error, Result};
 use crate::history_cache::HistoryCache;
 use crate::shared::Shared;
@@ -104,14 +104,14 @@ impl State {
         forced: bool,
         joiners: Vec<Reply<Result<Outcome>>>,
     ) {
-        self.start_drain(myself, forced, false, joiners);
+        self.start_drain(myself, forced, Kind::Turn, joiners);
     }
 
     fn start_drain(
         &mut self,
         myself: &ActorRef<Msg>,
         forced: bool,
-        compact: bool,
+        kind: Kind,
         joiners: Vec<Reply<Result<Outcome>>>,
     ) {
         self.drains += 1;
@@ -121,7 +121,7 @@ impl State {
             session: self.session.clone(),
             shared: self.shared.clone(),
             forced,
-            compact,
+            kind,
             cancel: cancel.clone(),
             in_flight: Default::default(),
             history: Some(self.history.clone()),
@@ -135,8 +135,12 @@ impl State {
         let task = tokio::spawn(async move {
             // Waiting for a slot holds only this task and the drain's inputs: the drain's state,
             // its span and everything it reads come once it runs. Interrupted while waiting, it
-            // ends having written nothing, so its input stays pending.
+            // ends having written nothing, so its input stays pending; a user's interrupt still
+            // ends what a stopped execution left under a claim (a restarted actor's first drain).
             let result = match drain.slot.take(&drain.shared, &drain.cancel).await {
+                false if drain.cancel.reason() == InterruptReason::User => {
+                    drain::release(&drain).await.map(|_| Outcome::Interrupted)
+                }
                 false => Ok(Outcome::Interrupted),
                 true => {
                     let span = tracing::info_span!("drain", session_id = %drain.session, forced);
@@ -261,9 +265,18 @@ impl Actor for SessionActor {
                         state.session
                     ))));
                 }
-                None => state.start_drain(&myself, false, true, vec![reply]),
+                None => state.start_drain(&myself, false, Kind::Compaction, vec![reply]),
             },
             Msg::Interrupt(reason, reply) => match &mut state.current {
+                // No drain, but a user's interrupt may still find a claim a stopped execution
+                // left (a restart that has not resumed it yet): a drain that runs nothing ends
+                // that turn, and answers whether there was one.
+                None if reason == InterruptReason::User => {
+                    state.start_drain(&myself, false, Kind::Release, Vec::new());
+                    if let Some(current) = &mut state.current {
+                        current.interrupters.push(reply);
+                    }
+                }
                 None => {
                     let _ = reply.send(false);
                 }
@@ -305,8 +318,10 @@ impl Actor for SessionActor {
                 for joiner in current.joiners {
                     let _ = joiner.send(result.clone());
                 }
+                // An interrupt that cut nothing (a release that found no claim) says so.
+                let cut = !matches!(result, Ok(Outcome::Idle));
                 for interrupter in current.interrupters {
-                    let _ = interrupter.send(true);
+                    let _ = interrupter.send(cut);
                 }
                 if let Err(e) = &result {
                     tracing::warn!(session_id = %state.session, error = %e, "drain failed");

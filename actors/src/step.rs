@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use agenthost_llm as llm;
 use agenthost_model::history::Mode;
+use agenthost_model::owed;
 use agenthost_model::{
     Event, FailureKind, Finish, InboxRow, InterruptReason, Message, MessageId, StepError, Usage,
 };
@@ -567,7 +568,7 @@ async fn abort(d: &Drain, message: &MessageId, a: &mut Attempt) -> Result<StepEn
         .map(|call_id| Event::ToolFailed {
             id: message.clone(),
             call_id,
-            error: "interrupted".into(),
+            error: owed::INTERRUPTED_TOOL.into(),
         })
         .collect();
     events.push(aborted(message));
@@ -578,10 +579,7 @@ async fn abort(d: &Drain, message: &MessageId, a: &mut Attempt) -> Result<StepEn
 fn aborted(message: &MessageId) -> Event {
     Event::StepFailed {
         id: message.clone(),
-        error: StepError {
-            kind: FailureKind::Aborted,
-            message: "aborted".into(),
-        },
+        error: owed::aborted(),
     }
 }
 

@@ -219,6 +219,44 @@ pub fn restarted() -> StepError {
     }
 }
 
+/// The step error of a step a user interrupt (or a shutdown) cut.
+pub fn aborted() -> StepError {
+    StepError {
+        kind: FailureKind::Aborted,
+        message: "aborted".into(),
+    }
+}
+
+/// What a running tool a user interrupt cut is settled with.
+pub const INTERRUPTED_TOOL: &str = "interrupted";
+
+/// The events that end what a stopped execution left as a user interrupt of it would have: tools
+/// failed "interrupted", steps aborted, compactions failed, and the claim released
+/// (`ExecutionInterrupted { User }`). For an interrupt that reaches a session whose execution is
+/// gone before recovery ran it: the interrupt wins, and nothing is run again.
+pub fn interrupt(left: &Leftovers) -> Vec<Event> {
+    let tools = left.tools.iter().map(|(id, tool)| Event::ToolFailed {
+        id: id.clone(),
+        call_id: tool.call_id.clone(),
+        error: INTERRUPTED_TOOL.to_owned(),
+    });
+    let steps = left.steps.iter().map(|id| Event::StepFailed {
+        id: id.clone(),
+        error: aborted(),
+    });
+    let compactions = left.compactions.iter().map(|id| Event::CompactionFailed {
+        id: id.clone(),
+        error: INTERRUPTED_TOOL.to_owned(),
+    });
+    tools
+        .chain(steps)
+        .chain(compactions)
+        .chain([Event::ExecutionInterrupted {
+            reason: crate::event::InterruptReason::User,
+        }])
+        .collect()
+}
+
 /// The events that close every leftover without running anything: tools failed with `tool_error`,
 /// steps failed as restarted, compactions failed.
 pub fn close(left: &Leftovers, tool_error: &str) -> Vec<Event> {

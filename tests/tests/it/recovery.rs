@@ -1107,3 +1107,75 @@ async fn giving_up_runs_no_tool_and_counts_the_attempt() {
     assert_eq!(provider.calls(), 0);
     runtime.shutdown().await;
 }
+
+/// An interrupt wins however it races a restart. Sent while no actor runs a claimed session
+/// (the boot sweep has not reached it: here recovery is paused), it ends the turn the crash cut
+/// as a user interrupt would have (the open step aborted, the claim released) and runs nothing;
+/// a later wake owes nothing, so the turn is not resumed behind the user's back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_before_recovery_reaches_a_claimed_session_ends_its_turn() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store.redb");
+    let s = SessionId::parse("ses_cut").expect("id");
+    let store = store_with_session(&path, &s, "default").await;
+    let input = MessageId::parse("msg_asked").expect("id");
+    let step = MessageId::parse("msg_cut_step").expect("id");
+    store
+        .admit(agenthost_store::Admission {
+            session: s.clone(),
+            id: input.clone(),
+            prompt: agenthost_model::Prompt::text("a long job"),
+            delivery: agenthost_model::Delivery::Steer,
+            wake: true,
+        })
+        .await
+        .expect("admitted");
+    store
+        .append(
+            s.clone(),
+            vec![
+                Event::ExecutionStarted { forced: false },
+                Event::PromptPromoted { id: input },
+                Event::StepStarted {
+                    id: step.clone(),
+                    step: 1,
+                    agent: "default".into(),
+                    model: "scripted".into(),
+                },
+            ],
+        )
+        .await
+        .expect("cut mid-step");
+    store.close();
+    drop(store);
+
+    let provider = Arc::new(Scripted::new([text("resumed anyway")]));
+    let mut config = harness::config(dir.path(), provider.clone());
+    config.recovery.mode = RecoveryMode::Pause;
+    let runtime = Runtime::start(config).await.expect("start");
+    runtime.recovered().await;
+    assert_eq!(
+        runtime.interrupt(&s).await,
+        Ok(true),
+        "the cut turn is ended"
+    );
+    let snap = runtime.snapshot().expect("snap");
+    let row = snap.session(&s).expect("read").expect("row");
+    assert!(row.claim.is_none(), "the claim is released: {row:?}");
+    let aborted = snap
+        .messages(&s, agenthost_model::Seq::ZERO, usize::MAX)
+        .expect("messages")
+        .into_iter()
+        .any(|m| matches!(m, Message::Assistant(a) if a.id == step && a.error.as_ref().is_some_and(|e| e.kind == agenthost_model::FailureKind::Aborted)));
+    assert!(aborted, "the open step is closed as aborted");
+    drop(snap);
+    runtime.wake(&s).await.expect("wake");
+    runtime
+        .wait_idle(&s, Duration::from_secs(30))
+        .await
+        .expect("idle");
+    assert_eq!(provider.calls(), 0, "the interrupted turn was not resumed");
+    // A session with nothing running and nothing left by a stopped run: a no-op.
+    assert_eq!(runtime.interrupt(&s).await, Ok(false));
+    runtime.shutdown().await;
+}

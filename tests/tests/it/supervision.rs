@@ -549,3 +549,49 @@ async fn every_shutdown_call_returns_once_the_store_is_released() {
         .expect("the store was released");
     again.shutdown().await;
 }
+
+/// An interrupt sent while a panicked actor waits out its restart backoff wins: it restarts the
+/// actor at once, and the turn the panic cut (its claim held) ends as interrupted instead of being
+/// resumed by the restarted actor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_during_the_restart_backoff_ends_the_cut_turn() {
+    use agenthost_llm::scripted::Script;
+    let mut tools = agenthost_actors::Tools::default();
+    tools.register(agenthost_actors::Tool::new(
+        "ok",
+        "succeeds",
+        serde_json::json!({"type": "object"}),
+        Arc::new(Ok_),
+    ));
+    let h = Harness::start_with(
+        [
+            Script::new()
+                .tool_call("c1", "ok", "{}")
+                .finish(agenthost_llm::FinishReason::ToolCalls),
+            text("resumed anyway"),
+        ],
+        |c| c.supervision.backoff = Duration::from_secs(3600),
+        Extensions {
+            tools,
+            hooks: vec![Arc::new(PanicAfterTool)],
+        },
+    )
+    .await;
+    let s = h.session().await;
+    h.admit(&s, "go").await;
+    let result = h.runtime.resume(&s).await;
+    assert!(
+        matches!(result, Err(agenthost_actors::Error::Panicked(_))),
+        "{result:?}"
+    );
+    assert!(h.row(&s).claim.is_some(), "the panic kept the claim");
+    assert_eq!(h.runtime.interrupt(&s).await, Ok(true));
+    h.runtime
+        .wait_idle(&s, Duration::from_secs(30))
+        .await
+        .expect("idle");
+    assert_eq!(h.provider.calls(), 1, "the cut turn was not resumed");
+    assert!(h.row(&s).claim.is_none());
+    assert_eq!(h.count(&s, "execution_interrupted"), 1, "{:?}", h.kinds(&s));
+    h.assert_replay_equal();
+}
