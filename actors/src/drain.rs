@@ -173,11 +173,21 @@ impl std::fmt::Debug for Drain {
     }
 }
 
+/// How a drain ended, for its actor.
+#[derive(Debug)]
+pub(crate) struct Ended {
+    pub result: Result<Outcome>,
+    /// The drain failed and its failure could not be recorded (the store refused writes): the
+    /// claim may be left with no drain, and its actor retries it with backoff.
+    pub stranded: bool,
+}
+
 /// Runs the drain. Every drain that took the claim ends with a durable terminal event: a drain
 /// that fails with the claim still held (a configuration problem, a storage error, a failed
 /// step) records `ExecutionFailed` with the reason, so the session never stays claimed while
 /// idle. Shutdown and a panic are the exceptions: they keep the claim on purpose, for recovery.
-pub(crate) async fn run(d: Drain) -> Result<Outcome> {
+/// When even that record cannot be written, the drain ends [`Ended::stranded`].
+pub(crate) async fn run(d: Drain) -> Ended {
     let result = match d.kind {
         // Boxed: a compaction's future is larger than a turn's, and every running drain would
         // otherwise carry its size.
@@ -189,20 +199,45 @@ pub(crate) async fn run(d: Drain) -> Result<Outcome> {
     };
     match result {
         // A panic is the supervisor's to handle: the restarted actor recovers the claim.
-        Err(error)
-            if d.holds_claim() && !matches!(error, Error::ShuttingDown | Error::Panicked(_)) =>
-        {
-            let failed = Event::ExecutionFailed {
-                error: error.to_string(),
-                halted: false,
+        Err(error) if !matches!(error, Error::ShuttingDown | Error::Panicked(_)) => {
+            let stranded = match fail_claim(&d, &error).await {
+                Ok(()) => false,
+                Err(e) => {
+                    tracing::error!(session_id = %d.session, error = %e, "could not record the drain's failure; its claim is retried with backoff");
+                    true
+                }
             };
-            if let Err(e) = d.append(vec![failed]).await {
-                tracing::error!(session_id = %d.session, error = %e, "could not record the drain's failure");
+            Ended {
+                result: Err(error),
+                stranded,
             }
-            Err(error)
         }
-        other => other,
+        result => Ended {
+            result,
+            stranded: false,
+        },
     }
+}
+
+/// Records `error` as the end of the execution that holds the session's claim, if the claim is
+/// held. Read from the store, not from what the drain submitted: a write that carried the
+/// drain's own `ExecutionFailed` (a failed step's) may itself be what failed. Drains of one
+/// session never overlap, so a claim held now is this drain's, or the one it was recovering.
+async fn fail_claim(d: &Drain, error: &Error) -> Result<()> {
+    let claimed = d
+        .shared
+        .store
+        .snapshot()?
+        .session(&d.session)?
+        .is_some_and(|row| row.claim.is_some());
+    if !claimed {
+        return Ok(());
+    }
+    d.append(vec![Event::ExecutionFailed {
+        error: error.to_string(),
+        halted: false,
+    }])
+    .await
 }
 
 async fn agent_loop(d: &Drain) -> Result<Outcome> {

@@ -37,8 +37,15 @@ pub(crate) enum Msg {
     /// Answered when the session has no drain and no follow-up pending; `Unavailable` at once
     /// when the session already has too many waiting callers.
     WaitIdle(Reply<Result<()>>),
-    /// The drain task finished.
-    Finished { drain: u64, result: Result<Outcome> },
+    /// The drain task finished. `stranded`: its failure could not be recorded, and a drain of
+    /// this kind is retried with backoff.
+    Finished {
+        drain: u64,
+        result: Result<Outcome>,
+        stranded: Option<Kind>,
+    },
+    /// The backoff of a stranded claim is over: run the drain that retries it.
+    Retry,
     /// The passivation tick ([`passivate`]): stop if the actor has been idle long enough.
     Idle,
 }
@@ -70,6 +77,25 @@ pub(crate) struct State {
     last_active: tokio::time::Instant,
     /// The settled front of the session's history, for its drains' steps.
     history: Arc<Mutex<HistoryCache>>,
+    /// A drain failed and could not record it (the store refused writes): the claim it may have
+    /// left is retried with a drain of this kind after `retry_in`, doubling up to
+    /// [`MAX_RETRY_IN`], until a drain ends with its outcome recorded. Not idle meanwhile.
+    stranded: Option<Kind>,
+    retry_in: std::time::Duration,
+}
+
+/// The first wait before a stranded claim is retried, and the longest.
+const FIRST_RETRY_IN: std::time::Duration = std::time::Duration::from_millis(100);
+const MAX_RETRY_IN: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// What retries a drain that ended stranded: the interrupt a user asked for, if the drain was
+/// ending one (so a retry never resumes a turn the user interrupted), else the agent loop, which
+/// recovers the claim.
+fn retry_kind(kind: Kind, interrupted_by_user: bool) -> Kind {
+    match (kind, interrupted_by_user) {
+        (Kind::Release, _) | (_, true) => Kind::Release,
+        _ => Kind::Turn,
+    }
 }
 
 struct Current {
@@ -137,24 +163,38 @@ impl State {
             // its span and everything it reads come once it runs. Interrupted while waiting, it
             // ends having written nothing, so its input stays pending; a user's interrupt still
             // ends what a stopped execution left under a claim (a restarted actor's first drain).
-            let result = match drain.slot.take(&drain.shared, &drain.cancel).await {
-                false if drain.cancel.reason() == InterruptReason::User => {
-                    drain::release(&drain).await.map(|_| Outcome::Interrupted)
-                }
-                false => Ok(Outcome::Interrupted),
+            let cancel = drain.cancel.clone();
+            let ended = match drain.slot.take(&drain.shared, &drain.cancel).await {
+                false if cancel.reason() == InterruptReason::User => drain::Ended {
+                    result: drain::release(&drain).await.map(|_| Outcome::Interrupted),
+                    stranded: false,
+                },
+                false => drain::Ended {
+                    result: Ok(Outcome::Interrupted),
+                    stranded: false,
+                },
                 true => {
                     let span = tracing::info_span!("drain", session_id = %drain.session, forced);
                     let slot = drain.slot.clone();
                     let run = std::panic::AssertUnwindSafe(drain::run(drain)).catch_unwind();
-                    let result = Box::pin(run.instrument_with(span))
+                    let ended = Box::pin(run.instrument_with(span))
                         .await
-                        .unwrap_or_else(|panic| Err(Error::Panicked(panic_message(&panic))));
+                        .unwrap_or_else(|panic| drain::Ended {
+                            result: Err(Error::Panicked(panic_message(&panic))),
+                            stranded: false,
+                        });
                     slot.release();
-                    result
+                    ended
                 }
             };
+            let by_user = cancel.is_cancelled() && cancel.reason() == InterruptReason::User;
+            let stranded = ended.stranded.then(|| retry_kind(kind, by_user));
             // The actor may be gone; then nobody is waiting for this report.
-            let _ = me.cast(Msg::Finished { drain: id, result });
+            let _ = me.cast(Msg::Finished {
+                drain: id,
+                result: ended.result,
+                stranded,
+            });
         });
         self.current = Some(Current {
             id,
@@ -166,7 +206,10 @@ impl State {
     }
 
     fn is_idle(&self) -> bool {
-        self.current.is_none() && !self.follow_up && self.queued_resumes.is_empty()
+        self.current.is_none()
+            && !self.follow_up
+            && self.queued_resumes.is_empty()
+            && self.stranded.is_none()
     }
 }
 
@@ -211,6 +254,8 @@ impl Actor for SessionActor {
             drains: 0,
             last_active: tokio::time::Instant::now(),
             history,
+            stranded: None,
+            retry_in: FIRST_RETRY_IN,
         })
     }
 
@@ -305,7 +350,16 @@ impl Actor for SessionActor {
                     state.idle_waiters.push(reply);
                 }
             }
-            Msg::Finished { drain, result } => {
+            Msg::Retry => {
+                if let (None, Some(kind)) = (&state.current, state.stranded) {
+                    state.start_drain(&myself, false, kind, Vec::new());
+                }
+            }
+            Msg::Finished {
+                drain,
+                result,
+                stranded,
+            } => {
                 let Some(current) = state.current.take_if(|c| c.id == drain) else {
                     return Ok(());
                 };
@@ -326,6 +380,19 @@ impl Actor for SessionActor {
                 if let Err(e) = &result {
                     tracing::warn!(session_id = %state.session, error = %e, "drain failed");
                 }
+                state.stranded = stranded;
+                match stranded {
+                    Some(_) => {
+                        let (me, delay) = (myself.clone(), state.retry_in);
+                        state.retry_in = (delay * 2).min(MAX_RETRY_IN);
+                        tokio::spawn(async move {
+                            tokio::time::sleep(delay).await;
+                            // The actor may be gone: its successor recovers the claim.
+                            let _ = me.cast(Msg::Retry);
+                        });
+                    }
+                    None => state.retry_in = FIRST_RETRY_IN,
+                }
                 if panicked {
                     // Let the supervisor decide: returning an error marks this actor failed.
                     let message = match result {
@@ -340,7 +407,7 @@ impl Actor for SessionActor {
                     state.start(&myself, true, resumes);
                 } else if std::mem::take(&mut state.follow_up) {
                     state.start(&myself, false, Vec::new());
-                } else {
+                } else if state.is_idle() {
                     for waiter in state.idle_waiters.drain(..) {
                         let _ = waiter.send(Ok(()));
                     }

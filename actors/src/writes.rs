@@ -1,6 +1,6 @@
 //! The drain's writes: what it submitted to the store and has not waited for yet. Events are
 //! submitted without waiting and sent in bursts (see [`Drain::submit`]); a write or a flush waits
-//! for everything before it. The drain's claim is tracked here too, from the events it wrote.
+//! for everything before it.
 //!
 //! Events nothing waits on before the step's next durable boundary (the step's start, a part that
 //! ended, a tool call, the step's end) are submitted without waiting and sent to the writer as one
@@ -16,7 +16,7 @@
 //! the message on the bus (`Bus::hold`) until the commit hook publishes its `step_started`. The
 //! hold lives until the drain's next flush or write has waited for every write sent so far.
 
-use agenthost_model::{Event, InterruptReason, Stored};
+use agenthost_model::{Event, Stored};
 use agenthost_store::Action;
 
 use crate::bus::Hold;
@@ -33,26 +33,6 @@ pub(crate) struct Submitted {
     /// Deltas held on the bus until a submitted `StepStarted` is published: released by the
     /// next flush, once that write has either committed (and been published) or failed.
     holds: Vec<Hold>,
-    /// Whether the events this drain wrote leave the claim held: set by `ExecutionStarted`,
-    /// cleared by an event that releases it. A drain that fails with the claim held writes
-    /// `ExecutionFailed` (see [`run`]).
-    holds_claim: bool,
-}
-
-impl Submitted {
-    fn note(&mut self, events: &[Event]) {
-        for event in events {
-            match event {
-                Event::ExecutionStarted { .. } => self.holds_claim = true,
-                Event::ExecutionSucceeded
-                | Event::ExecutionFailed { .. }
-                | Event::ExecutionInterrupted {
-                    reason: InterruptReason::User,
-                } => self.holds_claim = false,
-                _ => {}
-            }
-        }
-    }
 }
 
 /// A write submitted to the store, not yet awaited.
@@ -93,8 +73,6 @@ impl Drain {
         let mut written = written?;
         // Each append wrote exactly its one event.
         written.drain(..ahead);
-        let events: Vec<Event> = written.iter().map(|e| e.event.clone()).collect();
-        self.submitted().note(&events);
         Ok(written)
     }
 
@@ -105,9 +83,7 @@ impl Drain {
     /// settlement) share one operation. Used for events nothing waits on before the step's next
     /// durable boundary (the step's start, parts that ended, the step's end).
     pub(crate) fn submit(&self, events: Vec<Event>) {
-        let mut submitted = self.submitted();
-        submitted.note(&events);
-        submitted.unsent.extend(events);
+        self.submitted().unsent.extend(events);
     }
 
     /// Whether something is submitted and not sent, and all of it records parts that ended
@@ -124,11 +100,6 @@ impl Drain {
                         | Event::ToolCalled { .. }
                 )
             })
-    }
-
-    /// Whether this drain's writes leave the session claimed.
-    pub(crate) fn holds_claim(&self) -> bool {
-        self.submitted().holds_claim
     }
 
     /// Sends the events submitted so far to the store as one operation, without waiting.

@@ -1634,6 +1634,71 @@ async fn storage_faults_answer_503_and_healthz_tells() {
     );
 }
 
+/// A turn whose failure cannot be recorded (the disk filled while it ran) is not stranded: its
+/// claim is retried with backoff, and once writes work again the session recovers the turn by
+/// itself, without a restart. Until then the session is not idle.
+#[tokio::test]
+async fn a_turn_the_disk_cut_is_recovered_once_writes_work_again() {
+    use agenthost_store::faults::{Fault, Faults};
+    let faults = Arc::new(Faults::default());
+    let armed = faults.clone();
+    let gate = Gate::new();
+    let h = harness_with(
+        vec![
+            Script::new()
+                .gate(&gate)
+                .text("lost to the full disk")
+                .finish(FinishReason::Stop),
+            text("recovered"),
+        ],
+        Options::default(),
+        move |c| c.store.faults = Some(armed),
+    )
+    .await;
+    let s = h.session().await;
+    let reply = h
+        .post(
+            &format!("/api/session/{s}/prompt"),
+            Some(r#"{"text": "go"}"#),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json);
+    tokio::time::timeout(LIMIT, gate.reached())
+        .await
+        .expect("gate reached");
+    // The step's first write (the claim, the promotion, its start) is on its way while the
+    // provider answers: let it land before the disk fills.
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while h.get(&format!("/api/session/{s}")).await.json["data"]["claimed"] != true {
+        assert!(tokio::time::Instant::now() < deadline, "never claimed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    faults.fail_writes(Fault::NoSpace);
+    gate.release();
+    let wait = h
+        .post(&format!("/api/session/{s}/wait?timeout_ms=300"), None)
+        .await;
+    assert_eq!(
+        wait.json["data"]["idle"], false,
+        "stranded work is not idle"
+    );
+    faults.clear();
+    let wait = h
+        .post(&format!("/api/session/{s}/wait?timeout_ms=20000"), None)
+        .await;
+    assert_eq!(wait.json["data"]["idle"], true, "{}", wait.json);
+    let session = h.get(&format!("/api/session/{s}")).await;
+    assert_eq!(session.json["data"]["claimed"], false, "{}", session.json);
+    let messages = h.get(&format!("/api/session/{s}/messages")).await;
+    let last = messages.json["data"]
+        .as_array()
+        .and_then(|m| m.last())
+        .cloned()
+        .expect("a message");
+    assert_eq!(last["finish"], "stop", "{}", messages.json);
+    assert_eq!(last["content"][0]["text"], "recovered", "{}", messages.json);
+}
+
 /// A JSON value of any shape, biased towards the fields the routes know.
 fn json_value() -> impl proptest::strategy::Strategy<Value = Value> {
     use proptest::prelude::*;
