@@ -334,6 +334,14 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
                 }
             }
         }
+        if d.cancel.is_cancelled() {
+            // Cancelled while the instruction sources were read (they may block): stop as at the
+            // boundary, before promoting or calling anything.
+            return match opened {
+                Some(_) => Ok(Outcome::Interrupted),
+                None => interrupted(d).await,
+            };
+        }
         let selected = promotion::select(&inputs, boundary);
         let mut ahead = Vec::new();
         let promoted = if update.is_none() && !selected.is_empty() {

@@ -45,12 +45,48 @@ pub(crate) enum Msg {
 #[derive(Debug)]
 pub(crate) struct Registry;
 
+/// Recent restarts per session, for the intensity limit. Holds only sessions restarted within the
+/// window: every failure first forgets the restarts older than it, of every session, so the map
+/// never grows with the sessions that ever failed.
+#[derive(Debug, Default)]
+struct Intensity(HashMap<SessionId, VecDeque<Instant>>);
+
+impl Intensity {
+    /// Counts a failure of `session` at `now`: the number of its restarts within the window
+    /// before this one (this one is then recorded), or `None` past `max_restarts`, when the
+    /// session is halted and forgotten.
+    fn failed(
+        &mut self,
+        session: &SessionId,
+        now: Instant,
+        policy: &crate::config::Supervision,
+    ) -> Option<usize> {
+        self.0.retain(|_, recent| {
+            while recent
+                .front()
+                .is_some_and(|t| now.duration_since(*t) > policy.window)
+            {
+                recent.pop_front();
+            }
+            !recent.is_empty()
+        });
+        let recent = self.0.entry(session.clone()).or_default();
+        if recent.len() >= policy.max_restarts {
+            self.0.remove(session);
+            return None;
+        }
+        let earlier = recent.len();
+        recent.push_back(now);
+        Some(earlier)
+    }
+}
+
 pub(crate) struct State {
     shared: Arc<Shared>,
     /// Which session each live actor serves, to interpret supervision events.
     by_actor: HashMap<ActorId, SessionId>,
-    /// Recent restart times per session, for the intensity limit.
-    restarts: HashMap<SessionId, VecDeque<Instant>>,
+    /// Recent restarts per session, for the intensity limit.
+    restarts: Intensity,
     /// Sessions whose failed actor waits out its restart backoff. A message for one of them
     /// starts the restarted actor at once, which then settles what the dead one left.
     restarting: HashSet<SessionId>,
@@ -90,16 +126,7 @@ impl Registry {
             return;
         }
         let policy = state.shared.supervision.clone();
-        let now = Instant::now();
-        let recent = state.restarts.entry(session.clone()).or_default();
-        while recent
-            .front()
-            .is_some_and(|t| now.duration_since(*t) > policy.window)
-        {
-            recent.pop_front();
-        }
-        if recent.len() >= policy.max_restarts {
-            state.restarts.remove(&session);
+        let Some(earlier) = state.restarts.failed(&session, Instant::now(), &policy) else {
             tracing::error!(session_id = %session, %reason, "restart limit reached; session halted");
             // Awaited in the handler on purpose: a message for this session waits until the
             // halt is durable, so no new actor can start on what the halt is closing.
@@ -107,10 +134,9 @@ impl Registry {
                 tracing::error!(session_id = %session, error = %e, "could not record the halt");
             }
             return;
-        }
+        };
         state.restarting.insert(session.clone());
-        let backoff = policy.backoff * 2u32.saturating_pow(recent.len() as u32);
-        recent.push_back(now);
+        let backoff = policy.backoff * 2u32.saturating_pow(earlier as u32);
         state.shared.metrics.restarts.inc();
         tracing::warn!(session_id = %session, %reason, ?backoff, "session actor failed; restarting");
         // The timer task only sends a message; if the registry is gone by then, it is a no-op.
@@ -131,7 +157,7 @@ impl Actor for Registry {
         Ok(State {
             shared,
             by_actor: HashMap::new(),
-            restarts: HashMap::new(),
+            restarts: Intensity::default(),
             restarting: HashSet::new(),
         })
     }
@@ -254,4 +280,38 @@ async fn session_exists(shared: &Arc<Shared>, session: &SessionId) -> Result<boo
     tokio::task::spawn_blocking(move || Ok(shared.store.snapshot()?.session(&session)?.is_some()))
         .await
         .map_err(|e| Error::Unavailable(format!("session lookup failed: {e}")))?
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::Supervision;
+
+    /// The intensity limit counts restarts within the window, halts past it, and forgets every
+    /// session whose restarts are older than the window: a long-running server whose sessions
+    /// each fail now and then holds none of them.
+    #[test]
+    fn the_intensity_limit_counts_within_the_window_and_forgets_the_rest() {
+        let policy = Supervision {
+            max_restarts: 2,
+            window: Duration::from_secs(60),
+            backoff: Duration::from_millis(100),
+        };
+        let start = Instant::now();
+        let at = |secs| start + Duration::from_secs(secs);
+        let s = SessionId::parse("ses_flaky").expect("id");
+        let mut intensity = Intensity::default();
+        assert_eq!(intensity.failed(&s, at(0), &policy), Some(0));
+        assert_eq!(intensity.failed(&s, at(1), &policy), Some(1));
+        assert_eq!(intensity.failed(&s, at(2), &policy), None, "halted");
+        assert_eq!(intensity.failed(&s, at(3), &policy), Some(0), "forgotten");
+        // A thousand sessions failing once each, a window apart: only the newest is held.
+        for n in 0..1000u64 {
+            let other = SessionId::parse(&format!("ses_{n}")).expect("id");
+            intensity.failed(&other, at(100 + 61 * n), &policy);
+        }
+        assert_eq!(intensity.0.len(), 1);
+    }
 }

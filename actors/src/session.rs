@@ -333,7 +333,13 @@ impl Actor for SessionActor {
                         state.follow_up = false;
                     }
                     c.cancel.interrupt(reason);
-                    c.interrupters.push(reply);
+                    // Callers waiting for the cleanup are bounded like every other waiter: past
+                    // the limit an interrupt is still applied, and answered at once.
+                    if c.interrupters.len() < state.shared.limits.waiters_per_session {
+                        c.interrupters.push(reply);
+                    } else {
+                        let _ = reply.send(true);
+                    }
                 }
             },
             Msg::WaitIdle(reply) => {

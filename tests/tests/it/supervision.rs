@@ -595,3 +595,95 @@ async fn an_interrupt_during_the_restart_backoff_ends_the_cut_turn() {
     assert_eq!(h.count(&s, "execution_interrupted"), 1, "{:?}", h.kinds(&s));
     h.assert_replay_equal();
 }
+
+/// Blocks the first instruction resolution until released: a drain held before its first write,
+/// in a blocking section an interrupt cannot cut short.
+#[derive(Debug, Default)]
+struct BlockInstructions {
+    state: std::sync::Mutex<(bool, bool)>,
+    changed: std::sync::Condvar,
+}
+
+impl BlockInstructions {
+    fn wait_reached(&self) {
+        let mut state = self.state.lock().expect("lock");
+        while !state.0 {
+            state = self.changed.wait(state).expect("wait");
+        }
+    }
+
+    fn release(&self) {
+        self.state.lock().expect("lock").1 = true;
+        self.changed.notify_all();
+    }
+}
+
+/// Releases the block when dropped, so a failing test never leaves a thread blocked.
+struct Unblock(Arc<BlockInstructions>);
+
+impl Drop for Unblock {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
+impl Hook for BlockInstructions {
+    fn instructions(&self, _session: &agenthost_model::SessionId) -> Vec<(String, Option<String>)> {
+        let mut state = self.state.lock().expect("lock");
+        state.0 = true;
+        self.changed.notify_all();
+        while !state.1 {
+            state = self.changed.wait(state).expect("wait");
+        }
+        vec![("hook".into(), Some("be brief".into()))]
+    }
+}
+
+/// Callers waiting for an interrupt's cleanup are bounded like every other waiter: past
+/// `waiters_per_session` an interrupt is still applied and answered at once, so a flood of
+/// interrupts cannot grow a session's memory while its drain cleans up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupts_past_the_waiter_limit_are_answered_at_once() {
+    let block = Arc::new(BlockInstructions::default());
+    let unblock = Unblock(block.clone());
+    let h = Harness::start_with(
+        [text("never")],
+        |c| c.limits.waiters_per_session = 2,
+        Extensions {
+            tools: Default::default(),
+            hooks: vec![block.clone()],
+        },
+    )
+    .await;
+    let s = h.session().await;
+    h.admit(&s, "go").await;
+    h.runtime.wake(&s).await.expect("wake");
+    let waiting = block.clone();
+    tokio::task::spawn_blocking(move || waiting.wait_reached())
+        .await
+        .expect("reached");
+    let interrupts: Vec<_> = (0..5)
+        .map(|_| {
+            let (r, s) = (h.runtime.clone(), s.clone());
+            tokio::spawn(async move { r.interrupt(&s).await })
+        })
+        .collect();
+    // Three are past the limit: answered while the drain is still held.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while interrupts.iter().filter(|i| i.is_finished()).count() < 3 {
+        assert!(tokio::time::Instant::now() < deadline, "not answered");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        interrupts.iter().filter(|i| i.is_finished()).count(),
+        3,
+        "two wait for the cleanup"
+    );
+    drop(unblock);
+    for interrupt in interrupts {
+        assert_eq!(interrupt.await.expect("joined"), Ok(true));
+    }
+    h.idle(&s).await;
+    assert_eq!(h.provider.calls(), 0);
+    assert_eq!(h.row(&s).pending, 1, "the input stays pending");
+}
