@@ -138,7 +138,11 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Admitted inputs not yet promoted, in admission order. */
+        /**
+         * Admitted inputs not yet promoted, in admission order, a page at a time: at most `limit`, and
+         *     a page ends early once its prompts pass [`INBOX_PAGE_BYTES`] (an inbox may hold a thousand
+         *     inputs of a MiB each).
+         */
         get: operations["listInbox"];
         put?: never;
         post?: never;
@@ -1533,7 +1537,12 @@ export interface operations {
     };
     listInbox: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description Only inputs admitted after this seq (default: from the oldest). */
+                after_seq?: number;
+                /** @description Inputs per page, 1–1000 (default 100); a page also ends once its prompts pass 4 MiB. */
+                limit?: number;
+            };
             header?: never;
             path: {
                 /** @description Session id, `ses_…` */
@@ -1543,7 +1552,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Pending inputs */
+            /** @description Pending inputs; page on with the last one's admitted_seq */
             200: {
                 headers: {
                     [name: string]: unknown;

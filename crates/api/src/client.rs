@@ -307,22 +307,24 @@ impl Client {
         id: &str,
         query: &wire::MessagesQuery,
     ) -> Result<Vec<wire::Message>, Error> {
-        let mut url = self.session_url(id, &["messages"]);
-        {
-            let mut pairs = url.query_pairs_mut();
-            if let Some(after) = query.after_seq {
-                pairs.append_pair("after_seq", &after.to_string());
-            }
-            if let Some(limit) = query.limit {
-                pairs.append_pair("limit", &limit.to_string());
-            }
-        }
-        self.get(clean(url)).await
+        let url = self.session_url(id, &["messages"]);
+        self.get(paged(url, query.after_seq, query.limit)).await
     }
 
-    /// `GET /api/session/{id}/inbox`: inputs admitted and not yet promoted.
+    /// `GET /api/session/{id}/inbox`: inputs admitted and not yet promoted, the first page.
     pub async fn inbox(&self, id: &str) -> Result<Vec<wire::InboxItem>, Error> {
-        self.get(self.session_url(id, &["inbox"])).await
+        self.inbox_page(id, &wire::InboxQuery::default()).await
+    }
+
+    /// `GET /api/session/{id}/inbox` a page at a time: page on with the last item's
+    /// `admitted_seq` as `after_seq`.
+    pub async fn inbox_page(
+        &self,
+        id: &str,
+        query: &wire::InboxQuery,
+    ) -> Result<Vec<wire::InboxItem>, Error> {
+        let url = self.session_url(id, &["inbox"]);
+        self.get(paged(url, query.after_seq, query.limit)).await
     }
 
     /// `GET /api/session/{id}/tool-output/{message_id}/{call_id}`: a tool call's whole output.
@@ -355,6 +357,20 @@ impl Client {
 }
 
 /// `url` without a trailing `?` when no pair was added.
+/// `url` with the paging parameters a list route takes (`after_seq`, `limit`), when given.
+fn paged(mut url: Url, after_seq: Option<u64>, limit: Option<usize>) -> Url {
+    {
+        let mut pairs = url.query_pairs_mut();
+        if let Some(after) = after_seq {
+            pairs.append_pair("after_seq", &after.to_string());
+        }
+        if let Some(limit) = limit {
+            pairs.append_pair("limit", &limit.to_string());
+        }
+    }
+    clean(url)
+}
+
 fn clean(mut url: Url) -> Url {
     if url.query() == Some("") {
         url.set_query(None);

@@ -232,6 +232,18 @@ pub struct MessagesQuery {
     pub limit: Option<usize>,
 }
 
+/// Query of `GET /api/session/{id}/inbox`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct InboxQuery {
+    /// Only inputs admitted after this seq (default: from the oldest).
+    pub after_seq: Option<u64>,
+    /// Inputs per page, 1–1000 (default 100); a page also ends once its prompts pass 4 MiB.
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<usize>,
+}
+
 /// No options: `POST /api/session/{id}/interrupt` and `…/compact` take none (an empty body or
 /// `{}` is fine).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

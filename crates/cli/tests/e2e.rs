@@ -1548,6 +1548,18 @@ async fn the_rust_client_drives_every_route() {
     };
     client.prompt(&session.id, &parked).await.expect("parked");
     assert_eq!(client.inbox(&session.id).await.expect("inbox").len(), 1);
+    let page = agenthost_api::wire::InboxQuery {
+        after_seq: Some(0),
+        limit: Some(1),
+    };
+    assert_eq!(
+        client
+            .inbox_page(&session.id, &page)
+            .await
+            .expect("inbox page")
+            .len(),
+        1
+    );
     let outcome = client.resume_and_wait(&session.id).await.expect("resumed");
     assert!(
         matches!(outcome, wire::DrainOutcome::Completed { .. }),

@@ -30,6 +30,8 @@ type AppState = State<Arc<Shared>>;
 /// Default and largest page sizes.
 const SESSIONS_PAGE: usize = 50;
 const MESSAGES_PAGE: usize = 100;
+/// Prompt bytes after which a page of the inbox ends (at least one input is in it).
+const INBOX_PAGE_BYTES: usize = 4 * 1024 * 1024;
 const MAX_PAGE: usize = 1000;
 /// Default `timeout_ms` of `wait`.
 const DEFAULT_WAIT: Duration = Duration::from_secs(30);
@@ -568,11 +570,13 @@ pub(crate) async fn tool_output(
     }))
 }
 
-/// Admitted inputs not yet promoted, in admission order.
+/// Admitted inputs not yet promoted, in admission order, a page at a time: at most `limit`, and
+/// a page ends early once its prompts pass [`INBOX_PAGE_BYTES`] (an inbox may hold a thousand
+/// inputs of a MiB each).
 #[utoipa::path(get, path = "/api/session/{id}/inbox", operation_id = "listInbox", tag = "session",
-    params(("id" = String, Path, description = "Session id, `ses_…`", pattern = r"^ses_[A-Za-z0-9_-]{1,64}$")),
+    params(("id" = String, Path, description = "Session id, `ses_…`", pattern = r"^ses_[A-Za-z0-9_-]{1,64}$"), wire::InboxQuery),
     responses(
-        (status = 200, description = "Pending inputs", body = Data<Vec<wire::InboxItem>>),
+        (status = 200, description = "Pending inputs; page on with the last one's admitted_seq", body = Data<Vec<wire::InboxItem>>),
         (status = 400, body = ErrorEnvelope),
         (status = 401, body = ErrorEnvelope),
         (status = 404, body = ErrorEnvelope),
@@ -581,11 +585,14 @@ pub(crate) async fn tool_output(
 pub(crate) async fn inbox(
     State(shared): AppState,
     SessionPath(id): SessionPath,
+    Query(query): Query<wire::InboxQuery>,
 ) -> Result<Response, ApiError> {
+    let limit = page_size(query.limit, MESSAGES_PAGE)?;
+    let after = query.after_seq.map(Seq);
     let rows = read(&shared.runtime, move |snap| {
         snap.session(&id)?
             .ok_or_else(|| ApiError::from(Error::SessionNotFound(id.clone())))?;
-        Ok(snap.pending(&id)?)
+        Ok(snap.pending_page(&id, after, limit, INBOX_PAGE_BYTES)?)
     })
     .await?;
     Ok(data(

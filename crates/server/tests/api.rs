@@ -505,6 +505,24 @@ async fn prompt_admission_idempotency_and_bad_input() {
     assert_eq!(items[0]["delivery"], "queue");
     assert_eq!(items[1]["files"][0]["mime"], "image/png");
 
+    // Paged: at most `limit`, then on after the last one's admitted_seq.
+    let page = h.get(&format!("/api/session/{s}/inbox?limit=1")).await;
+    assert_eq!(page.json["data"].as_array().map(Vec::len), Some(1));
+    assert_eq!(page.json["data"][0]["admitted_seq"], 1);
+    let next = h
+        .get(&format!("/api/session/{s}/inbox?after_seq=1&limit=1"))
+        .await;
+    assert_eq!(next.json["data"][0]["admitted_seq"], 2, "{}", next.json);
+    let done = h.get(&format!("/api/session/{s}/inbox?after_seq=2")).await;
+    assert_eq!(done.json["data"], json!([]));
+    for bad in ["limit=0", "limit=1001", "after_seq=x", "cursor=1"] {
+        assert_error(
+            &h.get(&format!("/api/session/{s}/inbox?{bad}")).await,
+            400,
+            "invalid_request",
+        );
+    }
+
     for (bad, kind, status) in [
         (r#"{"text": ""}"#, "invalid_request", 400),
         (r#"{"text": "  "}"#, "invalid_request", 400),
@@ -1697,6 +1715,30 @@ async fn a_turn_the_disk_cut_is_recovered_once_writes_work_again() {
         .expect("a message");
     assert_eq!(last["finish"], "stop", "{}", messages.json);
     assert_eq!(last["content"][0]["text"], "recovered", "{}", messages.json);
+}
+
+/// A page of the inbox ends once its prompts pass 4 MiB: a deep inbox of large prompts is read a
+/// page at a time, never whole.
+#[tokio::test]
+async fn an_inbox_of_large_prompts_is_read_in_bounded_pages() {
+    let h = harness(vec![]).await;
+    let s = h.session().await;
+    let text = "x".repeat(1000 * 1000);
+    for _ in 0..6 {
+        let body = json!({"text": text, "resume": false}).to_string();
+        let reply = h
+            .post(&format!("/api/session/{s}/prompt"), Some(&body))
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.json);
+    }
+    let first = h.get(&format!("/api/session/{s}/inbox")).await;
+    let items = first.json["data"].as_array().expect("items").clone();
+    assert_eq!(items.len(), 5, "the page ends once past 4 MiB");
+    let last = items[4]["admitted_seq"].as_u64().expect("seq");
+    let rest = h
+        .get(&format!("/api/session/{s}/inbox?after_seq={last}"))
+        .await;
+    assert_eq!(rest.json["data"].as_array().map(Vec::len), Some(1));
 }
 
 /// A JSON value of any shape, biased towards the fields the routes know.

@@ -48,6 +48,37 @@ pub trait Snapshot: Send {
         let _ = max_bytes;
         self.events(id, from, limit)
     }
+    /// Pending inputs admitted after `after` (all when `None`), in admission order: at most
+    /// `limit`, stopping early once their prompts pass about `max_bytes` (at least one is read).
+    /// A page of [`Snapshot::pending`], which a reader of a deep inbox of large prompts cannot
+    /// hold at once.
+    fn pending_page(
+        &self,
+        id: &SessionId,
+        after: Option<Seq>,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<InboxRow>> {
+        let mut page = Vec::new();
+        let mut bytes = 0usize;
+        for seq in self.pending_seqs(id)? {
+            if after.is_some_and(|after| seq <= after) {
+                continue;
+            }
+            if page.len() >= limit || (!page.is_empty() && bytes >= max_bytes) {
+                break;
+            }
+            let Some(stored) = self.events(id, seq, 1)?.into_iter().next() else {
+                break;
+            };
+            let row = record::inbox_row(id, stored)?;
+            bytes = bytes.saturating_add(
+                row.prompt.text.len() + row.prompt.files.iter().map(|f| f.url.len()).sum::<usize>(),
+            );
+            page.push(row);
+        }
+        Ok(page)
+    }
     /// Sessions holding a claim.
     fn claimed(&self) -> Result<Vec<SessionId>>;
     /// Sessions with pending input.
