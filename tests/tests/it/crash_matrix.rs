@@ -1,12 +1,15 @@
 //! The crash-point matrix: one scripted turn with text, two tool calls (one idempotent, one not),
-//! a retryable failure, a stream cut after output and an automatic compaction, stopped at every
-//! durable commit boundary, by SIGKILL-like abort or by graceful shutdown, then restarted. After
-//! the restart the input is answered, no non-idempotent tool ran twice, nothing is left open, the
-//! claim is released and the projections equal a replay of the log.
+//! a retryable failure, a stream cut after output and an automatic compaction, with a queued
+//! follow-up admitted behind it, stopped after every durable operation, by SIGKILL-like abort or
+//! by graceful shutdown, then restarted. After the restart both inputs are answered in order (the
+//! follow-up only once the turn was answered), no non-idempotent tool ran twice, nothing is left
+//! open, the claim is released and the projections equal a replay of the log.
 //!
-//! The turn runs in a child process (this test binary, re-entered); the store's commit hook stops
-//! it right after commit `n` is durable. The short matrix (a spread of boundaries) runs in CI; the
-//! full one (every boundary, both ways) with `AGENTHOST_SOAK=1`.
+//! The turn runs in a child process (this test binary, re-entered) whose store commits every
+//! operation on its own (`max_batch = 1`), so a commit is one durable operation; the store's
+//! commit hook stops it right after commit `n`. A stop point the run never reaches fails the
+//! test. The short matrix (a spread of operations) runs in CI; the full one (every operation,
+//! both ways) with `AGENTHOST_SOAK=1`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -31,6 +34,9 @@ const FIRST: &str = "first question, with context; ";
 const TURN: &str = "the matrix turn";
 const SUMMARY: &str = "summary of the earlier work";
 const ANSWER: &str = "all done";
+/// The follow-up queued behind the turn, and its answer.
+const FOLLOW_UP: &str = "and one more thing";
+const FOLLOW_UP_ANSWER: &str = "the one more thing";
 
 /// How the child stops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +81,13 @@ fn respond(dir: &Path, request: &Request) -> Script {
     };
     if seen.contains(agenthost_actors::SUMMARY_REQUEST) {
         return crate::harness::summary(SUMMARY);
+    }
+    // A queued input that joined before the turn was answered would take the turn's answer
+    // away: `check` then finds the turn unanswered.
+    if seen.contains(FOLLOW_UP) {
+        return Script::new()
+            .text(FOLLOW_UP_ANSWER)
+            .finish(FinishReason::Stop);
     }
     if !seen.contains(TURN) {
         return Script::new()
@@ -123,6 +136,8 @@ fn config(
         Some(respond(&responder, request))
     }));
     let mut config = harness::config(dir, provider);
+    // Every operation commits on its own: the matrix stops after each, not after a batch.
+    config.store.max_batch = 1;
     config.compaction.auto = true;
     config.compaction.keep_tokens = 50;
     config.store.on_commit = Some(Arc::new(move |_events| {
@@ -212,10 +227,16 @@ fn crash_matrix_child_entry() {
                     .expect("first answered");
                 // The turn's commits are counted from its admission on.
                 armed.store(true, Ordering::SeqCst);
-                let mut turn = PromptRequest::new(&s, TURN);
-                turn.id = Some(MessageId::parse("msg_matrix").expect("id"));
-                runtime.prompt(turn).await.expect("turn admitted");
             }
+            // Admitted again after a restart, as a client retrying would: an exact retry returns
+            // the original receipt, and admits what a stop prevented.
+            let mut turn = PromptRequest::new(&s, TURN);
+            turn.id = Some(MessageId::parse("msg_matrix").expect("id"));
+            runtime.prompt(turn).await.expect("turn admitted");
+            let mut follow_up = PromptRequest::new(&s, FOLLOW_UP);
+            follow_up.id = Some(MessageId::parse("msg_matrix_queued").expect("id"));
+            follow_up.delivery = agenthost_model::Delivery::Queue;
+            runtime.prompt(follow_up).await.expect("follow-up admitted");
             runtime.recovered().await;
             runtime
                 .wait_idle(&s, Duration::from_secs(120))
@@ -224,7 +245,7 @@ fn crash_matrix_child_entry() {
         };
         tokio::select! {
             _ = work => {}
-            _ = term.notified() => {}
+            _ = term.notified() => println!("stopped"),
         }
         runtime.shutdown().await;
         println!("commits {}", commits.load(Ordering::SeqCst));
@@ -250,10 +271,16 @@ fn child(dir: &Path, stop: Stop) -> Option<usize> {
         .output()
         .expect("child runs");
     let stdout = String::from_utf8_lossy(&output.stdout);
-    if let Stop::Kill(_) = stop {
-        assert!(!output.status.success(), "the child was to abort: {stdout}");
-    } else {
-        assert!(output.status.success(), "child failed: {stdout}");
+    match stop {
+        Stop::Kill(_) => assert!(!output.status.success(), "the child was to abort: {stdout}"),
+        Stop::Term(_) => {
+            assert!(output.status.success(), "child failed: {stdout}");
+            assert!(
+                stdout.lines().any(|l| l.trim_end().ends_with("stopped")),
+                "the run never reached the stop point {stop:?}: {stdout}"
+            );
+        }
+        Stop::Never => assert!(output.status.success(), "child failed: {stdout}"),
     }
     stdout.lines().find_map(|l| {
         l.find("commits ")
@@ -285,23 +312,35 @@ fn check(dir: &Path, stop: Stop) {
         "left open; {}",
         context()
     );
-    match messages
+    // The turn is answered before the follow-up is promoted, and the follow-up after it.
+    let says = |m: &Message, answer: &str| match m {
+        Message::Assistant(a) => {
+            a.finish.is_some()
+                && a.parts.iter().any(
+                    |p| matches!(p, agenthost_model::Part::Text { text, .. } if text == answer),
+                )
+        }
+        _ => false,
+    };
+    let follow_up = messages
+        .iter()
+        .position(|m| matches!(m, Message::User { prompt, .. } if prompt.text == FOLLOW_UP))
+        .unwrap_or_else(|| panic!("the follow-up was never promoted; {}", context()));
+    let turn_answered = messages[..follow_up].iter().any(|m| says(m, ANSWER));
+    assert!(
+        turn_answered,
+        "the queued follow-up joined before the turn was answered; {}",
+        context()
+    );
+    let last = messages
         .iter()
         .rev()
-        .find(|m| matches!(m, Message::Assistant(_)))
-    {
-        Some(Message::Assistant(a)) => {
-            assert!(a.finish.is_some(), "unanswered; {}", context());
-            assert!(
-                a.parts.iter().any(
-                    |p| matches!(p, agenthost_model::Part::Text { text, .. } if text == ANSWER)
-                ),
-                "not the final answer; {}",
-                context()
-            );
-        }
-        _ => panic!("never answered; {}", context()),
-    }
+        .find(|m| matches!(m, Message::Assistant(_)));
+    assert!(
+        last.is_some_and(|m| says(m, FOLLOW_UP_ANSWER)),
+        "the follow-up is unanswered; {}",
+        context()
+    );
     for (key, n) in Journal::starts(&dir.join("charge")) {
         assert_eq!(n, 1, "the charge {key} ran {n} times; {}", context());
     }
