@@ -83,3 +83,12 @@ impl From<agenthost_model::Error> for Error {
         }
     }
 }
+
+/// The message of a caught panic, for [`Error::Panicked`].
+pub(crate) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".to_owned())
+}

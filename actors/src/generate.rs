@@ -13,12 +13,12 @@ use agenthost_model::{Message, Seq, SessionId};
 use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
+use crate::error::panic_message;
 use crate::error::{Error, Result};
 use crate::hooks::Purpose;
 use crate::instructions;
 use crate::mint;
 use crate::prepare::{Inputs, Prepared, prepare};
-use crate::session::panic_message;
 use crate::shared::Shared;
 
 #[derive(Debug)]

@@ -13,9 +13,8 @@
 //! [`Hook`], [`Tools`].
 
 pub mod bus;
-mod compaction;
+mod catalog;
 pub mod config;
-mod course;
 mod drain;
 mod error;
 mod generate;
@@ -25,17 +24,13 @@ pub mod instructions;
 mod metrics;
 mod mint;
 pub mod prepare;
-mod recovery;
 mod registry;
 mod retry;
 mod runtime;
 mod session;
-mod settle;
 mod shared;
-mod step;
 mod summary;
 pub mod tools;
-mod writes;
 
 /// The runtime's concurrent maps by id, with a fast seeded hasher: the bus looks a session up
 /// for every streamed delta.
@@ -46,14 +41,13 @@ pub use config::{
     Agent, Compaction, Config, Limits, Model, Price, Recovery, RecoveryMode, Supervision,
 };
 pub use drain::Outcome;
+pub use drain::settle::{RESTART_NOTE, STOPPED_TOOL};
+pub use drain::step::{CONTINUE_NOTE, CUT as TOOL_OUTPUT_CUT, MAX_STEP_OUTPUT};
 pub use error::{Error, Result};
 pub use hooks::{Hook, Purpose, RequestContext, StepReport, ToolReport};
 pub use instructions::Instruction;
 pub use metrics::Metrics;
-pub use recovery::RESTART_NOTE;
 pub use runtime::{CreateSession, Extensions, PromptRequest, Runtime, ToolOutput};
-pub use settle::STOPPED_TOOL;
-pub use step::{CONTINUE_NOTE, CUT as TOOL_OUTPUT_CUT, MAX_STEP_OUTPUT};
 pub use summary::{
     OFF_TEMPLATE as SUMMARY_OFF_TEMPLATE, SECTIONS as SUMMARY_SECTIONS, SUMMARY_REQUEST,
 };

@@ -10,10 +10,12 @@ use agenthost_llm as llm;
 use agenthost_model::history::History;
 use agenthost_model::{Message, Part, SessionRow, ToolState};
 
-use crate::config::{Agent, Model};
-use crate::error::{Error, Result};
+use crate::config::Model;
+use crate::error::Result;
 use crate::hooks::{Hook, Purpose, RequestContext};
 use crate::tools::Tools;
+
+pub use crate::catalog::Catalog;
 
 /// The note that ends the request of an exchange's last step.
 pub const MAX_STEPS_NOTE: &str = "MAXIMUM STEPS REACHED. Tools are disabled for this final step: \
@@ -21,46 +23,6 @@ pub const MAX_STEPS_NOTE: &str = "MAXIMUM STEPS REACHED. Tools are disabled for 
 
 /// The header that pins a session's requests to one backend replica where providers support it.
 pub const AFFINITY_HEADER: &str = "x-session-affinity";
-
-/// Agents, models and providers by name.
-#[derive(Debug, Clone)]
-pub struct Catalog {
-    pub providers: std::collections::BTreeMap<String, Arc<dyn llm::Provider>>,
-    pub models: std::collections::BTreeMap<String, Model>,
-    pub agents: std::collections::BTreeMap<String, Agent>,
-    pub default_agent: String,
-}
-
-impl Catalog {
-    /// The agent of a session, its model (the session's own when it names one, else the
-    /// agent's) and the provider serving it.
-    pub fn resolve(
-        &self,
-        agent: &str,
-        session_model: Option<&str>,
-    ) -> Result<(&Agent, &Model, Arc<dyn llm::Provider>)> {
-        let agent_cfg = self
-            .agents
-            .get(agent)
-            .ok_or_else(|| Error::Config(format!("unknown agent {agent:?}")))?;
-        let name = session_model.unwrap_or(&agent_cfg.model);
-        let model = self
-            .models
-            .get(name)
-            .ok_or_else(|| Error::Config(format!("agent {agent:?}: unknown model {name:?}")))?;
-        let provider = self
-            .providers
-            .get(&model.provider)
-            .cloned()
-            .ok_or_else(|| {
-                Error::Config(format!(
-                    "model {name:?}: unknown provider {:?}",
-                    model.provider
-                ))
-            })?;
-        Ok((agent_cfg, model, provider))
-    }
-}
 
 /// A request ready to send, with what the caller needs to account for it.
 #[derive(Debug, Clone)]

@@ -22,9 +22,9 @@ use ractor::{
 };
 use tokio::time::Instant;
 
+use crate::drain::settle::STOPPED_TOOL;
 use crate::error::{Error, Result};
-use crate::session::{self, SessionActor, Start};
-use crate::settle::STOPPED_TOOL;
+use crate::session::{self, Actors, SessionActor, Start};
 use crate::shared::Shared;
 
 #[derive(Debug)]
@@ -83,6 +83,7 @@ impl Intensity {
 
 pub(crate) struct State {
     shared: Arc<Shared>,
+    actors: Arc<Actors>,
     /// Which session each live actor serves, to interpret supervision events.
     by_actor: HashMap<ActorId, SessionId>,
     /// Recent restarts per session, for the intensity limit.
@@ -99,12 +100,17 @@ impl Registry {
         session: SessionId,
         start: Start,
     ) -> Result<ActorRef<session::Msg>> {
-        let args = (session.clone(), state.shared.clone(), start);
+        let args = (
+            session.clone(),
+            state.shared.clone(),
+            state.actors.clone(),
+            start,
+        );
         let (actor, _handle) = Actor::spawn_linked(None, SessionActor, args, myself.get_cell())
             .await
             .map_err(|e| Error::Unavailable(format!("cannot start session actor: {e}")))?;
         state.by_actor.insert(actor.get_id(), session.clone());
-        state.shared.actors.insert(session, actor.clone());
+        state.actors.insert(session, actor.clone());
         Ok(actor)
     }
 
@@ -119,7 +125,6 @@ impl Registry {
             return;
         };
         state
-            .shared
             .actors
             .remove_if(&session, |_, a| a.get_id() == cell.get_id());
         if state.shared.is_shutting_down() {
@@ -147,15 +152,16 @@ impl Registry {
 impl Actor for Registry {
     type Msg = Msg;
     type State = State;
-    type Arguments = Arc<Shared>;
+    type Arguments = (Arc<Shared>, Arc<Actors>);
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Msg>,
-        shared: Arc<Shared>,
+        (shared, actors): (Arc<Shared>, Arc<Actors>),
     ) -> Result<State, ActorProcessingErr> {
         Ok(State {
             shared,
+            actors,
             by_actor: HashMap::new(),
             restarts: Intensity::default(),
             restarting: HashSet::new(),
@@ -170,7 +176,7 @@ impl Actor for Registry {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             Msg::Get(session, known, reply) => {
-                let live = state.shared.actors.get(&session).map(|a| a.clone());
+                let live = state.actors.get(&session).map(|a| a.clone());
                 let start = match state.restarting.remove(&session) {
                     true => Start::Restarted,
                     false => Start::Fresh,
@@ -201,7 +207,7 @@ impl Actor for Registry {
                 // A caller may have reached the registry before it learnt of the failure and got
                 // a fresh actor: never start a second one; wake that one instead, so it recovers
                 // what the dead actor left.
-                let live = state.shared.actors.get(&session).map(|a| a.clone());
+                let live = state.actors.get(&session).map(|a| a.clone());
                 if let Some(actor) = live {
                     let (tx, _rx) = ractor::concurrency::oneshot();
                     let _ = actor.cast(session::Msg::Wake(tx.into()));
@@ -232,7 +238,6 @@ impl Actor for Registry {
                 // A clean stop (passivation, shutdown): forget it.
                 if let Some(session) = state.by_actor.remove(&cell.get_id()) {
                     state
-                        .shared
                         .actors
                         .remove_if(&session, |_, a| a.get_id() == cell.get_id());
                 }

@@ -17,11 +17,15 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::bus::Live;
 use crate::drain::{self, Cancel, Drain, Kind, Outcome};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, panic_message};
 use crate::history_cache::HistoryCache;
 use crate::shared::Shared;
 
 pub(crate) type Reply<T> = RpcReplyPort<T>;
+
+/// Live session actors by session: the routing fast path. The runtime owns it, the registry adds
+/// the actors it spawns, and an actor that passivates removes itself.
+pub(crate) type Actors = crate::IdMap<SessionId, ActorRef<Msg>>;
 
 /// Messages of a session actor.
 #[derive(Debug)]
@@ -66,6 +70,7 @@ pub(crate) struct State {
     session: SessionId,
     start: Start,
     shared: Arc<Shared>,
+    actors: Arc<Actors>,
     current: Option<Current>,
     /// A wake arrived during the drain: run exactly one more afterwards.
     follow_up: bool,
@@ -224,29 +229,22 @@ impl<F: std::future::Future> InstrumentWith for F {
     }
 }
 
-pub(crate) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "panic".to_owned())
-}
-
 impl Actor for SessionActor {
     type Msg = Msg;
     type State = State;
-    type Arguments = (SessionId, Arc<Shared>, Start);
+    type Arguments = (SessionId, Arc<Shared>, Arc<Actors>, Start);
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Msg>,
-        (session, shared, start): Self::Arguments,
+        (session, shared, actors, start): Self::Arguments,
     ) -> Result<State, ActorProcessingErr> {
         let history = Arc::new(Mutex::new(HistoryCache::new(shared.history_budget.clone())));
         Ok(State {
             session,
             start,
             shared,
+            actors,
             current: None,
             follow_up: false,
             queued_resumes: Vec::new(),
@@ -428,7 +426,6 @@ impl Actor for SessionActor {
                     // Leave the routing table first: a message already routed here is dropped
                     // with the mailbox and its caller routes again, to a fresh actor.
                     state
-                        .shared
                         .actors
                         .remove_if(&state.session, |_, a| a.get_id() == myself.get_id());
                     state.shared.metrics.passivations.inc();
@@ -444,14 +441,14 @@ impl Actor for SessionActor {
 /// whether it has been idle for `passivate_after`, and stops if so. An actor therefore stops
 /// between `passivate_after` and one tick later. One timer instead of one per idle actor: ten
 /// thousand idle actors held ten thousand timer tasks. Ends with the runtime.
-pub(crate) async fn passivate(shared: Arc<Shared>) {
+pub(crate) async fn passivate(shared: Arc<Shared>, actors: Arc<Actors>) {
     let every = passivation_tick(shared.passivate_after);
     loop {
         tokio::select! {
             _ = shared.stopping.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
-        for actor in shared.actors.iter() {
+        for actor in actors.iter() {
             // An actor that is gone already needs no tick.
             let _ = actor.value().cast(Msg::Idle);
         }

@@ -8,16 +8,14 @@ use std::time::Duration;
 
 use agenthost_model::SessionId;
 use agenthost_store::Store;
-use ractor::ActorRef;
 use tokio::sync::Semaphore;
 
 use crate::IdMap;
 use crate::bus::Bus;
+use crate::catalog::Catalog;
 use crate::config::{Limits, Supervision};
 use crate::hooks::Hook;
 use crate::metrics::Metrics;
-use crate::prepare::Catalog;
-use crate::session;
 use crate::tools::Tools;
 
 /// What every actor and drain of one runtime shares.
@@ -37,8 +35,6 @@ pub(crate) struct Shared {
     pub drains_waiting: AtomicUsize,
     /// Sessions with a drain in progress in this process.
     pub active: IdMap<SessionId, ()>,
-    /// Live session actors: the routing fast path.
-    pub actors: IdMap<SessionId, ActorRef<session::Msg>>,
     pub limits: Limits,
     pub supervision: Supervision,
     pub passivate_after: Duration,
@@ -48,8 +44,6 @@ pub(crate) struct Shared {
     /// What session actors' history caches may hold together.
     pub history_budget: Arc<crate::history_cache::Budget>,
     pub metrics: Metrics,
-    /// What recovery sweeps still owe: `wait_idle` waits for it.
-    pub sweeps: crate::recovery::Sweeps,
     /// Set once by `Runtime::shutdown`; new work is refused from then on.
     pub shutting_down: AtomicBool,
     /// Cancelled by `Runtime::shutdown`, so background loops end at once.

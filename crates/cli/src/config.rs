@@ -357,21 +357,77 @@ impl Settings {
     }
 }
 
-/// Checks `file` and builds the settings, reading secrets through `env`.
+/// Checks `file` and builds the settings, reading secrets through `env`: one check per section,
+/// in the order a reader meets them.
 pub fn resolve(
     name: &str,
     file: File,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Settings, Error> {
-    let invalid = |key: &str, reason: String| Error::Invalid {
-        file: name.to_owned(),
+    let (bind, token_env, token) = server(name, &file.server, env)?;
+    let (providers, kinds) = providers(name, &file.providers, env)?;
+    let builtin_mock = file.providers.is_empty();
+    let models = models(name, &file.models, &providers, &kinds, builtin_mock)?;
+    let (agents, default_agent) = agents(name, &file.agents, file.default_agent.as_ref(), &models)?;
+    let specs = tools(name, &file.tools)?;
+    let recovery = recovery(name, &file.recovery)?;
+    let (limits, passivate_after) = limits(name, &file.limits)?;
+    let postgres = postgres(name, &file.store, &file.cluster, env)?;
+    let (cache_mib, commit_linger) = store(name, &file.store)?;
+    let telemetry = telemetry(name, &file.telemetry)?;
+    Ok(Settings {
+        data_dir: file
+            .data_dir
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
+        bind,
+        token_env,
+        token,
+        body_limit: file.server.body_limit_bytes,
+        header_timeout: file.server.header_timeout_ms.map(Duration::from_millis),
+        body_timeout: file.server.body_timeout_ms.map(Duration::from_millis),
+        max_connections: file.server.max_connections,
+        max_streams: file.server.max_streams,
+        max_streams_per_session: file.server.max_streams_per_session,
+        delta_interval: file.server.delta_interval_ms.map(Duration::from_millis),
+        protect_metrics: file.server.protect_metrics.unwrap_or(false),
+        protect_healthz: file.server.protect_healthz.unwrap_or(false),
+        check_on_start: file.store.check_on_start.unwrap_or(true),
+        cache_mib,
+        commit_linger,
+        postgres,
+        builtin_mock,
+        providers,
+        models,
+        agents,
+        default_agent,
+        recovery,
+        compaction_auto: file.compaction.auto.unwrap_or(true),
+        tools: specs,
+        limits,
+        passivate_after,
+        telemetry,
+    })
+}
+
+/// What a section's check answers with: the error naming the file and the key.
+fn invalid_in(file: &str) -> impl Fn(&str, String) -> Error + '_ {
+    move |key, reason| Error::Invalid {
+        file: file.to_owned(),
         key: key.to_owned(),
         reason,
-    };
+    }
+}
 
-    let bind_text = file.server.bind.as_deref().unwrap_or(DEFAULT_BIND);
+/// `[server]`: the address, the token and the request bounds.
+fn server(
+    name: &str,
+    server: &Server,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(SocketAddr, String, Option<Token>), Error> {
+    let invalid = invalid_in(name);
+    let bind_text = server.bind.as_deref().unwrap_or(DEFAULT_BIND);
     let bind = parse_bind(bind_text).map_err(|reason| invalid("server.bind", reason))?;
-    let (token_env, explicit) = match &file.server.token_env {
+    let (token_env, explicit) = match &server.token_env {
         Some(var) => (var.clone(), true),
         None => (DEFAULT_TOKEN_ENV.to_owned(), false),
     };
@@ -385,28 +441,35 @@ pub fn resolve(
     for (key, zero) in [
         (
             "server.body_limit_bytes",
-            file.server.body_limit_bytes == Some(0),
+            server.body_limit_bytes == Some(0),
         ),
         (
             "server.header_timeout_ms",
-            file.server.header_timeout_ms == Some(0),
+            server.header_timeout_ms == Some(0),
         ),
-        (
-            "server.body_timeout_ms",
-            file.server.body_timeout_ms == Some(0),
-        ),
-        (
-            "server.max_connections",
-            file.server.max_connections == Some(0),
-        ),
+        ("server.body_timeout_ms", server.body_timeout_ms == Some(0)),
+        ("server.max_connections", server.max_connections == Some(0)),
     ] {
         if zero {
             return Err(invalid(key, "must be at least 1".into()));
         }
     }
 
-    let builtin_mock = file.providers.is_empty();
-    let mut providers: BTreeMap<String, Arc<dyn llm::Provider>> = BTreeMap::new();
+    Ok((bind, token_env, token))
+}
+
+/// Built providers by name.
+type Providers = BTreeMap<String, Arc<dyn llm::Provider>>;
+
+/// `[providers.NAME]`, built, with their kinds; the built-in mock alone when none is configured.
+fn providers(
+    name: &str,
+    file: &BTreeMap<String, Provider>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(Providers, BTreeMap<String, llm::Kind>), Error> {
+    let invalid = invalid_in(name);
+    let builtin_mock = file.is_empty();
+    let mut providers: Providers = BTreeMap::new();
     if builtin_mock {
         providers.insert(
             "mock".into(),
@@ -414,7 +477,7 @@ pub fn resolve(
         );
     }
     let mut kinds = BTreeMap::new();
-    for (pname, p) in &file.providers {
+    for (pname, p) in file {
         let key = |field: &str| format!("providers.{pname}.{field}");
         check_name(pname).map_err(|reason| invalid(&format!("providers.{pname}"), reason))?;
         let mut config = llm::Config::new(p.kind);
@@ -507,11 +570,23 @@ pub fn resolve(
         kinds.insert(pname.clone(), p.kind);
     }
 
+    Ok((providers, kinds))
+}
+
+/// `[models.NAME]`, each on a configured provider.
+fn models(
+    name: &str,
+    file: &BTreeMap<String, Model>,
+    providers: &Providers,
+    kinds: &BTreeMap<String, llm::Kind>,
+    builtin_mock: bool,
+) -> Result<BTreeMap<String, actors::Model>, Error> {
+    let invalid = invalid_in(name);
     let mut models = BTreeMap::new();
     let only_provider = (providers.len() == 1)
         .then(|| providers.keys().next().cloned())
         .flatten();
-    if file.models.is_empty() {
+    if file.is_empty() {
         if builtin_mock {
             models.insert("default".to_owned(), actors::Model::new("mock", "mock-1"));
         } else {
@@ -521,7 +596,7 @@ pub fn resolve(
             ));
         }
     }
-    for (mname, m) in &file.models {
+    for (mname, m) in file {
         let key = |field: &str| format!("models.{mname}.{field}");
         check_name(mname).map_err(|reason| invalid(&format!("models.{mname}"), reason))?;
         let provider = match (&m.provider, &only_provider) {
@@ -607,11 +682,22 @@ pub fn resolve(
         models.insert(mname.clone(), model);
     }
 
+    Ok(models)
+}
+
+/// `[agents.NAME]`, each on a configured model, and `default_agent`.
+fn agents(
+    name: &str,
+    file: &BTreeMap<String, Agent>,
+    default_agent: Option<&String>,
+    models: &BTreeMap<String, actors::Model>,
+) -> Result<(BTreeMap<String, actors::Agent>, String), Error> {
+    let invalid = invalid_in(name);
     let only_model = (models.len() == 1)
         .then(|| models.keys().next().cloned())
         .flatten();
     let mut agents = BTreeMap::new();
-    if file.agents.is_empty() {
+    if file.is_empty() {
         let model = if models.contains_key("default") {
             "default".to_owned()
         } else if let Some(only) = &only_model {
@@ -632,7 +718,7 @@ pub fn resolve(
             },
         );
     }
-    for (aname, a) in &file.agents {
+    for (aname, a) in file {
         let key = |field: &str| format!("agents.{aname}.{field}");
         check_name(aname).map_err(|reason| invalid(&format!("agents.{aname}"), reason))?;
         let model = match (&a.model, &only_model) {
@@ -694,7 +780,7 @@ pub fn resolve(
         }
         agents.insert(aname.clone(), agent);
     }
-    let default_agent = match &file.default_agent {
+    let default_agent = match default_agent {
         Some(a) if agents.contains_key(a) => a.clone(),
         Some(a) => {
             return Err(invalid(
@@ -712,8 +798,14 @@ pub fn resolve(
         }
     };
 
+    Ok((agents, default_agent))
+}
+
+/// `[[tools]]`: HTTP tools, each built once so that one that cannot be built is an error here.
+fn tools(name: &str, file: &[Tool]) -> Result<Vec<tools::Spec>, Error> {
+    let invalid = invalid_in(name);
     let mut specs: Vec<tools::Spec> = Vec::new();
-    for (n, t) in file.tools.iter().enumerate() {
+    for (n, t) in file.iter().enumerate() {
         let key = |field: &str| format!("tools[{n}].{field}");
         let ToolKind::Http = t.kind;
         check_name(&t.name).map_err(|reason| invalid(&key("name"), reason))?;
@@ -753,15 +845,21 @@ pub fn resolve(
         specs.push(spec);
     }
 
+    Ok(specs)
+}
+
+/// `[recovery]`.
+fn recovery(name: &str, file: &Recovery) -> Result<actors::Recovery, Error> {
+    let invalid = invalid_in(name);
     let mut recovery = actors::Recovery::default();
-    if let Some(mode) = file.recovery.mode {
+    if let Some(mode) = file.mode {
         recovery.mode = match mode {
             RecoveryMode::Resume => actors::RecoveryMode::Resume,
             RecoveryMode::Pause => actors::RecoveryMode::Pause,
             RecoveryMode::Off => actors::RecoveryMode::Off,
         };
     }
-    if let Some(max) = file.recovery.max_attempts {
+    if let Some(max) = file.max_attempts {
         if max == 0 {
             return Err(invalid(
                 "recovery.max_attempts",
@@ -770,23 +868,27 @@ pub fn resolve(
         }
         recovery.max_attempts = max;
     }
-    if let Some(c) = file.recovery.concurrency {
+    if let Some(c) = file.concurrency {
         if c == 0 {
             return Err(invalid("recovery.concurrency", "must be at least 1".into()));
         }
         recovery.concurrency = c;
     }
 
-    let (limits, passivate_after) = limits(name, &file.limits)?;
-    let postgres = postgres(name, &file.store, &file.cluster, env)?;
-    let cache_mib = file.store.cache_mib.unwrap_or(DEFAULT_CACHE_MIB);
+    Ok(recovery)
+}
+
+/// `[store]` of the embedded store: its page cache and its commit linger.
+fn store(name: &str, file: &StoreSection) -> Result<(usize, Duration), Error> {
+    let invalid = invalid_in(name);
+    let cache_mib = file.cache_mib.unwrap_or(DEFAULT_CACHE_MIB);
     if !(1..=1 << 20).contains(&cache_mib) {
         return Err(invalid(
             "store.cache_mib",
             "must be between 1 and 1048576".into(),
         ));
     }
-    let commit_linger = match file.store.commit_linger_us {
+    let commit_linger = match file.commit_linger_us {
         None => agenthost_store::DEFAULT_LINGER,
         Some(us) if us <= MAX_COMMIT_LINGER_US => Duration::from_micros(us),
         Some(_) => {
@@ -796,7 +898,16 @@ pub fn resolve(
             ));
         }
     };
-    let telemetry = match (&file.telemetry.otlp_endpoint, &file.telemetry.service_name) {
+    Ok((cache_mib, commit_linger))
+}
+
+/// `[telemetry]`: where traces are exported, if anywhere.
+fn telemetry(
+    name: &str,
+    file: &TelemetrySection,
+) -> Result<Option<crate::telemetry::Telemetry>, Error> {
+    let invalid = invalid_in(name);
+    let telemetry = match (&file.otlp_endpoint, &file.service_name) {
         (Some(endpoint), service) => {
             check_url(endpoint).map_err(|reason| invalid("telemetry.otlp_endpoint", reason))?;
             if cfg!(not(feature = "otlp")) {
@@ -826,38 +937,7 @@ pub fn resolve(
         (None, None) => None,
     };
 
-    Ok(Settings {
-        data_dir: file
-            .data_dir
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
-        bind,
-        token_env,
-        token,
-        body_limit: file.server.body_limit_bytes,
-        header_timeout: file.server.header_timeout_ms.map(Duration::from_millis),
-        body_timeout: file.server.body_timeout_ms.map(Duration::from_millis),
-        max_connections: file.server.max_connections,
-        max_streams: file.server.max_streams,
-        max_streams_per_session: file.server.max_streams_per_session,
-        delta_interval: file.server.delta_interval_ms.map(Duration::from_millis),
-        protect_metrics: file.server.protect_metrics.unwrap_or(false),
-        protect_healthz: file.server.protect_healthz.unwrap_or(false),
-        check_on_start: file.store.check_on_start.unwrap_or(true),
-        cache_mib,
-        commit_linger,
-        postgres,
-        builtin_mock,
-        providers,
-        models,
-        agents,
-        default_agent,
-        recovery,
-        compaction_auto: file.compaction.auto.unwrap_or(true),
-        tools: specs,
-        limits,
-        passivate_after,
-        telemetry,
-    })
+    Ok(telemetry)
 }
 
 /// The PostgreSQL store from `[store]` and `[cluster]`, when `kind = "postgres"`. The URL comes

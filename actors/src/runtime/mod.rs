@@ -8,6 +8,8 @@
 //! check: the admission just found the session). A message that cannot be delivered (the actor
 //! passivated or died in between) is routed again: messages are idempotent up to their effect.
 
+pub(crate) mod recovery;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -20,16 +22,15 @@ use tokio::sync::{Semaphore, broadcast};
 
 use crate::IdMap;
 use crate::bus::{Bus, Live};
+use crate::catalog::Catalog;
 use crate::config::Config;
 use crate::drain::Outcome;
 use crate::error::{Error, Result};
 use crate::generate::Pool;
 use crate::hooks::Hook;
 use crate::metrics::Metrics;
-use crate::prepare::Catalog;
-use crate::recovery;
 use crate::registry::{self, Registry};
-use crate::session;
+use crate::session::{self, Actors};
 use crate::shared::Shared;
 use crate::tools::Tools;
 
@@ -83,6 +84,10 @@ pub struct Extensions {
 #[derive(Debug, Clone)]
 pub struct Runtime {
     pub(crate) shared: Arc<Shared>,
+    /// Live session actors: the routing fast path.
+    actors: Arc<Actors>,
+    /// What recovery sweeps still owe: `wait_idle` waits for it.
+    sweeps: recovery::Sweeps,
     registry: ActorRef<registry::Msg>,
     preparers: Arc<Pool>,
     recovery: Arc<tokio::sync::watch::Receiver<bool>>,
@@ -138,7 +143,6 @@ impl Runtime {
             drains: Arc::new(Semaphore::new(config.limits.concurrent_drains.max(1))),
             drains_waiting: Default::default(),
             active: IdMap::default(),
-            actors: IdMap::default(),
             limits: config.limits,
             supervision: config.supervision,
             passivate_after: config.passivate_after,
@@ -147,30 +151,35 @@ impl Runtime {
             recovery: config.recovery.clone(),
             history_budget,
             metrics,
-            sweeps: Default::default(),
             shutting_down: AtomicBool::new(false),
             stopping: Default::default(),
             released: Default::default(),
         });
-        let (registry, _) = Actor::spawn(None, Registry, shared.clone())
+        let actors: Arc<Actors> = Arc::default();
+        let (registry, _) = Actor::spawn(None, Registry, (shared.clone(), actors.clone()))
             .await
             .map_err(|e| Error::Unavailable(format!("cannot start the registry: {e}")))?;
         let preparers = Arc::new(Pool::start(shared.clone(), PREPARERS).await?);
         let (done_tx, done_rx) = tokio::sync::watch::channel(false);
         let runtime = Runtime {
             shared,
+            actors,
+            sweeps: Default::default(),
             registry,
             preparers,
             recovery: Arc::new(done_rx),
         };
-        tokio::spawn(session::passivate(runtime.shared.clone()));
+        tokio::spawn(session::passivate(
+            runtime.shared.clone(),
+            runtime.actors.clone(),
+        ));
         let sweeper = runtime.clone();
         let recovery = config.recovery;
         if let Some(ownership) = runtime.shared.store.ownership() {
             let follower = runtime.clone();
             let changes = ownership.subscribe();
             // What is held now, the boot sweep (which `wait_idle` waits for) covers.
-            runtime.shared.sweeps.handled(ownership.version());
+            runtime.sweeps.handled(ownership.version());
             tokio::spawn(async move { recovery::follow(&follower, changes).await });
         }
         tokio::spawn(async move {
@@ -339,7 +348,7 @@ impl Runtime {
         self.check_open()?;
         // Only a live actor can have a drain, and only a claim can hold what a stopped one left:
         // with neither there is nothing to interrupt, and no actor is spawned for it.
-        if !self.shared.actors.contains_key(session) && !self.claimed(session).await? {
+        if !self.actors.contains_key(session) && !self.claimed(session).await? {
             return Ok(false);
         }
         let timeout = self.shared.limits.call_timeout;
@@ -387,7 +396,6 @@ impl Runtime {
         // resumed it.
         let left = timeout.saturating_sub(start.elapsed());
         if !self
-            .shared
             .sweeps
             .settled(session, || self.ownership_version(), left)
             .await
@@ -458,7 +466,7 @@ impl Runtime {
 
     /// Session actors alive right now (passivated sessions are not counted).
     pub fn live(&self) -> usize {
-        self.shared.actors.len()
+        self.actors.len()
     }
 
     /// Live events of every session: durable events after commit, deltas, status changes.
@@ -549,32 +557,34 @@ impl Runtime {
             return;
         }
         self.shared.stopping.cancel();
-        let deadline = self.shared.limits.shutdown_timeout;
-        let actors: Vec<ActorRef<session::Msg>> = self
-            .shared
-            .actors
-            .iter()
-            .map(|e| e.value().clone())
-            .collect();
+        // One deadline for every phase: the whole shutdown, not each phase, is bounded by
+        // `shutdown_timeout`.
+        let end = tokio::time::Instant::now() + self.shared.limits.shutdown_timeout;
+        let left = || {
+            end.saturating_duration_since(tokio::time::Instant::now())
+                .max(Duration::from_millis(1))
+        };
+        let actors: Vec<ActorRef<session::Msg>> =
+            self.actors.iter().map(|e| e.value().clone()).collect();
         let interrupts = actors.iter().map(|actor| {
             actor.call(
                 |reply| session::Msg::Interrupt(InterruptReason::Shutdown, reply),
-                Some(deadline),
+                Some(left()),
             )
         });
-        let _ = tokio::time::timeout(deadline, futures::future::join_all(interrupts)).await;
+        let _ = tokio::time::timeout_at(end, futures::future::join_all(interrupts)).await;
         let _ = self
             .registry
-            .stop_children_and_wait(Some("shutdown".into()), Some(deadline))
+            .stop_children_and_wait(Some("shutdown".into()), Some(left()))
             .await;
         let _ = self
             .registry
-            .stop_and_wait(Some("shutdown".into()), Some(deadline))
+            .stop_and_wait(Some("shutdown".into()), Some(left()))
             .await;
         self.preparers.stop();
         // The registry may stop before it has processed every child's termination: forget the
         // stopped actors here, so `live()` is exact and their handles are released.
-        self.shared.actors.clear();
+        self.actors.clear();
         self.shared.active.clear();
         let store = self.shared.store.clone();
         let _ = tokio::task::spawn_blocking(move || store.close()).await;
@@ -586,7 +596,6 @@ impl Runtime {
     /// refused already; this stops the work.
     pub(crate) async fn stop_unowned(&self) {
         let lost: Vec<(SessionId, ActorRef<session::Msg>)> = self
-            .shared
             .actors
             .iter()
             .filter(|e| !self.owns(e.key()))
@@ -620,7 +629,7 @@ impl Runtime {
         session: &SessionId,
         known: bool,
     ) -> Result<Option<ActorRef<session::Msg>>> {
-        if let Some(actor) = self.shared.actors.get(session) {
+        if let Some(actor) = self.actors.get(session) {
             return Ok(Some(actor.clone()));
         }
         if !self.owns(session) {
@@ -703,8 +712,7 @@ impl Runtime {
                 "the actor of session {session} did not answer {what}"
             )));
         }
-        self.shared
-            .actors
+        self.actors
             .remove_if(session, |_, a| a.get_id() == actor.get_id());
         Ok(())
     }

@@ -22,6 +22,12 @@
 //! the admission, and one write carrying the claim, the promotion, the step and the drain's
 //! success.
 
+pub(crate) mod compaction;
+mod course;
+pub(crate) mod settle;
+pub(crate) mod step;
+mod writes;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -30,28 +36,16 @@ use agenthost_model::{Event, InterruptReason, SessionId};
 use agenthost_store::Action;
 use tokio_util::sync::CancellationToken;
 
-use crate::course::{AfterPromotion, AfterStep, AtBoundary, Course, Stepped};
+use crate::drain::settle::{Recovered, recover};
+use crate::drain::writes::Submitted;
 use crate::error::{Error, Result};
 use crate::history_cache::HistoryCache;
 use crate::instructions;
 use crate::mint;
-use crate::settle::{Recovered, recover};
 use crate::shared::Shared;
-use crate::step::{self, StepEnd};
-use crate::writes::Submitted;
-
-/// How a drain ended, delivered to every caller that joined it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// Nothing was owed; nothing was written.
-    Idle,
-    /// Ran `steps` steps and settled.
-    Completed { steps: u32 },
-    /// Stopped by `interrupt` (or shutdown) after durable cleanup.
-    Interrupted,
-    /// A manual compaction finished; history before `kept_from` is now summarized.
-    Compacted { kept_from: agenthost_model::Seq },
-}
+pub use course::Outcome;
+use course::{AfterPromotion, AfterStep, AtBoundary, Course, Stepped};
+use step::StepEnd;
 
 /// Cancellation with the reason the drain records: a user interrupt or a shutdown.
 #[derive(Debug, Clone, Default)]
@@ -191,7 +185,7 @@ pub(crate) async fn run(d: Drain) -> Ended {
     let result = match d.kind {
         // Boxed: a compaction's future is larger than a turn's, and every running drain would
         // otherwise carry its size.
-        Kind::Compaction => Box::pin(crate::compaction::compact(&d, false))
+        Kind::Compaction => Box::pin(crate::drain::compaction::compact(&d, false))
             .await
             .map(|kept_from| Outcome::Compacted { kept_from }),
         Kind::Turn => agent_loop(&d).await,

@@ -21,10 +21,6 @@ use crate::runtime::Runtime;
 /// session that stays busy longer keeps running, it only stops holding up the sweep.
 const RECOVERY_WAIT: Duration = Duration::from_secs(60);
 
-/// The note a resumed session's model sees.
-pub const RESTART_NOTE: &str = "The server restarted while you were working on this session. \
-     Continue where you left off; do not repeat work that is already complete.";
-
 /// Sweeps the sessions this node owns. `listing` (a takeover's) is released once the sessions
 /// owed recovery are known, each of them until it is recovered: until then `wait_idle` on them
 /// waits (a session owed recovery is not idle).
@@ -54,7 +50,7 @@ pub(crate) async fn sweep(runtime: &Runtime, config: &Recovery, listing: Option<
         }
         return;
     }
-    let sweeps = &runtime.shared.sweeps;
+    let sweeps = &runtime.sweeps;
     sweeps.owe(&found);
     drop(listing);
     tracing::info!(sessions = found.len(), "recovering sessions");
@@ -190,7 +186,7 @@ pub(crate) async fn follow(
             _ = runtime.shared.stopping.cancelled() => return,
             change = changes.recv() => change,
         };
-        let sweeps = &runtime.shared.sweeps;
+        let sweeps = &runtime.sweeps;
         match change {
             Ok(Lease::Lost(_, version)) => {
                 runtime.stop_unowned().await;

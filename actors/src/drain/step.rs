@@ -29,9 +29,9 @@ use tokio::task::JoinSet;
 use tracing::Instrument as _;
 
 use crate::bus::{DeltaKind, Live};
-use crate::compaction::{self, threshold};
 use crate::config::Price;
 use crate::drain::Drain;
+use crate::drain::compaction::{self, threshold};
 use crate::error::{Error, Result};
 use crate::history_cache::HistoryCache;
 use crate::hooks::{Purpose, StepReport, ToolReport};

@@ -5,7 +5,18 @@
 
 use agenthost_model::promotion::Boundary;
 
-use crate::drain::Outcome;
+/// How a drain ended, delivered to every caller that joined it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Nothing was owed; nothing was written.
+    Idle,
+    /// Ran `steps` steps and settled.
+    Completed { steps: u32 },
+    /// Stopped by `interrupt` (or shutdown) after durable cleanup.
+    Interrupted,
+    /// A manual compaction finished; history before `kept_from` is now summarized.
+    Compacted { kept_from: agenthost_model::Seq },
+}
 
 /// Where a drain stands between boundaries.
 #[derive(Debug, Clone, PartialEq, Eq)]

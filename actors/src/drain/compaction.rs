@@ -111,7 +111,7 @@ pub(crate) async fn compact(d: &Drain, auto: bool) -> Result<Seq> {
     };
     let mut spent = llm::Usage::default();
     let result = summarize(d, &id, &ask, &mut spent).await;
-    let usage = crate::step::cost(&spent, &model.price);
+    let usage = crate::drain::step::cost(&spent, &model.price);
     let mut events = match &result {
         Ok(reply) => vec![Event::CompactionEnded {
             id,
@@ -211,7 +211,7 @@ async fn summarize(
             return Err(Error::Provider(error));
         }
         retries += 1;
-        let delay = crate::step::backoff(retries, &error);
+        let delay = crate::drain::step::backoff(retries, &error);
         tracing::warn!(session_id = %d.session, error = %error, ?delay, "summary call failed; retrying");
         tokio::select! {
             biased;

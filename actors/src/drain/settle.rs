@@ -13,6 +13,10 @@ use crate::mint;
 use crate::shared::Shared;
 use crate::tools::Call;
 
+/// The note a resumed session's model sees.
+pub const RESTART_NOTE: &str = "The server restarted while you were working on this session. \
+     Continue where you left off; do not repeat work that is already complete.";
+
 /// The "may or may not have taken effect" result of a tool a stopped process was running.
 pub const STOPPED_TOOL: &str = "the process stopped while this tool ran; it may or may not have \
      taken effect. Check before repeating it.";
@@ -87,7 +91,7 @@ pub(crate) async fn recover(d: &Drain, row: &agenthost_model::SessionRow) -> Res
     closing.push(Event::InstructionsUpdated {
         id: mint::message_id(),
         changed: Vec::new(),
-        text: crate::recovery::RESTART_NOTE.into(),
+        text: RESTART_NOTE.into(),
     });
     d.append(closing).await?;
     // The step a stop cut is run again under its number; tool results continue to the next; a
@@ -156,6 +160,7 @@ pub(crate) async fn settle_orphaned_tool(
         }
         _ => Err(STOPPED_TOOL.to_owned()),
     };
-    let events = crate::step::settled(message, &tool.call_id, &result, d.shared.limits.tool_output);
+    let events =
+        crate::drain::step::settled(message, &tool.call_id, &result, d.shared.limits.tool_output);
     d.append(events).await
 }
