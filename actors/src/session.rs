@@ -153,6 +153,11 @@ impl State {
             shared: self.shared.clone(),
             forced,
             kind,
+            fence: self
+                .shared
+                .store
+                .ownership()
+                .and_then(|o| o.epoch(&self.session)),
             cancel: cancel.clone(),
             in_flight: Default::default(),
             history: Some(self.history.clone()),

@@ -87,6 +87,10 @@ pub(crate) struct Drain {
     pub shared: Arc<Shared>,
     pub forced: bool,
     pub kind: Kind,
+    /// The lease epoch the drain runs under, on a store shared by several nodes: its writes are
+    /// refused once the partition was lost, even if this node took it again since (the owner in
+    /// between may have recovered the session).
+    pub fence: Option<i64>,
     pub cancel: Cancel,
     /// Writes submitted and not yet confirmed durable.
     pub in_flight: Arc<Mutex<Submitted>>,

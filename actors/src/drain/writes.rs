@@ -40,6 +40,16 @@ pub(crate) type InFlight =
     futures::future::BoxFuture<'static, agenthost_store::Result<Vec<agenthost_model::Stored>>>;
 
 impl Drain {
+    /// `actions` behind the drain's fence, when its store has lease epochs: every write of a
+    /// drain carries the epoch its claim was taken in.
+    fn fenced(&self, actions: impl Iterator<Item = Action>) -> Vec<Action> {
+        self.fence
+            .map(Action::Fence)
+            .into_iter()
+            .chain(actions)
+            .collect()
+    }
+
     /// Appends and waits until these events, and every event submitted before them, are
     /// durable.
     pub(crate) async fn append(&self, events: Vec<Event>) -> Result<()> {
@@ -59,11 +69,7 @@ impl Drain {
             (unsent, writes, holds)
         };
         let ahead = unsent.len();
-        let all: Vec<Action> = unsent
-            .into_iter()
-            .map(Action::Append)
-            .chain(actions)
-            .collect();
+        let all = self.fenced(unsent.into_iter().map(Action::Append).chain(actions));
         let write = self.shared.store.write(self.session.clone(), all);
         let earlier = wait(writes).await;
         let written = write.await;
@@ -109,7 +115,8 @@ impl Drain {
             return;
         }
         let events = std::mem::take(&mut submitted.unsent);
-        let write = self.shared.store.append(self.session.clone(), events);
+        let actions = self.fenced(events.into_iter().map(Action::Append));
+        let write = self.shared.store.write(self.session.clone(), actions);
         submitted.writes.push(write);
     }
 

@@ -49,6 +49,11 @@ pub trait Ownership: Send + Sync + fmt::Debug {
     }
     /// Whether this node holds the session's partition now.
     fn owns(&self, session: &SessionId) -> bool;
+    /// The epoch at which this node holds the session's partition now, if it does: what a drain
+    /// fences its writes with ([`crate::Action::Fence`]).
+    fn epoch(&self, _session: &SessionId) -> Option<i64> {
+        None
+    }
     /// The other node holding the session's partition, as last read; `None` when this node
     /// holds it or nobody does (a takeover is due).
     fn owner(&self, session: &SessionId) -> Option<Node>;

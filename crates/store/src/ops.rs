@@ -68,6 +68,12 @@ pub enum Action {
     Append(Event),
     /// Promotes the pending inputs the boundary selects; nothing when none qualify.
     Promote(Boundary),
+    /// Refuses the whole write ([`Error::NotOwner`], nothing written) unless this node holds the
+    /// session's partition at `epoch` (see [`crate::Ownership::epoch`]): a drain writes only under
+    /// the lease epoch its claim was taken in, so a drain that outlived a lease lost and taken
+    /// again cannot write over what the partition's owner in between recovered. The embedded
+    /// store has no epochs and ignores it.
+    Fence(i64),
     /// Appends `ExecutionSucceeded` only if no input is pending at this point of the
     /// transaction. An input admitted after the caller last looked is therefore never left
     /// behind a drain that already settled: the drain sees no `ExecutionSucceeded` come back
@@ -132,6 +138,8 @@ fn write(
                 push(ov, session, event, now)?;
             }
             Action::Promote(boundary) => promote(ov, session, boundary, now)?,
+            // Checked by a backend with epochs before the operation runs.
+            Action::Fence(_) => {}
             Action::SucceedIfIdle => {
                 if pending(ov, session)? == 0 {
                     push(ov, session, Event::ExecutionSucceeded, now)?;

@@ -383,6 +383,11 @@ impl Ownership for Leases {
         lock(&self.held).epochs.contains_key(&part)
     }
 
+    fn epoch(&self, session: &SessionId) -> Option<i64> {
+        let part = partition_of(session, self.partitions);
+        lock(&self.held).epochs.get(&part).copied()
+    }
+
     fn owner(&self, session: &SessionId) -> Option<Node> {
         if self.owns(session) {
             return None;

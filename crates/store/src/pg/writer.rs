@@ -69,6 +69,17 @@ impl From<Error> for Failed {
     }
 }
 
+/// The epoch an operation is fenced to, if it carries one ([`crate::Action::Fence`]).
+fn fence_of(op: &Op) -> Option<i64> {
+    match op {
+        Op::Write(_, actions) => actions.iter().find_map(|a| match a {
+            crate::Action::Fence(epoch) => Some(*epoch),
+            _ => None,
+        }),
+        Op::Create(_) | Op::Admit(_) => None,
+    }
+}
+
 pub(crate) fn session_of(op: &Op) -> &SessionId {
     match op {
         Op::Create(new) => &new.id,
@@ -230,13 +241,15 @@ impl Writer {
             "SELECT part, owner, epoch FROM leases WHERE part = ANY($1) ORDER BY part FOR SHARE",
         )?;
         let leases = wait(txn.query(&check, &[&parts])).map_err(|e| conflict(&e))?;
-        let mut holding: HashMap<u32, bool> = HashMap::new();
+        // Each partition's epoch, where this node owns it now.
+        let mut owned: HashMap<u32, i64> = HashMap::new();
         for row in leases {
             let part = row.get::<_, i32>(0) as u32;
             let owner: Option<&str> = row.get(1);
             let epoch: i64 = row.get(2);
-            let ours = owner == Some(self.node.as_str()) && held.epochs.get(&part) == Some(&epoch);
-            holding.insert(part, ours);
+            if owner == Some(self.node.as_str()) {
+                owned.insert(part, epoch);
+            }
         }
         let mut batch = Batch::new(&txn, &self.statements, &mut self.cache);
         batch.prefetch(sessions, ids)?;
@@ -244,7 +257,11 @@ impl Writer {
         for op in ops {
             let session = session_of(op).clone();
             let partition = crate::partition_of(&session, partitions);
-            if !holding.get(&partition).copied().unwrap_or(false) {
+            // At the epoch this node took the lease at, or the one the operation's claim was
+            // taken under (a fenced drain's).
+            let expected = fence_of(op).or_else(|| held.epochs.get(&partition).copied());
+            let ours = owned.get(&partition).is_some_and(|e| Some(*e) == expected);
+            if !ours {
                 self.stats.fenced.inc();
                 outcomes.push(Err(Error::NotOwner { session, partition }));
                 continue;

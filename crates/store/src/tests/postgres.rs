@@ -261,6 +261,60 @@ async fn a_stale_owner_cannot_commit_after_a_takeover() {
     drop_schema(&schema);
 }
 
+/// A write fenced to the lease epoch its claim was taken in is refused once the partition was
+/// lost, even after this node took it again at a newer epoch (the owner in between may have
+/// recovered the session); an unfenced write, or one fenced to the new epoch, goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_fenced_to_an_old_epoch_is_refused_after_the_lease_was_taken_again() {
+    use crate::Action;
+    use agenthost_model::{Event, Usage};
+    let schema = schema();
+    let a = open(&schema, "node-a");
+    let s = session_on(&a, "epoch").await;
+    let ownership = cluster(&a);
+    let part = ownership.partition(&s);
+    let first = ownership.epoch(&s).expect("held");
+    let usage = |fence: Option<i64>| -> Vec<Action> {
+        fence
+            .map(Action::Fence)
+            .into_iter()
+            .chain([Action::Append(Event::UsageRecorded {
+                usage: Usage::default(),
+            })])
+            .collect()
+    };
+    a.write(s.clone(), usage(Some(first)))
+        .await
+        .expect("written under its epoch");
+    // Another node took it over, then let it expire: this node takes it again.
+    sql(&format!(
+        "UPDATE {schema}.leases SET owner = 'node-b', epoch = epoch + 1, \
+         expires_at = now() - interval '1 second' WHERE part = {part}"
+    ));
+    until("taken again at a newer epoch", || {
+        ownership.epoch(&s).is_some_and(|e| e > first + 1)
+    })
+    .await;
+    let refused = a.write(s.clone(), usage(Some(first))).await;
+    assert!(
+        matches!(refused, Err(crate::Error::NotOwner { partition, .. }) if partition == part),
+        "{refused:?}"
+    );
+    let now = ownership.epoch(&s).expect("held");
+    a.write(s.clone(), usage(Some(now)))
+        .await
+        .expect("written under the new epoch");
+    a.write(s.clone(), usage(None)).await.expect("unfenced");
+    let log = a
+        .snapshot()
+        .expect("snapshot")
+        .events(&s, agenthost_model::Seq::ZERO, 100)
+        .expect("events");
+    assert_eq!(log.len(), 4, "created, and three of the four writes");
+    a.close();
+    drop_schema(&schema);
+}
+
 /// Two nodes share the partitions: the first takes all, and hands half back once the second
 /// is alive; the second takes them. A closed node hands its partitions back at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
