@@ -51,11 +51,12 @@ pub(crate) async fn compact(d: &Drain, auto: bool) -> Result<Seq> {
     // The history is read from the store: what the drain submitted (a promotion riding with the
     // step's start, say) must be in it.
     d.flush().await?;
-    let (row, history) = {
-        let snap = shared.store.snapshot()?;
-        snap.history(&d.session, Mode::All)?
-            .ok_or_else(|| Error::SessionNotFound(d.session.clone()))?
-    };
+    let (row, history) = d
+        .read(|snap, session| {
+            snap.history(session, Mode::All)?
+                .ok_or_else(|| Error::SessionNotFound(session.clone()))
+        })
+        .await?;
     if !auto && row.claim.is_some() {
         // Work a stopped process left comes first: the recovery drain settles it.
         return Err(Error::Busy(format!(

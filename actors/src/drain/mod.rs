@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex};
 
 use agenthost_model::promotion;
 use agenthost_model::{Event, InterruptReason, SessionId};
-use agenthost_store::Action;
+use agenthost_store::{Action, Snapshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::drain::settle::{Recovered, recover};
@@ -223,11 +223,12 @@ pub(crate) async fn run(d: Drain) -> Ended {
 /// session never overlap, so a claim held now is this drain's, or the one it was recovering.
 async fn fail_claim(d: &Drain, error: &Error) -> Result<()> {
     let claimed = d
-        .shared
-        .store
-        .snapshot()?
-        .session(&d.session)?
-        .is_some_and(|row| row.claim.is_some());
+        .read(|snap, session| {
+            Ok(snap
+                .session(session)?
+                .is_some_and(|row| row.claim.is_some()))
+        })
+        .await?;
     if !claimed {
         return Ok(());
     }
@@ -238,19 +239,38 @@ async fn fail_claim(d: &Drain, error: &Error) -> Result<()> {
     .await
 }
 
+impl Drain {
+    /// Runs `read` on a snapshot: inline where the store's reads are local (the embedded store),
+    /// on the blocking pool where they are round trips on pooled connections (PostgreSQL), so a
+    /// drain never holds a runtime thread while it waits on the network.
+    pub(crate) async fn read<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&dyn Snapshot, &SessionId) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        if self.shared.store.local_reads() {
+            return read(&*self.shared.store.snapshot()?, &self.session);
+        }
+        let (store, session) = (self.shared.store.clone(), self.session.clone());
+        tokio::task::spawn_blocking(move || read(&*store.snapshot()?, &session))
+            .await
+            .map_err(|e| Error::Unavailable(format!("a store read failed: {e}")))?
+    }
+}
+
 async fn agent_loop(d: &Drain) -> Result<Outcome> {
     // The row and the pending inputs from one snapshot; the inputs serve the first boundary.
-    let (row, mut first_inputs) = {
-        let snap = d.shared.store.snapshot()?;
-        let row = snap
-            .session(&d.session)?
-            .ok_or_else(|| Error::SessionNotFound(d.session.clone()))?;
-        let inputs = match row.pending {
-            0 => Vec::new(),
-            _ => snap.pending(&d.session)?,
-        };
-        (row, Some(inputs))
-    };
+    let (row, mut first_inputs) = d
+        .read(|snap, session| {
+            let row = snap
+                .session(session)?
+                .ok_or_else(|| Error::SessionNotFound(session.clone()))?;
+            let inputs = match row.pending {
+                0 => Vec::new(),
+                _ => snap.pending(session)?,
+            };
+            Ok((row, Some(inputs)))
+        })
+        .await?;
     // Drains of one session never overlap, so a claim seen here was left by an execution that
     // is gone: a crash, a shutdown or a dead actor. Recovery comes before anything else, unless
     // the user interrupted it already: then the interrupt wins, and nothing is run again.
@@ -303,12 +323,14 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
         let (inputs, pending) = if deferrable {
             let inputs = match first {
                 Some(inputs) => inputs,
-                None => d.shared.store.snapshot()?.pending(&d.session)?,
+                None => d.read(|snap, session| Ok(snap.pending(session)?)).await?,
             };
             let pending = !inputs.is_empty();
             (inputs, pending)
         } else {
-            let seqs = d.shared.store.snapshot()?.pending_seqs(&d.session)?;
+            let seqs = d
+                .read(|snap, session| Ok(snap.pending_seqs(session)?))
+                .await?;
             (Vec::new(), seqs.iter().any(|seq| !promised.contains(seq)))
         };
         let opened = course
@@ -444,17 +466,21 @@ async fn instructions_update(d: &Drain) -> Result<Option<Event>> {
 /// `Idle` with nothing written. An interrupt therefore wins however it races a restart: it
 /// reaches a session whose execution is gone before recovery runs it again.
 pub(crate) async fn release(d: &Drain) -> Result<Outcome> {
-    let (row, messages) = {
-        let snap = d.shared.store.snapshot()?;
-        let row = snap
-            .session(&d.session)?
-            .ok_or_else(|| Error::SessionNotFound(d.session.clone()))?;
-        if row.claim.is_none() {
-            return Ok(Outcome::Idle);
-        }
-        let from = agenthost_model::history::load_from(&row);
-        let messages = snap.messages(&d.session, from, usize::MAX)?;
-        (row, messages)
+    let claimed = d
+        .read(|snap, session| {
+            let row = snap
+                .session(session)?
+                .ok_or_else(|| Error::SessionNotFound(session.clone()))?;
+            if row.claim.is_none() {
+                return Ok(None);
+            }
+            let from = agenthost_model::history::load_from(&row);
+            let messages = snap.messages(session, from, usize::MAX)?;
+            Ok(Some((row, messages)))
+        })
+        .await?;
+    let Some((row, messages)) = claimed else {
+        return Ok(Outcome::Idle);
     };
     let left = agenthost_model::owed::leftovers(&messages);
     tracing::info!(session_id = %d.session, claim = ?row.claim, "interrupted before recovery ran it: ending the cut turn");

@@ -45,10 +45,8 @@ pub(crate) async fn recover(d: &Drain, row: &agenthost_model::SessionRow) -> Res
     // model sees leaves them out).
     let from = agenthost_model::history::load_from(row);
     let messages = d
-        .shared
-        .store
-        .snapshot()?
-        .messages(&d.session, from, usize::MAX)?;
+        .read(move |snap, session| Ok(snap.messages(session, from, usize::MAX)?))
+        .await?;
     let policy = policy(&d.shared, row);
     let attempt = row.resume_attempts + 1;
     let left = owed::leftovers(&messages);

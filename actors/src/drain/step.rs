@@ -119,7 +119,10 @@ async fn build_with(
     note: Option<&'static str>,
     ahead: Vec<InboxRow>,
 ) -> Result<Prepared> {
+    // Inline only where that blocks nothing: no hook to run, the store's reads local, and a
+    // short cached history.
     let small = d.shared.hooks.is_empty()
+        && d.shared.store.local_reads()
         && d.history
             .as_ref()
             .is_some_and(|cache| lock(cache).holds_a_short_history());
@@ -551,18 +554,22 @@ async fn abort(d: &Drain, message: &MessageId, a: &mut Attempt) -> Result<StepEn
         d.append(vec![aborted(message)]).await?;
         return Ok(StepEnd::Interrupted);
     }
-    let snap = d.shared.store.snapshot()?;
-    let running: Vec<String> = snap
-        .history(&d.session, Mode::All)?
-        .and_then(|(_, h)| {
-            h.messages.into_iter().find_map(|m| match m {
-                agenthost_model::Message::Assistant(x) if x.id == *message => {
-                    Some(x.running_tools().map(|t| t.call_id.clone()).collect())
-                }
-                _ => None,
-            })
+    let id = message.clone();
+    let running: Vec<String> = d
+        .read(move |snap, session| {
+            Ok(snap
+                .history(session, Mode::All)?
+                .and_then(|(_, h)| {
+                    h.messages.into_iter().find_map(|m| match m {
+                        agenthost_model::Message::Assistant(x) if x.id == id => {
+                            Some(x.running_tools().map(|t| t.call_id.clone()).collect())
+                        }
+                        _ => None,
+                    })
+                })
+                .unwrap_or_default())
         })
-        .unwrap_or_default();
+        .await?;
     let mut events: Vec<Event> = running
         .into_iter()
         .map(|call_id| Event::ToolFailed {
@@ -748,7 +755,7 @@ async fn run_tools(
     }
     d.flush().await?;
     let shared = &d.shared;
-    let agent = shared.catalog.agents.get(&agent_of(d)?).cloned();
+    let agent = shared.catalog.agents.get(&agent_of(d).await?).cloned();
     let patterns = agent.map(|a| a.tools).unwrap_or_default();
     let mut refused = Vec::new();
     let mut tasks = JoinSet::new();
@@ -876,12 +883,14 @@ async fn run_tools(
     }
 }
 
-fn agent_of(d: &Drain) -> Result<String> {
-    let snap = d.shared.store.snapshot()?;
-    let row = snap
-        .session(&d.session)?
-        .ok_or_else(|| Error::SessionNotFound(d.session.clone()))?;
-    Ok(row.agent)
+async fn agent_of(d: &Drain) -> Result<String> {
+    d.read(|snap, session| {
+        let row = snap
+            .session(session)?
+            .ok_or_else(|| Error::SessionNotFound(session.clone()))?;
+        Ok(row.agent)
+    })
+    .await
 }
 
 /// The durable settlement of one call. Output (or an error) above `limit` bytes keeps a head and

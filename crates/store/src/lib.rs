@@ -108,6 +108,12 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     }
     /// A consistent read view of the latest durable state.
     fn snapshot(&self) -> Result<Box<dyn Snapshot>>;
+    /// Whether a snapshot and its reads stay in this process (the embedded store: memory-mapped
+    /// pages) rather than waiting on the network and on a pool of connections (PostgreSQL). An
+    /// async caller reads a store whose reads are not local on the blocking pool.
+    fn local_reads(&self) -> bool {
+        true
+    }
     /// Writer counters (commits, operations, batch sizes).
     fn stats(&self) -> &Stats;
     /// Whether the store takes writes (see [`Health`]).

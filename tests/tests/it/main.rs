@@ -9,5 +9,6 @@ mod harness;
 mod interop;
 mod laws;
 mod model;
+mod postgres;
 mod recovery;
 mod supervision;

@@ -478,6 +478,10 @@ impl Store for PgStore {
         self.leases.health()
     }
 
+    fn local_reads(&self) -> bool {
+        false
+    }
+
     fn ownership(&self) -> Option<Arc<dyn Ownership>> {
         Some(self.leases.clone())
     }
