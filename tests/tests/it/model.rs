@@ -355,6 +355,19 @@ async fn run(ops: Vec<Op>) {
                 .collect::<Vec<_>>()
         );
     }
+    // Queued input waited out every open exchange, restarts and panics included.
+    for s in &w.sessions {
+        let events = snap.events(s, Seq::ZERO, usize::MAX).expect("events");
+        if let Err(at) = queue_waits_for_the_open_exchange(&events, 25) {
+            panic!(
+                "{s}: event {at} promoted a queued input into an open exchange: {:#?}",
+                events
+                    .iter()
+                    .map(|e| format!("{} {:?}", e.seq, e.event))
+                    .collect::<Vec<_>>()
+            );
+        }
+    }
     let mut promoted: BTreeMap<MessageId, usize> = BTreeMap::new();
     for s in &w.sessions {
         for stored in snap.events(s, Seq::ZERO, usize::MAX).expect("events") {
@@ -375,6 +388,59 @@ async fn run(ops: Vec<Op>) {
     runtime.shutdown().await;
     monitor.join().await;
     drop(dir);
+}
+
+/// The queue law read off a session's log: a queued input is promoted only when no exchange is
+/// open. An exchange opens with a promotion and ends with a step that owes no continuation (no
+/// tool called, the step limit, a filtered answer), a failed execution or a user's interrupt; a
+/// shutdown, a crash or a panic ends none. `Err` holds the seq of the promotion that broke it.
+fn queue_waits_for_the_open_exchange(
+    events: &[agenthost_model::Stored],
+    max_steps: u32,
+) -> Result<(), u64> {
+    use agenthost_model::{Finish, InterruptReason};
+    let mut queued: HashSet<MessageId> = HashSet::new();
+    let mut steps: BTreeMap<MessageId, (u32, bool)> = BTreeMap::new();
+    let mut open = false;
+    for stored in events {
+        match &stored.event {
+            Event::PromptAdmitted {
+                id,
+                delivery: Delivery::Queue,
+                ..
+            } => {
+                queued.insert(id.clone());
+            }
+            Event::PromptPromoted { id } => {
+                if open && queued.contains(id) {
+                    return Err(stored.seq.0);
+                }
+                open = true;
+            }
+            Event::StepStarted { id, step, .. } => {
+                steps.insert(id.clone(), (*step, false));
+            }
+            Event::ToolCalled { id, .. } => {
+                if let Some(step) = steps.get_mut(id) {
+                    step.1 = true;
+                }
+            }
+            Event::StepEnded { id, finish, .. } => {
+                let (step, called) = steps.get(id).copied().unwrap_or((0, false));
+                let continues =
+                    called && step < max_steps && !matches!(finish, Finish::ContentFilter);
+                if !continues {
+                    open = false;
+                }
+            }
+            Event::ExecutionFailed { .. }
+            | Event::ExecutionInterrupted {
+                reason: InterruptReason::User,
+            } => open = false,
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 proptest! {
