@@ -175,8 +175,11 @@ impl State {
             // ends what a stopped execution left under a claim (a restarted actor's first drain).
             let cancel = drain.cancel.clone();
             let ended = match drain.slot.take(&drain.shared, &drain.cancel).await {
+                // Boxed: every task waiting for a slot would otherwise reserve room for it.
                 false if cancel.reason() == InterruptReason::User => drain::Ended {
-                    result: drain::release(&drain).await.map(|_| Outcome::Interrupted),
+                    result: Box::pin(drain::release(&drain))
+                        .await
+                        .map(|_| Outcome::Interrupted),
                     stranded: false,
                 },
                 false => drain::Ended {

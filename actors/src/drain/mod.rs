@@ -276,7 +276,7 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
     // the user interrupted it already: then the interrupt wins, and nothing is run again.
     let recovering = row.claim.is_some();
     if recovering && d.cancel.is_cancelled() && d.cancel.reason() == InterruptReason::User {
-        return release(d).await;
+        return Box::pin(release(d)).await;
     }
     if row.halted.is_some() && !d.forced {
         return Ok(Outcome::Idle);
