@@ -343,7 +343,9 @@ impl Runtime {
     }
 
     /// Interrupts the running drain and returns after its durable cleanup, with whether a drain
-    /// was running. A no-op (false) for an idle or unknown session.
+    /// was running. A claimed session with no drain (a restart that has not resumed it yet) has
+    /// the turn its stopped execution left ended the same way, and answers true. A no-op (false)
+    /// for an idle or unknown session.
     pub async fn interrupt(&self, session: &SessionId) -> Result<bool> {
         self.check_open()?;
         // Only a live actor can have a drain, and only a claim can hold what a stopped one left:

@@ -28,13 +28,8 @@ pub(crate) async fn sweep(runtime: &Runtime, config: &Recovery, listing: Option<
     if config.mode == RecoveryMode::Off {
         return;
     }
-    // Store reads, one per pending session: on the blocking pool, like the lost-wake sweep's.
-    let reader = runtime.clone();
-    let read = tokio::task::spawn_blocking(move || candidates(&reader))
-        .await
-        .map_err(|e| crate::Error::Unavailable(e.to_string()))
-        .and_then(|read| read);
-    let found = match read {
+    // Store reads, one per pending session: on the blocking pool.
+    let found = match blocking(runtime, candidates).await {
         Ok(found) => found,
         Err(e) => {
             tracing::error!(error = %e, "recovery sweep could not read the store");
@@ -62,6 +57,18 @@ pub(crate) async fn sweep(runtime: &Runtime, config: &Recovery, listing: Option<
             sweeps.recovered(&session);
         })
         .await;
+}
+
+/// Runs `read` of the runtime's store on the blocking pool: a sweep's reads grow with the store
+/// (and on PostgreSQL are round trips), so they never hold a runtime thread.
+async fn blocking<T: Send + 'static>(
+    runtime: &Runtime,
+    read: fn(&Runtime) -> Result<T>,
+) -> Result<T> {
+    let reader = runtime.clone();
+    tokio::task::spawn_blocking(move || read(&reader))
+        .await
+        .map_err(|e| crate::Error::Unavailable(e.to_string()))?
 }
 
 /// What recovery sweeps still owe: sessions listed and not yet woken and settled, and takeover
@@ -246,12 +253,7 @@ pub(crate) async fn watch(runtime: &Runtime) {
             _ = tokio::time::sleep(every) => {}
         }
         // Store reads: on the blocking pool, like every read that grows with the store.
-        let reader = runtime.clone();
-        let read = tokio::task::spawn_blocking(move || admitted_last(&reader))
-            .await
-            .map_err(|e| crate::Error::Unavailable(e.to_string()))
-            .and_then(|read| read);
-        let found = match read {
+        let found = match blocking(runtime, admitted_last).await {
             Ok(found) => found,
             Err(e) => {
                 tracing::warn!(error = %e, "the lost-wake sweep could not read the store");
