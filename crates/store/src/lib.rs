@@ -29,6 +29,8 @@ mod rows;
 mod slot;
 mod snapshot;
 mod tables;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 mod verify;
 mod writer;
 

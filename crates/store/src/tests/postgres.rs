@@ -2,8 +2,9 @@
 //! write across SIGKILL, and fences a node whose lease was taken over.
 //!
 //! These tests need a PostgreSQL server: `AGENTHOST_PG_URL` names it (`.ci/with-postgres`
-//! starts a throwaway one). Without it they fail, saying how to start one; they never pass by
-//! skipping. Each store lives in a schema of its own, dropped when the test ends.
+//! starts a throwaway one). Without it each returns at once and one line says they were left
+//! out; with `AGENTHOST_REQUIRE_SERVICES` set (as `.ci/run` does) they fail instead, saying how
+//! to start one. Each store lives in a schema of its own, dropped when the test ends.
 
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -13,15 +14,16 @@ use std::time::Duration;
 use crate::conformance::Backend;
 use crate::{Config, PgConfig, PgStore, Store};
 
-/// The server's URL, or a failure that says how to get one.
+/// Whether a server is there; without one each test returns at once, and one line says they
+/// were left out (a failure when `AGENTHOST_REQUIRE_SERVICES` is set, as in CI).
+fn available() -> bool {
+    crate::testing::postgres_url("the PostgreSQL store tests").is_some()
+}
+
+/// The server's URL (see [`available`]).
 pub(crate) fn url() -> String {
-    std::env::var("AGENTHOST_PG_URL").unwrap_or_else(|_| {
-        panic!(
-            "the PostgreSQL tests need a server: run them through `.ci/with-postgres cargo test \
-             --workspace` (it starts a throwaway PostgreSQL), or set AGENTHOST_PG_URL to a \
-             database they may create schemas in"
-        )
-    })
+    crate::testing::postgres_url("the PostgreSQL store tests")
+        .expect("invariant: tests check `available` first")
 }
 
 /// A schema name no other test (or test process) uses.
@@ -122,7 +124,7 @@ impl Drop for Postgres {
     }
 }
 
-crate::conformance_tests!(Postgres::default());
+crate::conformance_tests!(Postgres::default(), if available());
 
 const CHILD_ENV: &str = "AGENTHOST_PG_CRASH_CHILD";
 
@@ -137,6 +139,9 @@ fn crash_child_entry() {
 
 #[test]
 fn acknowledged_writes_survive_sigkill() {
+    if !available() {
+        return;
+    }
     let rounds = if std::env::var_os("AGENTHOST_SOAK").is_some() {
         20
     } else {
@@ -212,6 +217,9 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
 /// says so; the new owner reads everything the old one committed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_owner_cannot_commit_after_a_takeover() {
+    if !available() {
+        return;
+    }
     use crate::Lease;
     let schema = schema();
     let a = open(&schema, "node-a");
@@ -266,6 +274,9 @@ async fn a_stale_owner_cannot_commit_after_a_takeover() {
 /// recovered the session); an unfenced write, or one fenced to the new epoch, goes through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_fenced_to_an_old_epoch_is_refused_after_the_lease_was_taken_again() {
+    if !available() {
+        return;
+    }
     use crate::Action;
     use agenthost_model::{Event, Usage};
     let schema = schema();
@@ -319,6 +330,9 @@ async fn a_write_fenced_to_an_old_epoch_is_refused_after_the_lease_was_taken_aga
 /// is alive; the second takes them. A closed node hands its partitions back at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_share_the_partitions() {
+    if !available() {
+        return;
+    }
     let schema = schema();
     let a = open(&schema, "node-a");
     let held = |o: &dyn crate::Ownership, node: &str| {
@@ -351,6 +365,9 @@ async fn nodes_share_the_partitions() {
 /// Every node of a cluster must agree on the partition count.
 #[test]
 fn a_partition_count_mismatch_stops_the_start() {
+    if !available() {
+        return;
+    }
     let schema = schema();
     let a = open(&schema, "node-a");
     let mut other = config(&schema, "node-b");
@@ -434,6 +451,9 @@ impl Proxy {
 /// acknowledged write, and nothing refused, is there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_resume_by_themselves_when_the_database_comes_back() {
+    if !available() {
+        return;
+    }
     use crate::Health;
     let proxy = Proxy::start().await;
     let schema = schema();
@@ -491,6 +511,9 @@ async fn writes_resume_by_themselves_when_the_database_comes_back() {
 /// snapshot waits for one to come back instead of opening another.
 #[test]
 fn snapshots_wait_for_a_pooled_connection() {
+    if !available() {
+        return;
+    }
     let schema = schema();
     let mut pg = config(&schema, "node-a");
     pg.pool_size = 2;
