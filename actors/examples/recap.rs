@@ -58,7 +58,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Recap each time the session goes idle.
     loop {
         let event = tokio::time::timeout(Duration::from_secs(30), live.recv()).await??;
-        if event.0 == session && event.1 == (Live::Status { running: false }) {
+        if event.0 == session && event.1 == Live::Status(agenthost_actors::Activity::Idle) {
             match recap(&runtime, &session).await? {
                 Some(text) => println!("recap: {text}"),
                 None => println!("recap dropped: the session moved on"),

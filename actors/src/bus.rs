@@ -34,8 +34,18 @@ pub enum Live {
         part: u32,
         delta: String,
     },
-    /// The session started or finished a drain.
-    Status { running: bool },
+    /// The session started or finished a drain, or began waiting for approvals.
+    Status(Activity),
+}
+
+/// What a session is doing, as far as this process knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activity {
+    Idle,
+    /// A drain runs.
+    Running,
+    /// Its last step waits for a person's approval; it holds no drain slot.
+    Waiting,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -400,14 +410,15 @@ mod tests {
     }
 
     fn status(n: u32) -> Live {
-        Live::Status {
-            running: n % 2 == 1,
-        }
+        Live::Status(match n % 2 == 1 {
+            true => Activity::Running,
+            false => Activity::Idle,
+        })
     }
 
     fn running(item: &Item) -> bool {
         match &item.1 {
-            Live::Status { running } => *running,
+            Live::Status(activity) => *activity == Activity::Running,
             other => panic!("unexpected {other:?}"),
         }
     }

@@ -147,7 +147,24 @@ pub struct Agent {
     pub steps: u32,
     /// Tool name patterns: `*`, `fs_*`, `!shell`. Later patterns win.
     pub tools: Vec<String>,
+    /// Tool name patterns (the syntax of `tools`) of calls that wait for a person's approval
+    /// before they run. A hook may decide per call instead ([`crate::Hook::permission`]).
+    pub ask: Vec<String>,
+    /// How long an approval waits before it is settled as expired.
+    pub approval_ttl: Duration,
+    /// What new steering input does to approvals the session waits for.
+    pub on_new_input: OnNewInput,
     pub temperature: Option<f64>,
+}
+
+/// What new steering input does to the approvals a session waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnNewInput {
+    /// They stay; the input waits behind them, as queued input does.
+    #[default]
+    Keep,
+    /// They are withdrawn (the model sees them cancelled) and the input joins the exchange.
+    Deny,
 }
 
 impl Default for Agent {
@@ -157,10 +174,16 @@ impl Default for Agent {
             system: "You are a helpful agent.".into(),
             steps: 25,
             tools: vec!["*".into()],
+            ask: Vec::new(),
+            approval_ttl: DEFAULT_APPROVAL_TTL,
+            on_new_input: OnNewInput::Keep,
             temperature: None,
         }
     }
 }
+
+/// How long an approval waits by default: a day.
+pub const DEFAULT_APPROVAL_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// What to do at start with sessions a previous process left running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -47,6 +47,20 @@ pub enum Error {
     /// The drain was interrupted (by a user or a shutdown) while this operation waited or ran.
     #[error("interrupted")]
     Interrupted,
+    /// The approval was decided already; the first decision stands.
+    #[error("the approval of tool call {call_id} was already decided: {}", .decision.verdict.as_str())]
+    AlreadyDecided {
+        call_id: String,
+        decision: Box<agenthost_model::Decision>,
+    },
+    /// A decision named another digest than the call's: it would approve something else than
+    /// what was asked.
+    #[error("the digest {given:?} is not the digest of tool call {call_id} ({asked})")]
+    DigestMismatch {
+        call_id: String,
+        given: String,
+        asked: String,
+    },
     /// Recovery gave up on the session, or a supervisor halted it: it waits for a resume.
     #[error("session {session} halted: {reason}")]
     Halted { session: SessionId, reason: String },

@@ -205,7 +205,7 @@ fn approx_bytes(message: &Message) -> usize {
                                 let result = match &t.state {
                                     ToolState::Completed { output, .. } => output.len(),
                                     ToolState::Error { error } => error.len(),
-                                    ToolState::Running => 0,
+                                    ToolState::Running | ToolState::Held => 0,
                                 };
                                 t.call_id.len()
                                     + t.name.len()
@@ -213,6 +213,15 @@ fn approx_bytes(message: &Message) -> usize {
                                     + result
                                     + std::mem::size_of::<Part>()
                                     + std::mem::size_of::<agenthost_model::ToolPart>()
+                            }
+                            Part::Approval(a) => {
+                                a.call_id.len()
+                                    + a.digest.len()
+                                    + a.decision.as_ref().map_or(0, |d| {
+                                        d.by.as_ref().map_or(0, String::len)
+                                            + d.reason.as_ref().map_or(0, String::len)
+                                    })
+                                    + std::mem::size_of::<Part>()
                             }
                         })
                         .sum::<usize>()

@@ -46,6 +46,27 @@ pub struct ToolReport {
     pub ok: bool,
 }
 
+/// A tool call about to run, for a permission hook.
+#[derive(Debug, Clone, Copy)]
+pub struct ToolRequest<'a> {
+    pub session: &'a SessionId,
+    pub agent: &'a str,
+    pub name: &'a str,
+    /// The arguments, valid JSON (calls with invalid arguments are refused before any hook).
+    pub input: &'a serde_json::Value,
+}
+
+/// What a permission hook decides for one call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Permission {
+    /// It runs.
+    Allow,
+    /// It waits for a person's approval.
+    Ask,
+    /// It does not run; the model gets this reason.
+    Deny(String),
+}
+
 /// Every method has a no-op default; implement what you need. Hooks run inline on the drain
 /// task: keep them fast, and never block.
 pub trait Hook: Send + Sync + fmt::Debug {
@@ -58,4 +79,9 @@ pub trait Hook: Send + Sync + fmt::Debug {
     fn on_admitted(&self, _session: &SessionId, _id: &MessageId) {}
     fn on_step(&self, _report: &StepReport) {}
     fn on_tool(&self, _report: &ToolReport) {}
+    /// Decides whether a call runs, waits for approval or is refused; `None` leaves it to the
+    /// agent's `ask` patterns. The first hook with an answer decides.
+    fn permission(&self, _call: &ToolRequest<'_>) -> Option<Permission> {
+        None
+    }
 }

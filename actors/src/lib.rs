@@ -12,6 +12,7 @@
 //! Main types: [`Runtime`] (the handle), [`Config`], [`Outcome`], [`Error`], [`Live`] events,
 //! [`Hook`], [`Tools`].
 
+mod approvals;
 pub mod bus;
 mod catalog;
 pub mod config;
@@ -36,15 +37,17 @@ pub mod tools;
 /// for every streamed delta.
 pub(crate) type IdMap<K, V> = dashmap::DashMap<K, V, foldhash::fast::RandomState>;
 
-pub use bus::{DeltaKind, Live, Subscription};
+pub use approvals::{Decide, PendingApproval, digest};
+pub use bus::{Activity, DeltaKind, Live, Subscription};
 pub use config::{
-    Agent, Compaction, Config, Limits, Model, Price, Recovery, RecoveryMode, Supervision,
+    Agent, Compaction, Config, DEFAULT_APPROVAL_TTL, Limits, Model, OnNewInput, Price, Recovery,
+    RecoveryMode, Supervision,
 };
 pub use drain::Outcome;
 pub use drain::settle::{RESTART_NOTE, STOPPED_TOOL};
 pub use drain::step::{CONTINUE_NOTE, CUT as TOOL_OUTPUT_CUT, MAX_STEP_OUTPUT};
 pub use error::{Error, Result};
-pub use hooks::{Hook, Purpose, RequestContext, StepReport, ToolReport};
+pub use hooks::{Hook, Permission, Purpose, RequestContext, StepReport, ToolReport, ToolRequest};
 pub use instructions::Instruction;
 pub use metrics::Metrics;
 pub use runtime::{CreateSession, Extensions, PromptRequest, Runtime, ToolOutput};

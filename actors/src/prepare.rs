@@ -203,8 +203,14 @@ pub fn convert(history: &History) -> Vec<llm::Message> {
                                     &t.call_id,
                                     "the tool has not finished",
                                 ),
+                                ToolState::Held => {
+                                    llm::Message::tool_error(&t.call_id, held(a, &t.call_id))
+                                }
                             });
                         }
+                        // Approvals are the runtime's business; the model sees their outcome
+                        // as the call's result.
+                        Part::Approval(_) => {}
                     }
                 }
                 if !parts.is_empty() {
@@ -216,6 +222,18 @@ pub fn convert(history: &History) -> Vec<llm::Message> {
         }
     }
     out
+}
+
+/// The result a call held for approval shows until it settles (a `generate` on a session that
+/// waits sees it): the refusal once refused, otherwise that it has not run.
+fn held(a: &agenthost_model::AssistantMessage, call_id: &str) -> String {
+    let decision = a.approval(call_id).and_then(|x| x.decision.as_ref());
+    match decision {
+        Some(decision) => decision
+            .refusal()
+            .unwrap_or_else(|| "the call was approved and has not run yet".to_owned()),
+        None => "the call waits for a person's approval; it has not run".to_owned(),
+    }
 }
 
 /// About four bytes a token: coarse, but monotone in the request's size, which is what the
@@ -244,4 +262,165 @@ pub fn estimate(request: &llm::Request) -> u64 {
         .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
         .sum::<usize>();
     (bytes as u64).div_ceil(4)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The request builder's transcript law: whatever a history holds (tools running, held for
+    //! approval, decided, refused, settled; text and reasoning in any order, doubled or empty),
+    //! every tool call the provider sees is followed by exactly one result, and no result stands
+    //! without its call.
+
+    use agenthost_model::{
+        Approval, AssistantMessage, Decision, Message, MessageId, Part, Seq, Timestamp, ToolPart,
+        ToolState, Usage, Verdict,
+    };
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn state() -> impl Strategy<Value = (ToolState, Option<Option<Verdict>>)> {
+        let verdict = prop_oneof![
+            Just(Verdict::Approved),
+            Just(Verdict::Denied),
+            Just(Verdict::Expired),
+            Just(Verdict::Cancelled),
+        ];
+        prop_oneof![
+            Just((ToolState::Running, None)),
+            Just((
+                ToolState::Completed {
+                    output: "ok".into(),
+                    truncated: false
+                },
+                None
+            )),
+            Just((ToolState::Error { error: "no".into() }, None)),
+            Just((ToolState::Held, Some(None))),
+            verdict.prop_map(|v| (ToolState::Held, Some(Some(v)))),
+        ]
+    }
+
+    /// One assistant message's parts: texts, reasoning and calls (with unique call ids), and the
+    /// approval parts of the held ones, in a shuffled order.
+    fn parts() -> impl Strategy<Value = Vec<Part>> {
+        let text = prop_oneof![Just(String::new()), Just("t".to_owned())];
+        let part = prop_oneof![
+            text.clone().prop_map(|text| vec![Part::Text {
+                text,
+                incomplete: false
+            }]),
+            text.prop_map(|text| vec![Part::Reasoning {
+                text,
+                metadata: None,
+                incomplete: false
+            }]),
+            state().prop_map(|(state, approval)| {
+                let mut parts = vec![Part::Tool(ToolPart {
+                    call_id: String::new(),
+                    name: "t".into(),
+                    input: "{}".into(),
+                    state,
+                })];
+                if let Some(verdict) = approval {
+                    parts.push(Part::Approval(Approval {
+                        call_id: String::new(),
+                        digest: "sha256:0".into(),
+                        expires_at: Timestamp(1),
+                        decision: verdict.map(|verdict| Decision {
+                            verdict,
+                            by: Some("ann".into()),
+                            reason: None,
+                            time: Timestamp(1),
+                        }),
+                    }));
+                }
+                parts
+            }),
+        ];
+        proptest::collection::vec(part, 0..6).prop_map(|groups| {
+            let mut parts = Vec::new();
+            for (n, group) in groups.into_iter().enumerate() {
+                for mut part in group {
+                    match &mut part {
+                        Part::Tool(t) => t.call_id = format!("c{n}"),
+                        Part::Approval(a) => a.call_id = format!("c{n}"),
+                        _ => {}
+                    }
+                    parts.push(part);
+                }
+            }
+            parts
+        })
+    }
+
+    fn history() -> impl Strategy<Value = History> {
+        let message = prop_oneof![Just(None), parts().prop_map(Some),];
+        proptest::collection::vec(message, 0..8).prop_map(|messages| History {
+            summary: None,
+            messages: messages
+                .into_iter()
+                .enumerate()
+                .map(|(n, parts)| {
+                    let id = MessageId::mint(Timestamp(n as u64), n as u128);
+                    match parts {
+                        None => Message::System {
+                            id,
+                            seq: Seq(n as u64),
+                            text: "note".into(),
+                            time: Timestamp(0),
+                        },
+                        Some(parts) => Message::Assistant(AssistantMessage {
+                            id,
+                            seq: Seq(n as u64),
+                            step: 1,
+                            agent: "a".into(),
+                            model: "m".into(),
+                            parts,
+                            finish: None,
+                            error: None,
+                            usage: Usage::default(),
+                            retries: 0,
+                            created: Timestamp(0),
+                            completed: None,
+                        }),
+                    }
+                })
+                .collect(),
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn every_call_the_provider_sees_has_exactly_one_result(history in history()) {
+            let out = convert(&history);
+            let mut n = 0;
+            while n < out.len() {
+                match &out[n] {
+                    llm::Message::Tool(result) => {
+                        prop_assert!(false, "a result without its call: {result:?}");
+                    }
+                    llm::Message::Assistant { parts } => {
+                        let calls: Vec<&str> = parts
+                            .iter()
+                            .filter_map(|p| match p {
+                                llm::AssistantPart::ToolCall(c) => Some(c.id.as_str()),
+                                _ => None,
+                            })
+                            .collect();
+                        let results: Vec<&str> = out[n + 1..]
+                            .iter()
+                            .map_while(|m| match m {
+                                llm::Message::Tool(r) => Some(r.call_id.as_str()),
+                                _ => None,
+                            })
+                            .collect();
+                        prop_assert_eq!(&calls, &results);
+                        n += 1 + results.len();
+                    }
+                    llm::Message::User { .. } => n += 1,
+                }
+            }
+        }
+    }
 }

@@ -15,7 +15,7 @@ use agenthost_model::{InterruptReason, SessionId};
 use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
-use crate::bus::Live;
+use crate::bus::{Activity, Live};
 use crate::drain::{self, Cancel, Drain, Kind, Outcome};
 use crate::error::{Error, Result, panic_message};
 use crate::history_cache::HistoryCache;
@@ -166,7 +166,7 @@ impl State {
         self.shared.active.insert(self.session.clone(), ());
         self.shared
             .bus
-            .publish(&self.session, Live::Status { running: true });
+            .publish(&self.session, Live::Status(Activity::Running));
         let me = myself.clone();
         let task = tokio::spawn(async move {
             // Waiting for a slot holds only this task and the drain's inputs: the drain's state,
@@ -376,10 +376,26 @@ impl Actor for SessionActor {
                     return Ok(());
                 };
                 state.shared.active.remove(&state.session);
+                // A session that waits for approvals holds no drain: the runtime's timer wakes
+                // it when the earliest expires, whether or not this actor is still alive.
+                let activity = match &result {
+                    Ok(Outcome::Waiting { expires_at }) => {
+                        state.shared.deadlines.set(&state.session, *expires_at);
+                        Activity::Waiting
+                    }
+                    // A refusal changed nothing: a session that waited still does.
+                    Err(Error::Busy(_)) if state.shared.deadlines.is_waiting(&state.session) => {
+                        Activity::Waiting
+                    }
+                    _ => {
+                        state.shared.deadlines.clear(&state.session);
+                        Activity::Idle
+                    }
+                };
                 state
                     .shared
                     .bus
-                    .publish(&state.session, Live::Status { running: false });
+                    .publish(&state.session, Live::Status(activity));
                 let panicked = matches!(result, Err(Error::Panicked(_)));
                 for joiner in current.joiners {
                     let _ = joiner.send(result.clone());

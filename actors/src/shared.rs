@@ -35,6 +35,8 @@ pub(crate) struct Shared {
     pub drains_waiting: AtomicUsize,
     /// Sessions with a drain in progress in this process.
     pub active: IdMap<SessionId, ()>,
+    /// Sessions waiting for approvals, by their earliest expiry (the approval timer's).
+    pub deadlines: crate::approvals::Deadlines,
     pub limits: Limits,
     pub supervision: Supervision,
     pub passivate_after: Duration,

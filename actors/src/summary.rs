@@ -148,7 +148,7 @@ pub fn entry(message: &Message) -> Option<String> {
                         text.push('\n');
                         text.push_str(t);
                     }
-                    Part::Text { .. } | Part::Reasoning { .. } => {}
+                    Part::Text { .. } | Part::Reasoning { .. } | Part::Approval(_) => {}
                     Part::Tool(tool) => {
                         text.push_str(&format!(
                             "\n[tool call {} ({})] input: {}",
@@ -164,6 +164,7 @@ pub fn entry(message: &Message) -> Option<String> {
                                 format!("error: {}", cut_chars(error, TOOL_CHARS))
                             }
                             ToolState::Running => "not finished".to_owned(),
+                            ToolState::Held => "waiting for approval; not run".to_owned(),
                         };
                         text.push_str(&format!("\n[tool result {}] {result}", tool.call_id));
                     }

@@ -99,6 +99,19 @@ impl Tools {
     }
 }
 
+impl Tool {
+    /// Runs `call` under the tool's timeout; a panic or a timeout is a failure the model sees.
+    pub(crate) async fn run(&self, call: Call) -> Result<String, String> {
+        use futures::FutureExt;
+        let run = std::panic::AssertUnwindSafe(self.executor.execute(call)).catch_unwind();
+        match tokio::time::timeout(self.timeout, run).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err("the tool panicked".to_owned()),
+            Err(_) => Err(format!("the tool timed out after {:?}", self.timeout)),
+        }
+    }
+}
+
 /// Whether `patterns` allow the tool `name`. Patterns are `*`, a name, a prefix glob such as
 /// `fs_*`, or any of those negated with `!`; the last matching pattern decides, and nothing
 /// matching means denied.

@@ -58,9 +58,11 @@ pub(crate) async fn compact(d: &Drain, auto: bool) -> Result<Seq> {
         })
         .await?;
     if !auto && row.claim.is_some() {
-        // Work a stopped process left comes first: the recovery drain settles it.
+        // Work a stopped process left comes first: the recovery drain settles it. An exchange
+        // waiting for approvals keeps them intact: it is compacted once it goes on.
         return Err(Error::Busy(format!(
-            "session {} has unfinished work from a previous run; compact it once that resumed",
+            "session {} has an unfinished exchange (work from a previous run, or calls waiting \
+             for approval); compact it once that is done",
             d.session
         )));
     }

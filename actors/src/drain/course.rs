@@ -16,6 +16,11 @@ pub enum Outcome {
     Interrupted,
     /// A manual compaction finished; history before `kept_from` is now summarized.
     Compacted { kept_from: agenthost_model::Seq },
+    /// The exchange waits for a person's approval of a call; the earliest approval expires at
+    /// `expires_at`. The claim stays with the exchange; the drain's slot is given back.
+    Waiting {
+        expires_at: agenthost_model::Timestamp,
+    },
 }
 
 /// Where a drain stands between boundaries.
@@ -55,7 +60,11 @@ pub(crate) enum AfterPromotion {
 /// How a step ended, as far as the course needs to know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stepped {
-    Done { continuation: bool },
+    Done {
+        continuation: bool,
+    },
+    /// Settled, and some of its calls wait for approval.
+    Waiting,
     Interrupted,
     Failed,
 }
@@ -69,6 +78,8 @@ pub(crate) enum AfterStep {
     Stop,
     /// The step failed and recorded the drain's failure: stop with its error.
     Fail,
+    /// The step's calls wait for approval: end the drain, keeping the claim for the exchange.
+    Wait,
 }
 
 impl Course {
@@ -147,6 +158,11 @@ impl Course {
                 self.step += 1;
                 AfterStep::Continue
             }
+            Stepped::Waiting => {
+                self.steps_run += 1;
+                self.step += 1;
+                AfterStep::Wait
+            }
             Stepped::Interrupted => AfterStep::Stop,
             Stepped::Failed => AfterStep::Fail,
         }
@@ -179,7 +195,9 @@ mod tests {
                     ran.push(step);
                     match course.stepped(steps.pop().expect("a step was scripted")) {
                         AfterStep::Continue => {}
-                        AfterStep::Stop | AfterStep::Fail => return (ran, None, boundaries),
+                        AfterStep::Stop | AfterStep::Fail | AfterStep::Wait => {
+                            return (ran, None, boundaries);
+                        }
                     }
                 }
             }
@@ -296,5 +314,15 @@ mod tests {
         assert_eq!((ran, outcome), (vec![1], None));
         let mut course = Course::new(false, true, 1);
         assert_eq!(course.stepped(Stepped::Interrupted), AfterStep::Stop);
+    }
+
+    #[test]
+    fn a_step_whose_calls_wait_for_approval_ends_the_course() {
+        let (ran, outcome, _) = drive(
+            Course::new(true, false, 1),
+            vec![true],
+            vec![TOOLS, Stepped::Waiting],
+        );
+        assert_eq!((ran, outcome), (vec![1, 2], None));
     }
 }

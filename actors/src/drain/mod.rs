@@ -196,8 +196,15 @@ pub(crate) async fn run(d: Drain) -> Ended {
         Kind::Release => release(&d).await,
     };
     match result {
-        // A panic is the supervisor's to handle: the restarted actor recovers the claim.
-        Err(error) if !matches!(error, Error::ShuttingDown | Error::Panicked(_)) => {
+        // A panic is the supervisor's to handle: the restarted actor recovers the claim. A
+        // refusal (`Busy`: a compaction asked of an exchange that is not done) wrote nothing,
+        // and the claim it found is not its to end.
+        Err(error)
+            if !matches!(
+                error,
+                Error::ShuttingDown | Error::Panicked(_) | Error::Busy(_)
+            ) =>
+        {
             let stranded = match fail_claim(&d, &error).await {
                 Ok(()) => false,
                 Err(e) => {
@@ -221,22 +228,29 @@ pub(crate) async fn run(d: Drain) -> Ended {
 /// held. Read from the store, not from what the drain submitted: a write that carried the
 /// drain's own `ExecutionFailed` (a failed step's) may itself be what failed. Drains of one
 /// session never overlap, so a claim held now is this drain's, or the one it was recovering.
+///
+/// Calls its exchange held for approval are withdrawn in the same commit: nothing may wait on an
+/// execution that ended.
 async fn fail_claim(d: &Drain, error: &Error) -> Result<()> {
-    let claimed = d
+    let held = d
         .read(|snap, session| {
-            Ok(snap
-                .session(session)?
-                .is_some_and(|row| row.claim.is_some()))
+            let Some(row) = snap.session(session)?.filter(|row| row.claim.is_some()) else {
+                return Ok(None);
+            };
+            let from = agenthost_model::history::load_from(&row);
+            let messages = snap.messages(session, from, usize::MAX)?;
+            Ok(Some(agenthost_model::owed::leftovers(&messages).held))
         })
         .await?;
-    if !claimed {
+    let Some(held) = held else {
         return Ok(());
-    }
-    d.append(vec![Event::ExecutionFailed {
+    };
+    let mut events = agenthost_model::owed::withdraw(&held, "the execution failed");
+    events.push(Event::ExecutionFailed {
         error: error.to_string(),
         halted: false,
-    }])
-    .await
+    });
+    d.append(events).await
 }
 
 impl Drain {
@@ -290,7 +304,7 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
     d.shared.metrics.drains.inc();
     let mut course = match recovering {
         false => Course::new(true, d.forced, 1),
-        true => match Box::pin(recover(d, &row)).await? {
+        true => match Box::pin(recover(d, &row, steering(&first_inputs))).await? {
             Recovered::GaveUp(reason) => {
                 return Err(Error::Halted {
                     session: d.session.clone(),
@@ -302,6 +316,8 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
                 boundary,
             } => Course::recovered(next_step, boundary),
             Recovered::Answered => Course::new(false, d.forced, 1),
+            Recovered::Waiting(expires_at) => return Ok(Outcome::Waiting { expires_at }),
+            Recovered::Interrupted => return Ok(Outcome::Interrupted),
         },
     };
 
@@ -414,14 +430,26 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
         };
         // Boxed: the step's state is held only while a step runs, not by every drain waiting on
         // a write.
+        let mut waiting = None;
         let (end, failure) = match Box::pin(step::run(d, step, ahead)).await? {
             StepEnd::Done { continuation } => (Stepped::Done { continuation }, None),
+            StepEnd::Waiting { expires_at } => {
+                waiting = Some(expires_at);
+                (Stepped::Waiting, None)
+            }
             StepEnd::Interrupted => (Stepped::Interrupted, None),
             StepEnd::Failed(error) => (Stepped::Failed, Some(error)),
         };
         match (course.stepped(end), failure) {
             (AfterStep::Continue, _) => {}
             (AfterStep::Stop, _) => return interrupted(d).await,
+            (AfterStep::Wait, _) => {
+                // The claim stays with the exchange; the approvals are durable before the
+                // drain reports that it waits.
+                d.flush().await?;
+                let expires_at = waiting.expect("invariant: only a waiting step waits");
+                return Ok(Outcome::Waiting { expires_at });
+            }
             // The step wrote its `StepFailed` with the drain's `ExecutionFailed`, in one commit,
             // so a failed step under a held claim always means a retry or a continuation was
             // still to come.
@@ -430,6 +458,15 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
             }
         }
     }
+}
+
+/// Whether steering input is among the pending inputs a drain read at its start.
+fn steering(inputs: &Option<Vec<agenthost_model::InboxRow>>) -> bool {
+    inputs.as_ref().is_some_and(|inputs| {
+        inputs
+            .iter()
+            .any(|input| input.delivery == agenthost_model::Delivery::Steer)
+    })
 }
 
 /// Resolves instruction sources read-only and returns the chronological system update to

@@ -2,11 +2,11 @@
 //! "Recovery: what a session owes"): counting the attempt, asking what the session owes, running
 //! idempotent tools again, failing the rest, and the one restart note.
 
-use agenthost_model::owed::{self, Owed, Policy, Why};
+use agenthost_model::owed::{self, Held, Owed, Policy, Why};
 use agenthost_model::promotion::Boundary;
-use agenthost_model::{Event, Message, MessageId, ToolPart};
-use futures::FutureExt;
+use agenthost_model::{Event, Message, MessageId, SessionRow, Timestamp, ToolPart, Verdict};
 
+use crate::config::OnNewInput;
 use crate::drain::Drain;
 use crate::error::Result;
 use crate::mint;
@@ -30,6 +30,11 @@ pub(crate) enum Recovered {
     Owes { next_step: u32, boundary: Boundary },
     /// Nothing is owed: the drain settles.
     Answered,
+    /// The exchange waits for approvals, the earliest expiring at this time: the drain ends,
+    /// writing nothing, and the claim stays with the exchange.
+    Waiting(Timestamp),
+    /// Interrupted while it ran approved calls; the interrupt's cleanup is done.
+    Interrupted,
 }
 
 /// Recovers a session whose claim an execution that is gone left (ARCHITECTURE.md, "Recovery:
@@ -40,17 +45,44 @@ pub(crate) enum Recovered {
 /// otherwise the leftovers are settled (an idempotent tool runs again with the same key, any
 /// other is failed as stopped), and when a model call is owed, one note tells the model the
 /// server restarted.
-pub(crate) async fn recover(d: &Drain, row: &agenthost_model::SessionRow) -> Result<Recovered> {
-    // Every message from where the active history loads, compactions included (the history the
-    // model sees leaves them out).
-    let from = agenthost_model::history::load_from(row);
-    let messages = d
-        .read(move |snap, session| Ok(snap.messages(session, from, usize::MAX)?))
-        .await?;
+///
+/// A claim an exchange keeps while it waits for approvals is no stop: while an approval is
+/// undecided, the drain only settles what expired (or, with `on_new_input = "deny"`, what
+/// steering input withdraws) and ends; once every approval is decided, the exchange goes on
+/// (refused calls settle, approved ones start and run) with no attempt counted and no note,
+/// unless a stop also cut something.
+pub(crate) async fn recover(d: &Drain, row: &SessionRow, steering: bool) -> Result<Recovered> {
     let policy = policy(&d.shared, row);
+    let mut messages = messages(d, row).await?;
+    let mut decision = owed::owed(row, &messages, &policy);
+    if let Owed::Waiting { expires_at } = decision {
+        let now = agenthost_store::system_clock();
+        let withdraw = steering && on_new_input(&d.shared, row) == OnNewInput::Deny;
+        let decided = settle_waiting(&messages, now, withdraw);
+        if decided.is_empty() {
+            return Ok(Recovered::Waiting(expires_at));
+        }
+        d.append(decided).await?;
+        messages = self::messages(d, row).await?;
+        decision = owed::owed(row, &messages, &policy);
+        if let Owed::Waiting { expires_at } = decision {
+            return Ok(Recovered::Waiting(expires_at));
+        }
+    }
     let attempt = row.resume_attempts + 1;
     let left = owed::leftovers(&messages);
-    let decision = owed::owed(row, &messages, &policy);
+    let cut = !(left.tools.is_empty() && left.steps.is_empty() && left.compactions.is_empty());
+    if decision == Owed::Call(Why::Decided) && !cut {
+        // The exchange waited for approvals, and every one is decided: it goes on.
+        tracing::info!(session_id = %d.session, "approvals decided: the exchange goes on");
+        if !start_held(d, &left.held).await? {
+            return Ok(Recovered::Interrupted);
+        }
+        return Ok(Recovered::Owes {
+            next_step: last_step(&messages).map_or(1, |step| step + 1),
+            boundary: Boundary::Continuation,
+        });
+    }
     tracing::info!(session_id = %d.session, attempt, ?decision, "recovering");
     d.shared.metrics.recoveries.inc();
     if let Owed::Fail(reason) = decision {
@@ -70,6 +102,9 @@ pub(crate) async fn recover(d: &Drain, row: &agenthost_model::SessionRow) -> Res
     .await?;
     for (message, tool) in &left.tools {
         settle_orphaned_tool(d, message, tool).await?;
+    }
+    if !start_held(d, &left.held).await? {
+        return Ok(Recovered::Interrupted);
     }
     let mut closing: Vec<Event> = left
         .steps
@@ -94,16 +129,8 @@ pub(crate) async fn recover(d: &Drain, row: &agenthost_model::SessionRow) -> Res
     d.append(closing).await?;
     // The step a stop cut is run again under its number; tool results continue to the next; a
     // user message last starts an exchange.
-    let last = messages
-        .iter()
-        .rev()
-        .find(|m| matches!(m, Message::Assistant(_) | Message::User { .. }))
-        .and_then(|m| match m {
-            Message::Assistant(a) => Some(a.step),
-            _ => None,
-        });
-    let next_step = match (why, last) {
-        (Why::ToolResults, Some(step)) => step + 1,
+    let next_step = match (why, last_step(&messages)) {
+        (Why::ToolResults | Why::Decided, Some(step)) => step + 1,
         (Why::CutStep | Why::PendingRetry | Why::Compaction, Some(step)) => step,
         _ => 1,
     };
@@ -111,6 +138,153 @@ pub(crate) async fn recover(d: &Drain, row: &agenthost_model::SessionRow) -> Res
         next_step,
         boundary: why.boundary(),
     })
+}
+
+/// Every message from where the active history loads, compactions included (the history the
+/// model sees leaves them out).
+async fn messages(d: &Drain, row: &SessionRow) -> Result<Vec<Message>> {
+    let from = agenthost_model::history::load_from(row);
+    d.read(move |snap, session| Ok(snap.messages(session, from, usize::MAX)?))
+        .await
+}
+
+/// The step number of the newest message that speaks, if an assistant message.
+fn last_step(messages: &[Message]) -> Option<u32> {
+    messages
+        .iter()
+        .rev()
+        .find(|m| matches!(m, Message::Assistant(_) | Message::User { .. }))
+        .and_then(|m| match m {
+            Message::Assistant(a) => Some(a.step),
+            _ => None,
+        })
+}
+
+/// The decisions the runtime makes itself on the approvals an exchange waits for, at `now`:
+/// expired ones are settled `Expired`; with `withdraw` (steering input arrived and the agent
+/// says `on_new_input = "deny"`) every undecided one is `Cancelled`. Decisions as data: the
+/// drain writes what comes out.
+pub(crate) fn settle_waiting(messages: &[Message], now: Timestamp, withdraw: bool) -> Vec<Event> {
+    let Some(a) = messages.iter().rev().find_map(|m| match m {
+        Message::Assistant(a) => Some(a),
+        _ => None,
+    }) else {
+        return Vec::new();
+    };
+    owed::held(a)
+        .into_iter()
+        .filter(|h| h.decision.is_none())
+        .filter_map(|h| {
+            let (verdict, reason) = if h.expires_at <= now {
+                (Verdict::Expired, None)
+            } else if withdraw {
+                (Verdict::Cancelled, Some("new input arrived".to_owned()))
+            } else {
+                return None;
+            };
+            Some(Event::ApprovalDecided {
+                id: h.message,
+                call_id: h.tool.call_id,
+                verdict,
+                by: None,
+                reason,
+            })
+        })
+        .collect()
+}
+
+/// Starts or refuses what an exchange held for approval, as decided: refused calls settle with
+/// their refusal, approved ones are recorded as started (in one commit, before any of them runs)
+/// and run concurrently, each settling as it finishes. The drain's slot is given back while
+/// they run. `false` when interrupted meanwhile: a user's interrupt settles what it cut (as
+/// [`crate::drain::release`] does), a shutdown leaves the started calls to recovery's crash rule.
+async fn start_held(d: &Drain, held: &[Held]) -> Result<bool> {
+    let approved: Vec<&Held> = held
+        .iter()
+        .filter(|h| {
+            h.decision
+                .as_ref()
+                .is_some_and(|x| x.verdict == Verdict::Approved)
+        })
+        .collect();
+    let mut events: Vec<Event> = held
+        .iter()
+        .filter_map(|h| {
+            let refusal = h.decision.as_ref()?.refusal()?;
+            Some(Event::ToolFailed {
+                id: h.message.clone(),
+                call_id: h.tool.call_id.clone(),
+                error: refusal,
+            })
+        })
+        .collect();
+    events.extend(approved.iter().map(|h| Event::ToolStarted {
+        id: h.message.clone(),
+        call_id: h.tool.call_id.clone(),
+    }));
+    if events.is_empty() {
+        return Ok(true);
+    }
+    d.append(events).await?;
+    if approved.is_empty() {
+        return Ok(true);
+    }
+    let shared = &d.shared;
+    let runs = approved.iter().map(|h| async move {
+        let tool = &h.tool;
+        let registered = shared.tools.get(&tool.name).cloned();
+        let input = serde_json::from_str(&tool.input);
+        let result = match (registered, input) {
+            (Some(t), Ok(input)) => {
+                let call = Call {
+                    session: d.session.clone(),
+                    message: h.message.clone(),
+                    call_id: tool.call_id.clone(),
+                    name: tool.name.clone(),
+                    input,
+                };
+                t.run(call).await
+            }
+            (None, _) => Err(format!("unknown tool {:?}", tool.name)),
+            (_, Err(e)) => Err(format!("invalid JSON arguments: {e}")),
+        };
+        shared
+            .metrics
+            .tool_call(&tool.name, if result.is_ok() { "ok" } else { "failed" });
+        let events = crate::drain::step::settled(
+            &h.message,
+            &tool.call_id,
+            &result,
+            shared.limits.tool_output,
+        );
+        d.append(events).await
+    });
+    d.slot.release();
+    let ran = tokio::select! {
+        biased;
+        _ = d.cancel.cancelled() => None,
+        ran = futures::future::try_join_all(runs) => Some(ran),
+    };
+    match ran {
+        Some(ran) => {
+            ran?;
+            d.slot.take(shared, &d.cancel).await;
+            Ok(true)
+        }
+        None if d.cancel.reason() == agenthost_model::InterruptReason::User => {
+            crate::drain::release(d).await?;
+            Ok(false)
+        }
+        None => Ok(false),
+    }
+}
+
+fn on_new_input(shared: &Shared, row: &SessionRow) -> OnNewInput {
+    shared
+        .catalog
+        .agents
+        .get(&row.agent)
+        .map_or(OnNewInput::Keep, |a| a.on_new_input)
 }
 
 /// The limits [`agenthost_model::owed`] applies to this session.
@@ -149,12 +323,7 @@ pub(crate) async fn settle_orphaned_tool(
                 name: tool.name.clone(),
                 input,
             };
-            let run = std::panic::AssertUnwindSafe(t.executor.execute(call)).catch_unwind();
-            match tokio::time::timeout(t.timeout, run).await {
-                Ok(Ok(result)) => result,
-                Ok(Err(_)) => Err("the tool panicked".to_owned()),
-                Err(_) => Err(format!("the tool timed out after {:?}", t.timeout)),
-            }
+            t.run(call).await
         }
         _ => Err(STOPPED_TOOL.to_owned()),
     };

@@ -21,13 +21,14 @@ use agenthost_llm as llm;
 use agenthost_model::history::Mode;
 use agenthost_model::owed;
 use agenthost_model::{
-    Event, FailureKind, Finish, InboxRow, InterruptReason, Message, MessageId, StepError, Usage,
+    Event, FailureKind, Finish, InboxRow, InterruptReason, Message, MessageId, StepError,
+    Timestamp, Usage,
 };
 use futures::StreamExt;
-use futures::future::FutureExt;
 use tokio::task::JoinSet;
 use tracing::Instrument as _;
 
+use crate::approvals::{Gate, Policy};
 use crate::bus::{DeltaKind, Live};
 use crate::config::Price;
 use crate::drain::Drain;
@@ -38,13 +39,16 @@ use crate::hooks::{Purpose, StepReport, ToolReport};
 use crate::mint;
 use crate::prepare::{Inputs, Prepared, prepare};
 use crate::retry;
-use crate::tools::{Call, allowed};
+use crate::tools::Call;
 
 /// How a step ended.
 #[derive(Debug)]
 pub(crate) enum StepEnd {
     /// Settled; `continuation` is owed when local tools ran and no provider error occurred.
     Done { continuation: bool },
+    /// Settled, and some of its calls are held for approval, the earliest expiring at
+    /// `expires_at`: the exchange waits.
+    Waiting { expires_at: Timestamp },
     /// Cancelled; the step's durable cleanup is done.
     Interrupted,
     /// The step failed and was settled as failed; the drain ends with this error.
@@ -208,6 +212,7 @@ pub(crate) async fn run(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<St
         Ok(StepEnd::Done {
             continuation: false,
         }) => "done",
+        Ok(StepEnd::Waiting { .. }) => "waiting",
         Ok(StepEnd::Interrupted) => "interrupted",
         Ok(StepEnd::Failed(_)) | Err(_) => "failed",
     };
@@ -241,6 +246,14 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
     }
 
     let mut message = start(d, step, &prepared);
+    let agent = prepared.agent.clone();
+    let policy = Policy {
+        shared,
+        session: &d.session,
+        agent_name: &agent,
+        agent: shared.catalog.agents.get(&agent),
+        last_step: prepared.last_step,
+    };
 
     let mut attempt = 0;
     loop {
@@ -311,7 +324,7 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
                 match next {
                     None => break false,
                     Some(Ok(event)) => {
-                        a.on_event(d, &message, event);
+                        a.on_event(d, &message, &policy, event);
                         if a.streamed > MAX_STEP_OUTPUT {
                             a.error = Some(llm::Error::invalid_output(format!(
                                 "the model's answer passed {MAX_STEP_OUTPUT} bytes"
@@ -422,7 +435,7 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
                 return Box::pin(fail(d, &message, step, &mut a, &prepared)).await;
             }
             (_, None) => {
-                if Box::pin(run_tools(d, &message, &a.calls, prepared.last_step)).await? {
+                if Box::pin(run_tools(d, &message, &a)).await? {
                     return Box::pin(abort(d, &message, &mut a)).await;
                 }
                 let usage = cost(&a.usage, &prepared.model.price);
@@ -437,6 +450,9 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
                     d.flush().await?;
                 }
                 report_step(d, &message, step, None);
+                if let Some(expires_at) = a.asked.iter().map(|(_, at)| *at).min() {
+                    return Ok(StepEnd::Waiting { expires_at });
+                }
                 let continuation = !a.calls.is_empty() && !prepared.last_step;
                 return Ok(StepEnd::Done { continuation });
             }
@@ -458,11 +474,14 @@ async fn fail(
         .take()
         .expect("invariant: fail is called with the attempt's error");
     a.flush_partials(d, message).await?;
-    if run_tools(d, message, &a.calls, prepared.last_step).await? {
+    if run_tools(d, message, a).await? {
         return abort(d, message, a).await;
     }
     let failure = provider_failure(&error);
-    let mut events = spent(message, a, prepared);
+    // Calls held for approval are withdrawn with the step: the execution ends here, and nothing
+    // may wait on a step that failed.
+    let mut events = withdraw_asked(message, a, "the model's answer failed before it ended");
+    events.extend(spent(message, a, prepared));
     events.push(Event::StepFailed {
         id: message.clone(),
         error: failure.clone(),
@@ -555,29 +574,28 @@ async fn abort(d: &Drain, message: &MessageId, a: &mut Attempt) -> Result<StepEn
         return Ok(StepEnd::Interrupted);
     }
     let id = message.clone();
-    let running: Vec<String> = d
+    let (running, held): (Vec<String>, Vec<owed::Held>) = d
         .read(move |snap, session| {
             Ok(snap
                 .history(session, Mode::All)?
                 .and_then(|(_, h)| {
                     h.messages.into_iter().find_map(|m| match m {
-                        agenthost_model::Message::Assistant(x) if x.id == id => {
-                            Some(x.running_tools().map(|t| t.call_id.clone()).collect())
-                        }
+                        agenthost_model::Message::Assistant(x) if x.id == id => Some((
+                            x.running_tools().map(|t| t.call_id.clone()).collect(),
+                            owed::held(&x),
+                        )),
                         _ => None,
                     })
                 })
                 .unwrap_or_default())
         })
         .await?;
-    let mut events: Vec<Event> = running
-        .into_iter()
-        .map(|call_id| Event::ToolFailed {
-            id: message.clone(),
-            call_id,
-            error: owed::INTERRUPTED_TOOL.into(),
-        })
-        .collect();
+    let mut events = owed::withdraw(&held, owed::INTERRUPTED_TOOL);
+    events.extend(running.into_iter().map(|call_id| Event::ToolFailed {
+        id: message.clone(),
+        call_id,
+        error: owed::INTERRUPTED_TOOL.into(),
+    }));
     events.push(aborted(message));
     d.append(events).await?;
     Ok(StepEnd::Interrupted)
@@ -597,6 +615,10 @@ struct Attempt {
     text: Option<(u32, String)>,
     reasoning: Option<(u32, String)>,
     calls: Vec<llm::ToolCall>,
+    /// Calls the gate refused, with the reason the model gets.
+    refused: HashMap<String, String>,
+    /// Calls held for approval, with when their approval expires.
+    asked: Vec<(String, Timestamp)>,
     finish: Option<Finish>,
     usage: llm::Usage,
     error: Option<llm::Error>,
@@ -620,7 +642,7 @@ impl Attempt {
         self.streamed > MAX_STEP_OUTPUT
     }
 
-    fn on_event(&mut self, d: &Drain, message: &MessageId, event: llm::Event) {
+    fn on_event(&mut self, d: &Drain, message: &MessageId, policy: &Policy<'_>, event: llm::Event) {
         // Publishing checks for subscribers first: a delta nobody watches goes no further.
         let delta = |kind, part, delta: String| {
             d.shared.bus.publish(
@@ -679,14 +701,33 @@ impl Attempt {
             }
             llm::Event::ToolCall { call, .. } => {
                 // Recorded before anything runs it: tools start only after the
-                // stream ended and every submitted write is durable (`run_tools` flushes).
+                // stream ended and every submitted write is durable (`run_tools` flushes). A
+                // call that needs approval is held in the same commit, so no stop can leave it
+                // recorded as started without its approval.
                 self.durable_output = true;
-                d.submit(vec![Event::ToolCalled {
+                let mut events = vec![Event::ToolCalled {
                     id: message.clone(),
                     call_id: call.id.clone(),
                     name: call.name.clone(),
                     input: call.input.clone(),
-                }]);
+                }];
+                match policy.gate(&call) {
+                    Gate::Run => {}
+                    Gate::Refuse(reason) => {
+                        self.refused.insert(call.id.clone(), reason);
+                    }
+                    Gate::Ask { digest } => {
+                        let expires_at = policy.expires_at(agenthost_store::system_clock());
+                        events.push(Event::ApprovalRequested {
+                            id: message.clone(),
+                            call_id: call.id.clone(),
+                            digest,
+                            expires_at,
+                        });
+                        self.asked.push((call.id.clone(), expires_at));
+                    }
+                }
+                d.submit(events);
                 self.calls.push(call);
             }
             llm::Event::StepFinish { reason, usage, .. } => {
@@ -740,44 +781,50 @@ fn finish(reason: llm::FinishReason) -> Finish {
     }
 }
 
+/// The events that withdraw the calls this attempt held for approval (`Cancelled`, with the
+/// refusal the model sees).
+fn withdraw_asked(message: &MessageId, a: &Attempt, reason: &str) -> Vec<Event> {
+    let held: Vec<owed::Held> = a
+        .asked
+        .iter()
+        .filter_map(|(call_id, expires_at)| {
+            let call = a.calls.iter().find(|c| c.id == *call_id)?;
+            Some(owed::Held {
+                message: message.clone(),
+                tool: agenthost_model::ToolPart {
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                    input: call.input.clone(),
+                    state: agenthost_model::ToolState::Held,
+                },
+                digest: String::new(),
+                expires_at: *expires_at,
+                decision: None,
+            })
+        })
+        .collect();
+    owed::withdraw(&held, reason)
+}
+
 /// Runs the step's recorded tool calls concurrently and settles each durably as it finishes.
-/// Calls that must not run (last step, unknown tool, denied, invalid JSON) fail without running.
-/// An identical duplicate call (same name and arguments) runs once and both get its result.
-/// Returns true when cancelled before every call settled.
-async fn run_tools(
-    d: &Drain,
-    message: &MessageId,
-    calls: &[llm::ToolCall],
-    last_step: bool,
-) -> Result<bool> {
-    if calls.is_empty() {
+/// Calls the gate refused (last step, unknown tool, denied, invalid JSON) fail without running;
+/// calls held for approval wait. An identical duplicate call (same name and arguments) runs once
+/// and both get its result. Returns true when cancelled before every call settled.
+async fn run_tools(d: &Drain, message: &MessageId, a: &Attempt) -> Result<bool> {
+    if a.calls.is_empty() {
         return Ok(false);
     }
     d.flush().await?;
     let shared = &d.shared;
-    let agent = shared.catalog.agents.get(&agent_of(d).await?).cloned();
-    let patterns = agent.map(|a| a.tools).unwrap_or_default();
     let mut refused = Vec::new();
     let mut tasks = JoinSet::new();
     // (name, input) → call ids sharing one execution.
     let mut shared_runs: HashMap<(String, String), Vec<String>> = HashMap::new();
-    for call in calls {
-        let refusal = if last_step {
-            Some("tool calls are disabled on the last step".to_owned())
-        } else if shared.tools.get(&call.name).is_none() {
-            Some(format!("unknown tool {:?}", call.name))
-        } else if !allowed(&patterns, &call.name) {
-            Some(format!(
-                "permission denied: this agent may not use {:?}",
-                call.name
-            ))
-        } else {
-            match serde_json::from_str::<serde_json::Value>(&call.input) {
-                Ok(_) => None,
-                Err(e) => Some(format!("invalid JSON arguments: {e}")),
-            }
-        };
-        if let Some(error) = refusal {
+    for call in &a.calls {
+        if a.asked.iter().any(|(id, _)| *id == call.id) {
+            continue;
+        }
+        if let Some(error) = a.refused.get(&call.id).cloned() {
             let tool = match shared.tools.get(&call.name) {
                 Some(_) => call.name.as_str(),
                 None => "unknown",
@@ -818,12 +865,7 @@ async fn run_tools(
         );
         tasks.spawn(
             async move {
-                let run = std::panic::AssertUnwindSafe(tool.executor.execute(call)).catch_unwind();
-                let result = match tokio::time::timeout(tool.timeout, run).await {
-                    Ok(Ok(result)) => result,
-                    Ok(Err(_)) => Err("the tool panicked".to_owned()),
-                    Err(_) => Err(format!("the tool timed out after {:?}", tool.timeout)),
-                };
+                let result = tool.run(call).await;
                 let span = tracing::Span::current();
                 span.record("outcome", if result.is_ok() { "ok" } else { "failed" });
                 (key, result)
@@ -881,16 +923,6 @@ async fn run_tools(
             }
         }
     }
-}
-
-async fn agent_of(d: &Drain) -> Result<String> {
-    d.read(|snap, session| {
-        let row = snap
-            .session(session)?
-            .ok_or_else(|| Error::SessionNotFound(session.clone()))?;
-        Ok(row.agent)
-    })
-    .await
 }
 
 /// The durable settlement of one call. Output (or an error) above `limit` bytes keeps a head and

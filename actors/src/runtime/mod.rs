@@ -8,6 +8,7 @@
 //! check: the admission just found the session). A message that cannot be delivered (the actor
 //! passivated or died in between) is routed again: messages are idempotent up to their effect.
 
+mod approvals;
 pub(crate) mod recovery;
 
 use std::sync::Arc;
@@ -143,6 +144,7 @@ impl Runtime {
             drains: Arc::new(Semaphore::new(config.limits.concurrent_drains.max(1))),
             drains_waiting: Default::default(),
             active: IdMap::default(),
+            deadlines: Default::default(),
             limits: config.limits,
             supervision: config.supervision,
             passivate_after: config.passivate_after,
@@ -173,6 +175,7 @@ impl Runtime {
             runtime.shared.clone(),
             runtime.actors.clone(),
         ));
+        tokio::spawn(crate::approvals::expire(runtime.clone()));
         let sweeper = runtime.clone();
         let recovery = config.recovery;
         if let Some(ownership) = runtime.shared.store.ownership() {

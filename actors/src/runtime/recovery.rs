@@ -253,7 +253,13 @@ pub(crate) async fn watch(runtime: &Runtime) {
             _ = tokio::time::sleep(every) => {}
         }
         // Store reads: on the blocking pool, like every read that grows with the store.
-        let found = match blocking(runtime, admitted_last).await {
+        let found = match blocking(runtime, |r| {
+            let mut found = admitted_last(r)?;
+            found.extend(decided_last(r)?);
+            Ok(found)
+        })
+        .await
+        {
             Ok(found) => found,
             Err(e) => {
                 tracing::warn!(error = %e, "the lost-wake sweep could not read the store");
@@ -311,6 +317,29 @@ fn admitted_last(runtime: &Runtime) -> Result<Vec<(SessionId, Seq)>> {
             .is_some_and(|e| matches!(e.event, agenthost_model::Event::PromptAdmitted { .. }))
             && asked_for_a_wake(&*snap, &session)?
         {
+            found.push((session, row.last_seq));
+        }
+    }
+    Ok(found)
+}
+
+/// Sessions waiting for approvals here, with no drain in this process, whose newest event is a
+/// decision made since the session began to wait, with that event's seq: a decision whose wake
+/// never ran (its caller went away between the two) is woken like an admission's.
+fn decided_last(runtime: &Runtime) -> Result<Vec<(SessionId, Seq)>> {
+    let snap = runtime.snapshot()?;
+    let mut found = Vec::new();
+    for (session, since) in runtime.shared.deadlines.sessions() {
+        if runtime.shared.active.contains_key(&session) || !runtime.owns(&session) {
+            continue;
+        }
+        let Some(row) = snap.session(&session)? else {
+            continue;
+        };
+        let newest = snap.events(&session, row.last_seq, 1)?;
+        if newest.first().is_some_and(|e| {
+            e.time >= since && matches!(e.event, agenthost_model::Event::ApprovalDecided { .. })
+        }) {
             found.push((session, row.last_seq));
         }
     }

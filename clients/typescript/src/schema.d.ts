@@ -76,6 +76,43 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/session/{id}/approvals": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The approvals the session waits for, in call order. */
+        get: operations["approvals"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/session/{id}/approvals/{message_id}/{call_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Decides an approval, durably and once, and wakes the session: approved, the call runs
+         *     exactly once; denied, the model gets the denial with who denied it and why.
+         */
+        post: operations["decideApproval"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/session/{id}/compact": {
         parameters: {
             query?: never;
@@ -347,6 +384,35 @@ export interface components {
             promoted_seq?: number | null;
             session_id: string;
         };
+        /** @description A pending approval (`GET /api/session/{id}/approvals`). */
+        Approval: {
+            call_id: string;
+            /** @description Send it back with the decision: it binds the decision to this name and input. */
+            digest: string;
+            /**
+             * Format: int64
+             * @description When it expires unless decided, ms since the Unix epoch.
+             */
+            expires_at: number;
+            /** @description The arguments: parsed JSON when the model sent valid JSON, otherwise the raw text. */
+            input: unknown;
+            /** @description The assistant message that made the call. */
+            message_id: string;
+            /** @description The tool. */
+            name: string;
+        };
+        /** @description A decision on an approval. */
+        ApprovalDecision: {
+            /** @description Who decided; `null` for the runtime's own decisions (expiry, cancellation). */
+            by?: string | null;
+            decision: components["schemas"]["Verdict"];
+            reason?: string | null;
+            /**
+             * Format: int64
+             * @description When, ms since the Unix epoch.
+             */
+            time: number;
+        };
         /** @description `GET /api/cluster`: the nodes sharing the store and the partitions each holds. */
         Cluster: {
             /** @description The node that answered. */
@@ -433,6 +499,21 @@ export interface components {
             };
         };
         /** @description Every successful `/api` response: the payload under `data`. */
+        Data_ApprovalDecision: {
+            /** @description A decision on an approval. */
+            data: {
+                /** @description Who decided; `null` for the runtime's own decisions (expiry, cancellation). */
+                by?: string | null;
+                decision: components["schemas"]["Verdict"];
+                reason?: string | null;
+                /**
+                 * Format: int64
+                 * @description When, ms since the Unix epoch.
+                 */
+                time: number;
+            };
+        };
+        /** @description Every successful `/api` response: the payload under `data`. */
         Data_BTreeMap_String_Status: {
             data: {
                 [key: string]: {
@@ -475,6 +556,11 @@ export interface components {
                 kept_from: number;
                 /** @enum {string} */
                 outcome: "compacted";
+            } | {
+                /** Format: int64 */
+                expires_at: number;
+                /** @enum {string} */
+                outcome: "waiting";
             };
         };
         /** @description Every successful `/api` response: the payload under `data`. */
@@ -505,7 +591,10 @@ export interface components {
             /** @description A session as the API shows it. */
             data: {
                 agent: string;
-                /** @description An execution holds a durable claim (it is running, or a crash left it for recovery). */
+                /**
+                 * @description An execution holds a durable claim (it is running, waits for approvals, or a crash left
+                 *     it for recovery).
+                 */
                 claimed: boolean;
                 /**
                  * Format: int64
@@ -561,6 +650,25 @@ export interface components {
                 /** @description The output, or the error when the call failed. */
                 output: string;
             };
+        };
+        /** @description Every successful `/api` response: the payload under `data`. */
+        Data_Vec_Approval: {
+            data: {
+                call_id: string;
+                /** @description Send it back with the decision: it binds the decision to this name and input. */
+                digest: string;
+                /**
+                 * Format: int64
+                 * @description When it expires unless decided, ms since the Unix epoch.
+                 */
+                expires_at: number;
+                /** @description The arguments: parsed JSON when the model sent valid JSON, otherwise the raw text. */
+                input: unknown;
+                /** @description The assistant message that made the call. */
+                message_id: string;
+                /** @description The tool. */
+                name: string;
+            }[];
         };
         /** @description Every successful `/api` response: the payload under `data`. */
         Data_Vec_InboxItem: {
@@ -636,6 +744,18 @@ export interface components {
                 type: "compaction";
             })[];
         };
+        /** @description `POST /api/session/{id}/approvals/{message_id}/{call_id}`. */
+        Decide: {
+            /** @description Who decides; the model sees it with a denial. At most 256 bytes. */
+            by?: string | null;
+            decision: components["schemas"]["DecideKind"];
+            /** @description The approval's `digest`, as listed. */
+            digest: string;
+            /** @description Why; the model sees it with a denial. At most 4096 bytes. */
+            reason?: string | null;
+        };
+        /** @enum {string} */
+        DecideKind: "approve" | "deny";
         /** @enum {string} */
         Delivery: "steer" | "queue";
         /**
@@ -672,8 +792,14 @@ export interface components {
             kept_from: number;
             /** @enum {string} */
             outcome: "compacted";
+        } | {
+            /** Format: int64 */
+            expires_at: number;
+            /** @enum {string} */
+            outcome: "waiting";
         };
         ErrorBody: {
+            decision?: components["schemas"]["ApprovalDecision"] | null;
             message: string;
             type: components["schemas"]["ErrorType"];
         };
@@ -685,7 +811,7 @@ export interface components {
          * @description The `type` of an error body. Stable: clients branch on it.
          * @enum {string}
          */
-        ErrorType: "session_not_found" | "prompt_conflict" | "session_busy" | "invalid_request" | "payload_too_large" | "unsupported_media_type" | "request_timeout" | "context_overflow" | "unauthorized" | "not_found" | "method_not_allowed" | "provider_error" | "unavailable" | "internal";
+        ErrorType: "session_not_found" | "prompt_conflict" | "session_busy" | "invalid_request" | "approval_decided" | "digest_mismatch" | "payload_too_large" | "unsupported_media_type" | "request_timeout" | "context_overflow" | "unauthorized" | "not_found" | "method_not_allowed" | "provider_error" | "unavailable" | "internal";
         /**
          * @description A durable event as the SSE stream sends it (`event: <type>`, `id: <seq>`, this as `data`).
          *     The `type` is the model's stable event name (`Event::kind()`).
@@ -838,6 +964,27 @@ export interface components {
             id: string;
             /** @enum {string} */
             type: "tool_output";
+        } | {
+            call_id: string;
+            digest: string;
+            /** Format: int64 */
+            expires_at: number;
+            id: string;
+            /** @enum {string} */
+            type: "approval_requested";
+        } | {
+            by?: string | null;
+            call_id: string;
+            decision: components["schemas"]["Verdict"];
+            id: string;
+            reason?: string | null;
+            /** @enum {string} */
+            type: "approval_decided";
+        } | {
+            call_id: string;
+            id: string;
+            /** @enum {string} */
+            type: "tool_started";
         };
         /** @enum {string} */
         FailureKind: "aborted" | "restarted" | "provider" | "context_overflow" | "internal";
@@ -978,6 +1125,17 @@ export interface components {
             state: components["schemas"]["ToolState"];
             /** @enum {string} */
             type: "tool";
+        } | {
+            call_id: string;
+            decision?: components["schemas"]["ApprovalDecision"] | null;
+            digest: string;
+            /**
+             * Format: int64
+             * @description When it expires unless decided, ms since the Unix epoch.
+             */
+            expires_at: number;
+            /** @enum {string} */
+            type: "approval";
         };
         /** @description `POST /api/session/{id}/prompt`. */
         Prompt: {
@@ -995,7 +1153,10 @@ export interface components {
         /** @description A session as the API shows it. */
         Session: {
             agent: string;
-            /** @description An execution holds a durable claim (it is running, or a crash left it for recovery). */
+            /**
+             * @description An execution holds a durable claim (it is running, waits for approvals, or a crash left
+             *     it for recovery).
+             */
             claimed: boolean;
             /**
              * Format: int64
@@ -1030,12 +1191,15 @@ export interface components {
             cursor: components["schemas"]["Cursor"];
             sessions: components["schemas"]["Session"][];
         };
-        /** @description Whether a drain is in progress in this process. */
+        /**
+         * @description What the session is doing in this process: a drain in progress, waiting for approvals, or
+         *     idle.
+         */
         Status: {
             type: components["schemas"]["StatusType"];
         };
         /** @enum {string} */
-        StatusType: "idle" | "running";
+        StatusType: "idle" | "running" | "waiting";
         /** @description Why a step failed. */
         StepError: {
             kind: components["schemas"]["FailureKind"];
@@ -1079,6 +1243,9 @@ export interface components {
             /** @enum {string} */
             status: "running";
         } | {
+            /** @enum {string} */
+            status: "waiting";
+        } | {
             output: string;
             /** @enum {string} */
             status: "completed";
@@ -1110,6 +1277,11 @@ export interface components {
             /** Format: int64 */
             reasoning: number;
         };
+        /**
+         * @description What was decided.
+         * @enum {string}
+         */
+        Verdict: "approved" | "denied" | "expired" | "cancelled";
     };
     responses: never;
     parameters: never;
@@ -1307,6 +1479,129 @@ export interface operations {
             };
             /** @description No such session */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    approvals: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Session id, `ses_…` */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Pending approvals */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Data_Vec_Approval"];
+                };
+            };
+            /** @description Malformed id */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such session */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    decideApproval: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Session id, `ses_…` */
+                id: string;
+                /** @description The assistant message that made the call, `msg_…` */
+                message_id: string;
+                /** @description The call */
+                call_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["Decide"];
+            };
+        };
+        responses: {
+            /** @description The decision */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Data_ApprovalDecision"];
+                };
+            };
+            /** @description Malformed body or id; `by` or `reason` over its limit */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such session, or no such call waiting for approval */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Decided already (`approval_decided`, with the first decision) or the digest is not the call's (`digest_mismatch`); nothing changed */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };

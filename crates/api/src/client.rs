@@ -338,6 +338,28 @@ impl Client {
             .await
     }
 
+    /// `GET /api/session/{id}/approvals`: the approvals the session waits for.
+    pub async fn approvals(&self, id: &str) -> Result<Vec<wire::Approval>, Error> {
+        self.get(self.session_url(id, &["approvals"])).await
+    }
+
+    /// `POST /api/session/{id}/approvals/{message_id}/{call_id}`: decides an approval once; a
+    /// second decision is `approval_decided` (409) with the first, another digest
+    /// `digest_mismatch` (409).
+    pub async fn decide(
+        &self,
+        id: &str,
+        message_id: &str,
+        call_id: &str,
+        body: &wire::Decide,
+    ) -> Result<wire::ApprovalDecision, Error> {
+        self.post(
+            self.session_url(id, &["approvals", message_id, call_id]),
+            body,
+        )
+        .await
+    }
+
     /// `GET /api/session/{id}/events`: the session's event stream after seq `after` (from the
     /// start when `None`), reconnecting as [`Reconnect::default`] says. Nothing is sent until
     /// the first [`Events::next`].

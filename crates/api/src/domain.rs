@@ -7,7 +7,7 @@ use serde_json::Value;
 use crate::wire::*;
 
 impl Session {
-    pub fn from_row(row: &model::SessionRow, running: bool) -> Self {
+    pub fn from_row(row: &model::SessionRow, status: StatusType) -> Self {
         Session {
             id: row.id.to_string(),
             agent: row.agent.clone(),
@@ -17,7 +17,7 @@ impl Session {
             updated: row.updated.0,
             last_seq: row.last_seq.0,
             usage: Usage::from(&row.usage),
-            status: Status::new(running),
+            status: Status::of(status),
             claimed: row.claim.is_some(),
             pending: row.pending,
             resume_attempts: row.resume_attempts,
@@ -200,8 +200,58 @@ impl From<&model::Part> for Part {
                     model::ToolState::Error { error } => ToolState::Error {
                         error: error.clone(),
                     },
+                    model::ToolState::Held => ToolState::Waiting,
                 },
             },
+            model::Part::Approval(a) => Part::Approval {
+                call_id: a.call_id.clone(),
+                digest: a.digest.clone(),
+                expires_at: a.expires_at.0,
+                decision: a.decision.as_ref().map(ApprovalDecision::from),
+            },
+        }
+    }
+}
+
+impl Approval {
+    /// A pending approval as listed: the held call's message, id, tool and raw input.
+    pub fn pending(
+        message_id: &model::MessageId,
+        call_id: String,
+        name: String,
+        input: &str,
+        digest: String,
+        expires_at: model::Timestamp,
+    ) -> Self {
+        Approval {
+            message_id: message_id.to_string(),
+            call_id,
+            name,
+            input: tool_input(input),
+            digest,
+            expires_at: expires_at.0,
+        }
+    }
+}
+
+impl From<model::Verdict> for Verdict {
+    fn from(v: model::Verdict) -> Self {
+        match v {
+            model::Verdict::Approved => Verdict::Approved,
+            model::Verdict::Denied => Verdict::Denied,
+            model::Verdict::Expired => Verdict::Expired,
+            model::Verdict::Cancelled => Verdict::Cancelled,
+        }
+    }
+}
+
+impl From<&model::Decision> for ApprovalDecision {
+    fn from(d: &model::Decision) -> Self {
+        ApprovalDecision {
+            decision: d.verdict.into(),
+            by: d.by.clone(),
+            reason: d.reason.clone(),
+            time: d.time.0,
         }
     }
 }
@@ -366,6 +416,34 @@ impl From<&model::Stored> for Event {
                 id: id.to_string(),
                 call_id: call_id.clone(),
                 bytes: output.len() as u64,
+            },
+            E::ApprovalRequested {
+                id,
+                call_id,
+                digest,
+                expires_at,
+            } => EventBody::ApprovalRequested {
+                id: id.to_string(),
+                call_id: call_id.clone(),
+                digest: digest.clone(),
+                expires_at: expires_at.0,
+            },
+            E::ApprovalDecided {
+                id,
+                call_id,
+                verdict,
+                by,
+                reason,
+            } => EventBody::ApprovalDecided {
+                id: id.to_string(),
+                call_id: call_id.clone(),
+                decision: (*verdict).into(),
+                by: by.clone(),
+                reason: reason.clone(),
+            },
+            E::ToolStarted { id, call_id } => EventBody::ToolStarted {
+                id: id.to_string(),
+                call_id: call_id.clone(),
             },
         };
         Event {

@@ -34,6 +34,12 @@ pub enum ErrorType {
     SessionBusy,
     /// 400: malformed JSON, an unknown field, an invalid id, value or query parameter.
     InvalidRequest,
+    /// 409: the approval was decided already; the body's `decision` is the first decision,
+    /// which stands.
+    ApprovalDecided,
+    /// 409: the decision's `digest` is not the digest of the call's name and input: it would
+    /// decide something else than what was asked.
+    DigestMismatch,
     /// 413: the body or the prompt is over its size limit.
     PayloadTooLarge,
     /// 415: a body sent with a content type other than JSON.
@@ -63,7 +69,10 @@ impl ErrorType {
     pub fn status(self) -> u16 {
         match self {
             ErrorType::SessionNotFound | ErrorType::NotFound => 404,
-            ErrorType::PromptConflict | ErrorType::SessionBusy => 409,
+            ErrorType::PromptConflict
+            | ErrorType::SessionBusy
+            | ErrorType::ApprovalDecided
+            | ErrorType::DigestMismatch => 409,
             ErrorType::InvalidRequest => 400,
             ErrorType::PayloadTooLarge => 413,
             ErrorType::UnsupportedMediaType => 415,
@@ -84,6 +93,8 @@ impl ErrorType {
             ErrorType::PromptConflict => "prompt_conflict",
             ErrorType::SessionBusy => "session_busy",
             ErrorType::InvalidRequest => "invalid_request",
+            ErrorType::ApprovalDecided => "approval_decided",
+            ErrorType::DigestMismatch => "digest_mismatch",
             ErrorType::PayloadTooLarge => "payload_too_large",
             ErrorType::UnsupportedMediaType => "unsupported_media_type",
             ErrorType::RequestTimeout => "request_timeout",
@@ -109,6 +120,9 @@ pub struct ErrorBody {
     #[serde(rename = "type")]
     pub kind: ErrorType,
     pub message: String,
+    /// With `approval_decided`: the decision that was made first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<ApprovalDecision>,
 }
 
 /// `GET /api/cluster`: the nodes sharing the store and the partitions each holds.
@@ -296,7 +310,8 @@ pub struct Session {
     /// Token and cost totals.
     pub usage: Usage,
     pub status: Status,
-    /// An execution holds a durable claim (it is running, or a crash left it for recovery).
+    /// An execution holds a durable claim (it is running, waits for approvals, or a crash left
+    /// it for recovery).
     pub claimed: bool,
     /// Admitted inputs not yet promoted.
     pub pending: u32,
@@ -305,7 +320,8 @@ pub struct Session {
     pub halted: Option<String>,
 }
 
-/// Whether a drain is in progress in this process.
+/// What the session is doing in this process: a drain in progress, waiting for approvals, or
+/// idle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Status {
     #[serde(rename = "type")]
@@ -314,13 +330,15 @@ pub struct Status {
 
 impl Status {
     pub fn new(running: bool) -> Self {
-        Status {
-            kind: if running {
-                StatusType::Running
-            } else {
-                StatusType::Idle
-            },
-        }
+        Status::of(if running {
+            StatusType::Running
+        } else {
+            StatusType::Idle
+        })
+    }
+
+    pub fn of(kind: StatusType) -> Self {
+        Status { kind }
     }
 }
 
@@ -329,6 +347,9 @@ impl Status {
 pub enum StatusType {
     Idle,
     Running,
+    /// A call of its last step waits for a person's approval (`GET …/approvals`); it holds no
+    /// drain and runs again once every approval is decided or expired.
+    Waiting,
 }
 
 /// `GET /api/session`: one page, newest first.
@@ -398,6 +419,9 @@ pub enum DrainOutcome {
     Interrupted,
     /// A manual compaction finished; history before `kept_from` is summarized.
     Compacted { kept_from: u64 },
+    /// The exchange waits for a person's approval of a call; the earliest approval expires at
+    /// `expires_at` (ms since the Unix epoch).
+    Waiting { expires_at: u64 },
 }
 
 /// `POST /api/session/{id}/interrupt`.
@@ -525,6 +549,14 @@ pub enum Part {
         input: Value,
         state: ToolState,
     },
+    /// The approval tool call `call_id` of this message waits for, or its decision.
+    Approval {
+        call_id: String,
+        digest: String,
+        /// When it expires unless decided, ms since the Unix epoch.
+        expires_at: u64,
+        decision: Option<ApprovalDecision>,
+    },
 }
 
 /// A tool call's state. `pending` (input still streaming) is only ever seen live.
@@ -533,6 +565,9 @@ pub enum Part {
 pub enum ToolState {
     Pending,
     Running,
+    /// Recorded and not started: it waits for its approval (the message's `approval` part for
+    /// the same `call_id`), or it was approved and starts with the session's next run.
+    Waiting,
     Completed {
         output: String,
         /// The output was cut to the configured bound, with a marker.
@@ -717,6 +752,92 @@ pub enum EventBody {
         call_id: String,
         bytes: u64,
     },
+    /// Tool call `call_id`, recorded with it, waits for a person's approval of exactly
+    /// `digest` until `expires_at` (ms since the Unix epoch).
+    ApprovalRequested {
+        id: String,
+        call_id: String,
+        digest: String,
+        expires_at: u64,
+    },
+    /// The approval of `call_id` was decided, once.
+    ApprovalDecided {
+        id: String,
+        call_id: String,
+        decision: Verdict,
+        by: Option<String>,
+        reason: Option<String>,
+    },
+    /// An approved call starts; a refused one settles with `tool_failed` instead.
+    ToolStarted {
+        id: String,
+        call_id: String,
+    },
+}
+
+// ---------------------------------------------------------------------------------------------
+// Approvals.
+
+/// A decision on an approval.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ApprovalDecision {
+    pub decision: Verdict,
+    /// Who decided; `null` for the runtime's own decisions (expiry, cancellation).
+    pub by: Option<String>,
+    pub reason: Option<String>,
+    /// When, ms since the Unix epoch.
+    pub time: u64,
+}
+
+/// What was decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// The call runs, exactly once.
+    Approved,
+    /// The model gets the denial as the call's result, with who denied it and why.
+    Denied,
+    /// Nobody decided in time: denied as expired.
+    Expired,
+    /// An interrupt, steering input (`on_new_input = "deny"`) or a failed execution withdrew it.
+    Cancelled,
+}
+
+/// A pending approval (`GET /api/session/{id}/approvals`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Approval {
+    /// The assistant message that made the call.
+    pub message_id: String,
+    pub call_id: String,
+    /// The tool.
+    pub name: String,
+    /// The arguments: parsed JSON when the model sent valid JSON, otherwise the raw text.
+    #[schema(value_type = Value)]
+    pub input: Value,
+    /// Send it back with the decision: it binds the decision to this name and input.
+    pub digest: String,
+    /// When it expires unless decided, ms since the Unix epoch.
+    pub expires_at: u64,
+}
+
+/// `POST /api/session/{id}/approvals/{message_id}/{call_id}`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Decide {
+    pub decision: DecideKind,
+    /// The approval's `digest`, as listed.
+    pub digest: String,
+    /// Why; the model sees it with a denial. At most 4096 bytes.
+    pub reason: Option<String>,
+    /// Who decides; the model sees it with a denial. At most 256 bytes.
+    pub by: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DecideKind {
+    Approve,
+    Deny,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

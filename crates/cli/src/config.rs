@@ -198,6 +198,9 @@ struct Agent {
     system: Option<String>,
     steps: Option<u32>,
     tools: Option<Vec<String>>,
+    ask: Option<Vec<String>>,
+    approval_ttl_ms: Option<u64>,
+    on_new_input: Option<String>,
     temperature: Option<f64>,
 }
 
@@ -755,19 +758,34 @@ fn agents(
             agent.steps = steps;
         }
         if let Some(patterns) = &a.tools {
-            for pattern in patterns {
-                let glob = pattern.strip_prefix('!').unwrap_or(pattern);
-                if glob.is_empty() || glob.matches('*').count() > 1 {
+            check_patterns(&invalid, &key("tools"), patterns)?;
+            agent.tools = patterns.clone();
+        }
+        if let Some(patterns) = &a.ask {
+            check_patterns(&invalid, &key("ask"), patterns)?;
+            agent.ask = patterns.clone();
+        }
+        if let Some(ttl) = a.approval_ttl_ms {
+            // Up to a year: an approval that may wait longer is one nobody will decide.
+            if !(1..=365 * 24 * 3_600_000).contains(&ttl) {
+                return Err(invalid(
+                    &key("approval_ttl_ms"),
+                    "must be between 1 and 31536000000 (a year)".into(),
+                ));
+            }
+            agent.approval_ttl = Duration::from_millis(ttl);
+        }
+        if let Some(mode) = &a.on_new_input {
+            agent.on_new_input = match mode.as_str() {
+                "keep" => actors::OnNewInput::Keep,
+                "deny" => actors::OnNewInput::Deny,
+                other => {
                     return Err(invalid(
-                        &key("tools"),
-                        format!(
-                            "pattern {pattern:?} must be a name, `*`, or a name with one `*`, \
-                             optionally negated with `!`"
-                        ),
+                        &key("on_new_input"),
+                        format!("unknown value {other:?}; expected \"keep\" or \"deny\""),
                     ));
                 }
-            }
-            agent.tools = patterns.clone();
+            };
         }
         if let Some(t) = a.temperature {
             if !(0.0..=2.0).contains(&t) {
@@ -799,6 +817,27 @@ fn agents(
     };
 
     Ok((agents, default_agent))
+}
+
+/// Tool name patterns (`tools`, `ask`): a name, `*`, or a name with one `*`, optionally negated.
+fn check_patterns(
+    invalid: &impl Fn(&str, String) -> Error,
+    key: &str,
+    patterns: &[String],
+) -> Result<(), Error> {
+    for pattern in patterns {
+        let glob = pattern.strip_prefix('!').unwrap_or(pattern);
+        if glob.is_empty() || glob.matches('*').count() > 1 {
+            return Err(invalid(
+                key,
+                format!(
+                    "pattern {pattern:?} must be a name, `*`, or a name with one `*`, \
+                     optionally negated with `!`"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `[[tools]]`: HTTP tools, each built once so that one that cannot be built is an error here.
@@ -1087,6 +1126,12 @@ pub fn effective(name: &str, file: &File, settings: &Settings) -> serde_json::Va
                 "system": a.system,
                 "steps": a.steps,
                 "tools": a.tools,
+                "ask": a.ask,
+                "approval_ttl_ms": a.approval_ttl.as_millis() as u64,
+                "on_new_input": match a.on_new_input {
+                    actors::OnNewInput::Keep => "keep",
+                    actors::OnNewInput::Deny => "deny",
+                },
                 "temperature": a.temperature,
             });
             (name.clone(), value)

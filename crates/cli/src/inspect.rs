@@ -192,7 +192,10 @@ fn list(
     loop {
         let page = snap.sessions(cursor.clone(), 500).runtime()?;
         for row in &page {
-            sessions.push(json_value(&wire::Session::from_row(row, false)));
+            sessions.push(json_value(&wire::Session::from_row(
+                row,
+                wire::StatusType::Idle,
+            )));
             out.push_str(&format!(
                 "{:<32} {:<12} {:>8} {:>7} {:>7} {:>10} {:>10}  {}\n",
                 row.id.to_string(),
@@ -225,7 +228,7 @@ fn dump(
         .session(id)
         .runtime()?
         .ok_or_else(|| Failure::Usage(anyhow!("no session {id} in this store")))?;
-    let session = json_value(&wire::Session::from_row(&row, false));
+    let session = json_value(&wire::Session::from_row(&row, wire::StatusType::Idle));
     out.push_str(&format!("session:\n  {session}\n"));
     doc.insert("session".into(), session);
     let messages: Vec<Value> = snap

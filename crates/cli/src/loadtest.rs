@@ -131,7 +131,7 @@ impl Feed {
                             },
                             None => continue,
                         },
-                        Live::Status { .. } => continue,
+                        Live::Status(_) => continue,
                     },
                     Err(RecvError::Lagged(_)) => Signal::Resync,
                     Err(RecvError::Closed) => return None,

@@ -56,6 +56,12 @@ pub enum Violation {
         id: MessageId,
         call_id: String,
     },
+    #[error("session {session}: message {id} has no undecided approval of tool call {call_id:?}")]
+    NoApproval {
+        session: SessionId,
+        id: MessageId,
+        call_id: String,
+    },
     #[error("session {session}: no running compaction {id}")]
     NoCompaction { session: SessionId, id: MessageId },
 }

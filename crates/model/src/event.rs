@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{MessageId, Seq, Timestamp};
-use crate::message::{Finish, Usage};
+use crate::message::{Finish, Usage, Verdict};
 use crate::prompt::{Delivery, Prompt};
 
 /// An event as stored: its position in the session's log, when it was written and what happened.
@@ -153,6 +153,29 @@ pub enum Event {
         call_id: String,
         output: String,
     },
+    /// Tool call `call_id`, recorded in the same commit, is held for a person's approval of
+    /// exactly what it asks (`digest`) until `expires_at`.
+    ApprovalRequested {
+        id: MessageId,
+        call_id: String,
+        digest: String,
+        expires_at: Timestamp,
+    },
+    /// The approval of `call_id` is decided, once. The call stays held until a drain starts it
+    /// (approved) or settles it with the refusal (any other verdict).
+    ApprovalDecided {
+        id: MessageId,
+        call_id: String,
+        verdict: Verdict,
+        by: Option<String>,
+        reason: Option<String>,
+    },
+    /// An approved call starts: recorded before anything runs it, so a stop after this point
+    /// follows the crash rule of a started call.
+    ToolStarted {
+        id: MessageId,
+        call_id: String,
+    },
 }
 
 impl Event {
@@ -175,7 +198,10 @@ impl Event {
             | Event::CompactionEnded { id, .. }
             | Event::CompactionFailed { id, .. }
             | Event::StepUsage { id, .. }
-            | Event::ToolOutput { id, .. } => Some(id),
+            | Event::ToolOutput { id, .. }
+            | Event::ApprovalRequested { id, .. }
+            | Event::ApprovalDecided { id, .. }
+            | Event::ToolStarted { id, .. } => Some(id),
             Event::SessionCreated { .. }
             | Event::ExecutionStarted { .. }
             | Event::ExecutionSucceeded
@@ -213,6 +239,9 @@ impl Event {
             Event::UsageRecorded { .. } => "usage_recorded",
             Event::StepUsage { .. } => "step_usage",
             Event::ToolOutput { .. } => "tool_output",
+            Event::ApprovalRequested { .. } => "approval_requested",
+            Event::ApprovalDecided { .. } => "approval_decided",
+            Event::ToolStarted { .. } => "tool_started",
         }
     }
 }

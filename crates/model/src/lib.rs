@@ -30,8 +30,8 @@ pub use event::{Event, FailureKind, InterruptReason, StepError, Stored};
 pub use ids::{MessageId, Seq, SessionId, Timestamp};
 pub use memory::Projections;
 pub use message::{
-    AssistantMessage, CompactionState, Finish, InboxRow, IndexEntry, InstructionState, Message,
-    Part, SessionRow, ToolPart, ToolState, Usage,
+    Approval, AssistantMessage, CompactionState, Decision, Finish, InboxRow, IndexEntry,
+    InstructionState, Message, Part, SessionRow, ToolPart, ToolState, Usage, Verdict,
 };
 pub use owed::{Owed, Policy, Why, owed};
 pub use projection::{ApplyError, Projection, apply};

@@ -204,6 +204,22 @@ impl AssistantMessage {
         self.finish.is_some() || self.error.is_some()
     }
 
+    /// The approval of tool call `call_id`, if it asked for one.
+    pub fn approval(&self, call_id: &str) -> Option<&Approval> {
+        self.parts.iter().find_map(|p| match p {
+            Part::Approval(a) if a.call_id == call_id => Some(a),
+            _ => None,
+        })
+    }
+
+    /// Tool calls held for an approval (decided or not) and not started.
+    pub fn held_tools(&self) -> impl Iterator<Item = &ToolPart> {
+        self.parts.iter().filter_map(|p| match p {
+            Part::Tool(t) if t.state == ToolState::Held => Some(t),
+            _ => None,
+        })
+    }
+
     pub fn tool(&self, call_id: &str) -> Option<&ToolPart> {
         self.parts.iter().find_map(|p| match p {
             Part::Tool(t) if t.call_id == call_id => Some(t),
@@ -235,6 +251,82 @@ pub enum Part {
         incomplete: bool,
     },
     Tool(ToolPart),
+    /// A person's approval of the tool call `call_id` of the same message (ARCHITECTURE.md,
+    /// "Approvals"): requested with the call, decided once. Never sent to the model.
+    Approval(Approval),
+}
+
+/// An approval a tool call waits for, and its decision once made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Approval {
+    pub call_id: String,
+    /// What was asked: a hash of the tool's name and its input as canonical JSON. A decision
+    /// names it, so it approves exactly what was asked.
+    pub digest: String,
+    /// When it is settled as expired if nobody decided it.
+    pub expires_at: Timestamp,
+    pub decision: Option<Decision>,
+}
+
+/// A decision on an approval.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    pub verdict: Verdict,
+    /// Who decided (a person, a token's name); `None` for the runtime's own decisions.
+    pub by: Option<String>,
+    pub reason: Option<String>,
+    pub time: Timestamp,
+}
+
+/// What was decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Verdict {
+    /// The call runs, exactly once.
+    Approved,
+    /// A person refused it.
+    Denied,
+    /// Nobody decided before `expires_at`.
+    Expired,
+    /// An interrupt, new input (`on_new_input = "deny"`) or a failed execution withdrew it.
+    Cancelled,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Approved => "approved",
+            Verdict::Denied => "denied",
+            Verdict::Expired => "expired",
+            Verdict::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl Decision {
+    /// The result the model sees for a call this decision refused (`None` when it approved):
+    /// it names who refused it and why.
+    pub fn refusal(&self) -> Option<String> {
+        let why = self
+            .reason
+            .as_deref()
+            .filter(|r| !r.trim().is_empty())
+            .map(|r| format!(": {r}"))
+            .unwrap_or_default();
+        let by = self
+            .by
+            .as_deref()
+            .filter(|b| !b.trim().is_empty())
+            .map(|b| format!(" by {b}"))
+            .unwrap_or_default();
+        match self.verdict {
+            Verdict::Approved => None,
+            Verdict::Denied => Some(format!("the call was denied{by}{why}; it did not run")),
+            Verdict::Expired => Some(format!(
+                "the call was not approved in time (the approval expired{why}); it did not run"
+            )),
+            Verdict::Cancelled => Some(format!("the call was cancelled{by}{why}; it did not run")),
+        }
+    }
 }
 
 /// A tool call of an assistant message. `call_id` is unique within its message only.
@@ -250,7 +342,16 @@ pub struct ToolPart {
 /// A tool call's durable state. `Pending` (input still streaming) exists only live.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ToolState {
+    /// Started (for a call that needed no approval: recorded, which is when it starts).
     Running,
-    Completed { output: String, truncated: bool },
-    Error { error: String },
+    Completed {
+        output: String,
+        truncated: bool,
+    },
+    Error {
+        error: String,
+    },
+    /// Recorded and not started: it waits for its approval, or approved, for the drain that
+    /// starts it (`ToolStarted`).
+    Held,
 }

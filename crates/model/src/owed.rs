@@ -17,8 +17,11 @@
 //! that must not run anything again (giving up, a halt).
 
 use crate::event::{Event, FailureKind, StepError};
-use crate::ids::MessageId;
-use crate::message::{CompactionState, Finish, Message, Part, SessionRow, ToolPart};
+use crate::ids::{MessageId, Timestamp};
+use crate::message::{
+    AssistantMessage, CompactionState, Decision, Finish, Message, Part, SessionRow, ToolPart,
+    Verdict,
+};
 use crate::promotion::Boundary;
 
 /// Limits the decision applies.
@@ -39,6 +42,10 @@ pub enum Owed {
     Halted,
     /// Recovery gave up: the session must be failed explicitly, with this reason, and halted.
     Fail(String),
+    /// The exchange waits for a person: a call of its last step waits for its approval. No call
+    /// is owed (new input waits behind it) until every approval of the step is decided, or the
+    /// earliest of them expires at `expires_at`.
+    Waiting { expires_at: Timestamp },
     /// A model call is owed, for this reason.
     Call(Why),
 }
@@ -58,6 +65,9 @@ pub enum Why {
     PendingRetry,
     /// A compaction was cut before it settled; the step it preceded is owed.
     Compaction,
+    /// Every approval the last step asked for is decided: its held calls are started or refused,
+    /// and their results are owed a call.
+    Decided,
 }
 
 impl Owed {
@@ -78,7 +88,8 @@ impl Why {
             | Why::ToolResults
             | Why::CutStep
             | Why::PendingRetry
-            | Why::Compaction => Boundary::Continuation,
+            | Why::Compaction
+            | Why::Decided => Boundary::Continuation,
         }
     }
 }
@@ -98,6 +109,9 @@ pub fn owed(row: &SessionRow, messages: &[Message], policy: &Policy) -> Owed {
              retry",
             row.resume_attempts
         ));
+    }
+    if claimed && let Some(expires_at) = waiting(messages) {
+        return Owed::Waiting { expires_at };
     }
     match turn(messages, claimed, policy.max_steps) {
         Some(why) => Owed::Call(why),
@@ -140,12 +154,18 @@ pub fn turn(messages: &[Message], claimed: bool, max_steps: u32) -> Option<Why> 
             }
         )
     });
-    // The newest message that speaks: system updates and compactions do not answer anything.
-    let last = messages.iter().rev().find_map(|m| match m {
-        Message::User { .. } => Some(None),
-        Message::Assistant(a) => Some(Some(a)),
-        Message::System { .. } | Message::Compaction { .. } => None,
-    });
+    let last = last_speaking(messages);
+    if let Some(Some(a)) = last
+        && a.held_tools().next().is_some()
+    {
+        // A step that asked for approvals: its calls wait (`waiting`) until every one is
+        // decided, and then continue the exchange.
+        let undecided = a.held_tools().any(|t| {
+            a.approval(&t.call_id)
+                .is_none_or(|approval| approval.decision.is_none())
+        });
+        return (!undecided).then_some(Why::Decided);
+    }
     let why = match last {
         None => None,
         Some(None) => Some(Why::Unanswered),
@@ -171,11 +191,99 @@ pub fn turn(messages: &[Message], claimed: bool, max_steps: u32) -> Option<Why> 
     }
 }
 
+/// The newest message that speaks (`Some(None)`: a user message): system updates and
+/// compactions do not answer anything.
+fn last_speaking(messages: &[Message]) -> Option<Option<&AssistantMessage>> {
+    messages.iter().rev().find_map(|m| match m {
+        Message::User { .. } => Some(None),
+        Message::Assistant(a) => Some(Some(a)),
+        Message::System { .. } | Message::Compaction { .. } => None,
+    })
+}
+
+/// When the exchange waits for a person: the earliest expiry of the undecided approvals of its
+/// last step, if it has any.
+pub fn waiting(messages: &[Message]) -> Option<Timestamp> {
+    let Some(Some(a)) = last_speaking(messages) else {
+        return None;
+    };
+    a.held_tools()
+        .filter_map(|t| a.approval(&t.call_id))
+        .filter(|approval| approval.decision.is_none())
+        .map(|approval| approval.expires_at)
+        .min()
+}
+
+/// A call held for its approval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    pub message: MessageId,
+    pub tool: ToolPart,
+    pub digest: String,
+    pub expires_at: Timestamp,
+    pub decision: Option<Decision>,
+}
+
+/// The held calls of `a` with their approvals, in call order.
+pub fn held(a: &AssistantMessage) -> Vec<Held> {
+    a.held_tools()
+        .map(|tool| {
+            let approval = a.approval(&tool.call_id);
+            Held {
+                message: a.id.clone(),
+                tool: tool.clone(),
+                digest: approval.map(|x| x.digest.clone()).unwrap_or_default(),
+                expires_at: approval.map_or(Timestamp(0), |x| x.expires_at),
+                decision: approval.and_then(|x| x.decision.clone()),
+            }
+        })
+        .collect()
+}
+
+/// The events that settle held calls without running them, each as its decision says (a
+/// refusal is the model's result), withdrawing the undecided ones first (`Cancelled` with
+/// `reason`). An approved call not started yet fails with `reason` too: whatever ends the
+/// exchange ends it before it ran.
+pub fn withdraw(held: &[Held], reason: &str) -> Vec<Event> {
+    let mut events = Vec::new();
+    for h in held {
+        let decision = match &h.decision {
+            Some(decision) => decision.clone(),
+            None => {
+                events.push(Event::ApprovalDecided {
+                    id: h.message.clone(),
+                    call_id: h.tool.call_id.clone(),
+                    verdict: Verdict::Cancelled,
+                    by: None,
+                    reason: Some(reason.to_owned()),
+                });
+                Decision {
+                    verdict: Verdict::Cancelled,
+                    by: None,
+                    reason: Some(reason.to_owned()),
+                    time: Timestamp(0),
+                }
+            }
+        };
+        let error = decision
+            .refusal()
+            .unwrap_or_else(|| format!("the call was approved, but not run: {reason}"));
+        events.push(Event::ToolFailed {
+            id: h.message.clone(),
+            call_id: h.tool.call_id.clone(),
+            error,
+        });
+    }
+    events
+}
+
 /// What a stopped execution left open, in history order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Leftovers {
     /// Tool calls recorded as called and never settled, with their assistant message.
     pub tools: Vec<(MessageId, ToolPart)>,
+    /// Tool calls held for an approval (decided or not) and never started.
+    pub held: Vec<Held>,
     /// Assistant messages never settled.
     pub steps: Vec<MessageId>,
     /// Compactions started and never settled.
@@ -184,7 +292,10 @@ pub struct Leftovers {
 
 impl Leftovers {
     pub fn is_empty(&self) -> bool {
-        self.tools.is_empty() && self.steps.is_empty() && self.compactions.is_empty()
+        self.tools.is_empty()
+            && self.held.is_empty()
+            && self.steps.is_empty()
+            && self.compactions.is_empty()
     }
 }
 
@@ -196,6 +307,7 @@ pub fn leftovers(messages: &[Message]) -> Leftovers {
             Message::Assistant(a) => {
                 left.tools
                     .extend(a.running_tools().map(|t| (a.id.clone(), t.clone())));
+                left.held.extend(held(a));
                 if !a.is_settled() {
                     left.steps.push(a.id.clone());
                 }
@@ -231,10 +343,12 @@ pub fn aborted() -> StepError {
 pub const INTERRUPTED_TOOL: &str = "interrupted";
 
 /// The events that end what a stopped execution left as a user interrupt of it would have: tools
-/// failed "interrupted", steps aborted, compactions failed, and the claim released
-/// (`ExecutionInterrupted { User }`). For an interrupt that reaches a session whose execution is
-/// gone before recovery ran it: the interrupt wins, and nothing is run again.
+/// failed "interrupted", approvals withdrawn, steps aborted, compactions failed, and the claim
+/// released (`ExecutionInterrupted { User }`). For an interrupt that reaches a session whose
+/// execution is gone before recovery ran it, or one that waits for approvals: the interrupt
+/// wins, and nothing is run again.
 pub fn interrupt(left: &Leftovers) -> Vec<Event> {
+    let held = withdraw(&left.held, INTERRUPTED_TOOL);
     let tools = left.tools.iter().map(|(id, tool)| Event::ToolFailed {
         id: id.clone(),
         call_id: tool.call_id.clone(),
@@ -248,7 +362,8 @@ pub fn interrupt(left: &Leftovers) -> Vec<Event> {
         id: id.clone(),
         error: INTERRUPTED_TOOL.to_owned(),
     });
-    tools
+    held.into_iter()
+        .chain(tools)
         .chain(steps)
         .chain(compactions)
         .chain([Event::ExecutionInterrupted {
@@ -258,8 +373,10 @@ pub fn interrupt(left: &Leftovers) -> Vec<Event> {
 }
 
 /// The events that close every leftover without running anything: tools failed with `tool_error`,
-/// steps failed as restarted, compactions failed.
+/// held calls settled as their decisions say (undecided ones withdrawn), steps failed as
+/// restarted, compactions failed.
 pub fn close(left: &Leftovers, tool_error: &str) -> Vec<Event> {
+    let held = withdraw(&left.held, "the session was stopped");
     let tools = left.tools.iter().map(|(id, tool)| Event::ToolFailed {
         id: id.clone(),
         call_id: tool.call_id.clone(),
@@ -269,7 +386,11 @@ pub fn close(left: &Leftovers, tool_error: &str) -> Vec<Event> {
         id: id.clone(),
         error: restarted(),
     });
-    tools.chain(steps).chain(close_compactions(left)).collect()
+    held.into_iter()
+        .chain(tools)
+        .chain(steps)
+        .chain(close_compactions(left))
+        .collect()
 }
 
 /// The events that fail the compactions a stopped process left running.
@@ -292,7 +413,7 @@ mod tests {
     use crate::event::{InterruptReason, Stored};
     use crate::ids::{Seq, SessionId, Timestamp};
     use crate::memory::Projections;
-    use crate::message::{InboxRow, Usage};
+    use crate::message::{InboxRow, Usage, Verdict};
     use crate::prompt::{Delivery, Prompt};
 
     const POLICY: Policy = Policy {
@@ -540,6 +661,28 @@ mod tests {
                     self.tools(&a, 1);
                     self.end(&a, Finish::ContentFilter);
                 }
+                Shape::Asks => {
+                    // One call runs, one is held for approval in the same commit as its record;
+                    // the step settles and the drain ends, the claim kept with the exchange.
+                    let a = self.start(1);
+                    self.tools(&a, 1);
+                    self.push([
+                        Event::ToolCalled {
+                            id: a.clone(),
+                            call_id: "asked".into(),
+                            name: "t".into(),
+                            input: "{}".into(),
+                        },
+                        Event::ApprovalRequested {
+                            id: a.clone(),
+                            call_id: "asked".into(),
+                            digest: "sha256:0".into(),
+                            expires_at: Timestamp(1_000),
+                        },
+                    ]);
+                    self.end(&a, Finish::ToolCalls);
+                    return;
+                }
             }
             self.answer_the_rest();
             self.push([Event::ExecutionSucceeded]);
@@ -624,6 +767,61 @@ mod tests {
             self.recover(&state);
         }
 
+        /// A person (or the expiry) decides every approval the session waits for, and the
+        /// drain the decision wakes carries the exchange on, as the runtime does.
+        fn decide(&mut self, verdict: Verdict) {
+            let state = self.replay();
+            let row = state.sessions[&session()].clone();
+            let messages = state.session_messages(&session());
+            if !matches!(owed(&row, &messages, &POLICY), Owed::Waiting { .. }) {
+                return;
+            }
+            let held = leftovers(&messages).held;
+            self.push(held.iter().filter(|h| h.decision.is_none()).map(|h| {
+                Event::ApprovalDecided {
+                    id: h.message.clone(),
+                    call_id: h.tool.call_id.clone(),
+                    verdict,
+                    by: Some("ann".into()),
+                    reason: None,
+                }
+            }));
+            self.recover(&self.replay());
+        }
+
+        /// Starts or refuses the held calls as decided, as the runtime's drain does.
+        fn start_held(&mut self, held: &[Held]) {
+            for h in held {
+                let (id, call_id) = (h.message.clone(), h.tool.call_id.clone());
+                let decision = h.decision.as_ref().expect("decided");
+                match decision.refusal() {
+                    Some(error) => self.push([Event::ToolFailed { id, call_id, error }]),
+                    None => self.push([
+                        Event::ToolStarted {
+                            id: id.clone(),
+                            call_id: call_id.clone(),
+                        },
+                        Event::ToolSucceeded {
+                            id,
+                            call_id,
+                            output: "ran".into(),
+                            truncated: false,
+                        },
+                    ]),
+                }
+            }
+        }
+
+        /// A user interrupt of a session with no drain (one that waits, or one a stop left):
+        /// what `drain::release` writes.
+        fn interrupt(&mut self) {
+            let state = self.replay();
+            if state.sessions[&session()].claim.is_none() {
+                return;
+            }
+            self.push(interrupt(&leftovers(&state.session_messages(&session()))));
+        }
+
         /// What a recovering drain writes, as the runtime does: attempt, settle, then either
         /// give up or carry on until answered.
         fn recover(&mut self, state: &Projections) {
@@ -633,8 +831,21 @@ mod tests {
                 return;
             }
             let messages = state.session_messages(&session);
+            let left = leftovers(&messages);
+            let cut =
+                !(left.tools.is_empty() && left.steps.is_empty() && left.compactions.is_empty());
             match owed(&row, &messages, &POLICY) {
-                Owed::Halted => {}
+                // Nothing is written while a person decides.
+                Owed::Halted | Owed::Waiting { .. } => {}
+                // Every approval decided and nothing cut: the exchange goes on, no attempt
+                // counted.
+                Owed::Call(Why::Decided) if !cut => {
+                    self.start_held(&left.held);
+                    self.promote(Boundary::Continuation);
+                    self.answer();
+                    self.answer_the_rest();
+                    self.push([Event::ExecutionSucceeded]);
+                }
                 Owed::Fail(reason) => {
                     let mut events = vec![Event::RecoveryAttempted {
                         attempt: row.resume_attempts + 1,
@@ -660,7 +871,12 @@ mod tests {
                             attempt: row.resume_attempts + 1,
                         },
                     ]);
-                    self.push(close(&leftovers(&messages), "stopped"));
+                    let closing = Leftovers {
+                        held: Vec::new(),
+                        ..left.clone()
+                    };
+                    self.push(close(&closing, "stopped"));
+                    self.start_held(&left.held);
                     self.promote(why.boundary());
                     self.answer();
                     self.answer_the_rest();
@@ -806,6 +1022,7 @@ mod tests {
         ToolThenError,
         StepLimit,
         Filtered,
+        Asks,
     }
 
     #[derive(Debug, Clone, Copy)]
@@ -814,6 +1031,10 @@ mod tests {
         Drain(Shape),
         Cut(Shape, usize, InterruptReason),
         Crash(Shape, usize),
+        /// Every approval the session waits for is decided so.
+        Decide(Verdict),
+        /// A user interrupt that finds no drain.
+        Interrupt,
     }
 
     fn shape() -> impl Strategy<Value = Shape> {
@@ -827,6 +1048,7 @@ mod tests {
             Just(Shape::ToolThenError),
             Just(Shape::StepLimit),
             Just(Shape::Filtered),
+            Just(Shape::Asks),
         ]
     }
 
@@ -837,6 +1059,13 @@ mod tests {
             2 => shape().prop_map(Op::Drain),
             1 => (shape(), 0..40usize, reason).prop_map(|(s, at, r)| Op::Cut(s, at, r)),
             2 => (shape(), 0..40usize).prop_map(|(s, at)| Op::Crash(s, at)),
+            2 => prop_oneof![
+                Just(Verdict::Approved),
+                Just(Verdict::Denied),
+                Just(Verdict::Expired),
+            ]
+            .prop_map(Op::Decide),
+            1 => Just(Op::Interrupt),
         ]
     }
 
@@ -846,6 +1075,8 @@ mod tests {
             let claimed = log.replay().sessions[&session()].claim.is_some();
             match *op {
                 Op::Admit(delivery) => log.admit_as(delivery),
+                Op::Decide(verdict) => log.decide(verdict),
+                Op::Interrupt => log.interrupt(),
                 // A new process recovers a claimed session before anything else runs it.
                 _ if claimed => {
                     let state = log.replay();
@@ -915,6 +1146,65 @@ mod tests {
         ] {
             check(&drained(shape).events, Owed::Nothing);
         }
+    }
+
+    #[test]
+    fn an_exchange_waits_for_its_approvals_then_owes_the_continuation() {
+        let mut log = drained(Shape::Asks);
+        check(
+            &log.events,
+            Owed::Waiting {
+                expires_at: Timestamp(1_000),
+            },
+        );
+        // New input waits behind the approvals, steering or not.
+        log.admit();
+        assert!(matches!(decide(&log.events), Owed::Waiting { .. }));
+        let state = log.replay();
+        let held = leftovers(&state.session_messages(&session())).held;
+        assert_eq!(held.len(), 1);
+        log.push([Event::ApprovalDecided {
+            id: held[0].message.clone(),
+            call_id: "asked".into(),
+            verdict: Verdict::Denied,
+            by: Some("ann".into()),
+            reason: Some("no".into()),
+        }]);
+        check(&log.events, Owed::Call(Why::Decided));
+        assert_eq!(Why::Decided.boundary(), Boundary::Continuation);
+        // The drain refuses it, and the model is owed the results.
+        let refusal = leftovers(&log.replay().session_messages(&session())).held[0]
+            .decision
+            .as_ref()
+            .and_then(Decision::refusal)
+            .expect("a denial is a refusal");
+        assert!(refusal.contains("denied by ann: no"), "{refusal}");
+        log.push([Event::ToolFailed {
+            id: held[0].message.clone(),
+            call_id: "asked".into(),
+            error: refusal,
+        }]);
+        check(&log.events, Owed::Call(Why::ToolResults));
+    }
+
+    #[test]
+    fn an_interrupt_withdraws_the_approvals_and_owes_nothing_of_the_exchange() {
+        let mut log = drained(Shape::Asks);
+        log.interrupt();
+        let state = log.replay();
+        assert!(state.sessions[&session()].claim.is_none());
+        assert!(leftovers(&state.session_messages(&session())).is_empty());
+        check(&log.events, Owed::Nothing);
+        let decided = log.events.iter().any(|e| {
+            matches!(
+                e,
+                Event::ApprovalDecided {
+                    verdict: Verdict::Cancelled,
+                    ..
+                }
+            )
+        });
+        assert!(decided, "the approval is withdrawn as cancelled");
     }
 
     #[test]

@@ -11,8 +11,8 @@ use crate::error::Violation;
 use crate::event::{Event, InterruptReason, Stored};
 use crate::ids::{MessageId, Seq, SessionId};
 use crate::message::{
-    AssistantMessage, CompactionState, InboxRow, IndexEntry, InstructionState, Message, Part,
-    SessionRow, ToolPart, ToolState, Usage,
+    Approval, AssistantMessage, CompactionState, Decision, InboxRow, IndexEntry, InstructionState,
+    Message, Part, SessionRow, ToolPart, ToolState, Usage, Verdict,
 };
 
 /// Row-level access to projections. Implementations decide where rows live; the projector only
@@ -303,7 +303,7 @@ pub fn apply<P: Projection>(
                 output: output.clone(),
                 truncated: *truncated,
             };
-            settle_tool(p, session, id, call_id, state)?;
+            settle_tool(p, session, id, call_id, state, false)?;
         }
         Event::ToolOutput { id, call_id, .. } => {
             // Only for a call still running: its settlement follows in the same commit.
@@ -325,7 +325,8 @@ pub fn apply<P: Projection>(
             let state = ToolState::Error {
                 error: error.clone(),
             };
-            settle_tool(p, session, id, call_id, state)?;
+            // A held call never ran: only a refusal (or a close) settles it, and only as failed.
+            settle_tool(p, session, id, call_id, state, true)?;
         }
         Event::StepEnded { id, finish, usage } => {
             let mut a = open_assistant(p, session, id)?;
@@ -397,6 +398,65 @@ pub fn apply<P: Projection>(
             };
             p.put_message(session, message).map_err(be)?;
         }
+        Event::ApprovalRequested {
+            id,
+            call_id,
+            digest,
+            expires_at,
+        } => {
+            // With its call, in the step's own (open) message.
+            let mut a = open_assistant(p, session, id)?;
+            let fresh = a.approval(call_id).is_none()
+                && a.tool(call_id)
+                    .is_some_and(|t| t.state == ToolState::Running);
+            if !fresh {
+                return Err(no_approval(session, id, call_id).into());
+            }
+            set_tool_state(&mut a, call_id, ToolState::Held);
+            a.parts.push(Part::Approval(Approval {
+                call_id: call_id.clone(),
+                digest: digest.clone(),
+                expires_at: *expires_at,
+                decision: None,
+            }));
+            p.put_message(session, Message::Assistant(a)).map_err(be)?;
+        }
+        Event::ApprovalDecided {
+            id,
+            call_id,
+            verdict,
+            by,
+            reason,
+        } => {
+            let mut a = held_assistant(p, session, id, call_id)?;
+            let approval = a
+                .parts
+                .iter_mut()
+                .find_map(|part| match part {
+                    Part::Approval(x) if x.call_id == *call_id && x.decision.is_none() => Some(x),
+                    _ => None,
+                })
+                .ok_or_else(|| no_approval(session, id, call_id))?;
+            approval.decision = Some(Decision {
+                verdict: *verdict,
+                by: by.clone(),
+                reason: reason.clone(),
+                time,
+            });
+            p.put_message(session, Message::Assistant(a)).map_err(be)?;
+        }
+        Event::ToolStarted { id, call_id } => {
+            let mut a = held_assistant(p, session, id, call_id)?;
+            let approved = a
+                .approval(call_id)
+                .and_then(|x| x.decision.as_ref())
+                .is_some_and(|d| d.verdict == Verdict::Approved);
+            if !approved {
+                return Err(no_approval(session, id, call_id).into());
+            }
+            set_tool_state(&mut a, call_id, ToolState::Running);
+            p.put_message(session, Message::Assistant(a)).map_err(be)?;
+        }
         Event::UsageRecorded { usage } => row.usage.add(usage),
         Event::StepUsage { id, usage } => {
             let mut a = open_assistant(p, session, id)?;
@@ -464,14 +524,53 @@ fn open_assistant<P: Projection>(
     }
 }
 
-/// Settles a running tool call. Tools may settle after their step failed (a provider
-/// error after a tool call still lets the tool settle), so the message need not be open.
+fn no_approval(session: &SessionId, id: &MessageId, call_id: &str) -> Violation {
+    Violation::NoApproval {
+        session: session.clone(),
+        id: id.clone(),
+        call_id: call_id.to_owned(),
+    }
+}
+
+fn set_tool_state(a: &mut AssistantMessage, call_id: &str, state: ToolState) {
+    for part in &mut a.parts {
+        if let Part::Tool(t) = part
+            && t.call_id == call_id
+        {
+            t.state = state;
+            return;
+        }
+    }
+}
+
+/// The assistant message `id` (settled or not: a step that asked ends before its approvals are
+/// decided) whose call `call_id` is held.
+fn held_assistant<P: Projection>(
+    p: &mut P,
+    session: &SessionId,
+    id: &MessageId,
+    call_id: &str,
+) -> Result<AssistantMessage, ApplyError<P::Error>> {
+    match message_by_id(p, session, id)? {
+        Some(Message::Assistant(a))
+            if a.tool(call_id).is_some_and(|t| t.state == ToolState::Held) =>
+        {
+            Ok(a)
+        }
+        _ => Err(no_approval(session, id, call_id).into()),
+    }
+}
+
+/// Settles a running tool call (or, with `held`, one held for its approval). Tools may settle
+/// after their step failed or ended (a provider error after a tool call still lets the tool
+/// settle, and a held call settles after its step), so the message need not be open.
 fn settle_tool<P: Projection>(
     p: &mut P,
     session: &SessionId,
     id: &MessageId,
     call_id: &str,
     state: ToolState,
+    held: bool,
 ) -> Result<(), ApplyError<P::Error>> {
     let no_tool = || Violation::NoRunningTool {
         session: session.clone(),
@@ -485,7 +584,12 @@ fn settle_tool<P: Projection>(
         .parts
         .iter_mut()
         .find_map(|part| match part {
-            Part::Tool(t) if t.call_id == call_id && t.state == ToolState::Running => Some(t),
+            Part::Tool(t)
+                if t.call_id == call_id
+                    && (t.state == ToolState::Running || (held && t.state == ToolState::Held)) =>
+            {
+                Some(t)
+            }
             _ => None,
         })
         .ok_or_else(no_tool)?;

@@ -55,6 +55,11 @@ pub(crate) fn routes() -> Router<Arc<Shared>> {
             get(tool_output),
         )
         .route("/api/session/{id}/events", get(crate::events::stream))
+        .route("/api/session/{id}/approvals", get(approvals))
+        .route(
+            "/api/session/{id}/approvals/{message_id}/{call_id}",
+            post(decide),
+        )
         .route("/api/cluster", get(cluster))
 }
 
@@ -117,8 +122,8 @@ pub(crate) fn data<T: Serialize>(payload: T) -> Response {
     json_response(StatusCode::OK, &Data { data: payload })
 }
 
-fn running(shared: &Shared, id: &SessionId) -> bool {
-    shared.runtime.is_active(id)
+fn status(shared: &Shared, id: &SessionId) -> wire::StatusType {
+    wire::status(shared.runtime.activity(id))
 }
 
 /// Reads the session row or fails `session_not_found`.
@@ -190,8 +195,10 @@ pub(crate) async fn create(
             title: body.title,
         })
         .await?;
-    let running = running(&shared, &row.id);
-    Ok(data(wire::Session::from_row(&row, running)))
+    Ok(data(wire::Session::from_row(
+        &row,
+        status(&shared, &row.id),
+    )))
 }
 
 /// Sessions, newest first, one page at a time.
@@ -219,10 +226,9 @@ pub(crate) async fn list(
     } else {
         None
     };
-    let active = shared.runtime.active();
     let sessions = rows
         .iter()
-        .map(|r| wire::Session::from_row(r, active.binary_search(&r.id).is_ok()))
+        .map(|r| wire::Session::from_row(r, status(&shared, &r.id)))
         .collect();
     Ok(data(wire::SessionPage {
         sessions,
@@ -285,7 +291,7 @@ pub(crate) async fn session(
     SessionPath(id): SessionPath,
 ) -> Result<Response, ApiError> {
     let row = row(&shared, &id).await?;
-    Ok(data(wire::Session::from_row(&row, running(&shared, &id))))
+    Ok(data(wire::Session::from_row(&row, status(&shared, &id))))
 }
 
 /// Admits a prompt durably and idempotently and, unless `resume` is false, wakes the
@@ -612,4 +618,93 @@ pub(crate) async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
         ErrorType::MethodNotAllowed,
         format!("{} does not accept {method}", uri.path()),
     )
+}
+
+/// The most bytes of a decision's `by` and `reason`.
+const MAX_DECIDED_BY: usize = 256;
+const MAX_REASON: usize = 4096;
+
+/// The approvals the session waits for, in call order.
+#[utoipa::path(get, path = "/api/session/{id}/approvals", operation_id = "approvals", tag = "session",
+    params(("id" = String, Path, description = "Session id, `ses_…`", pattern = r"^ses_[A-Za-z0-9_-]{1,64}$")),
+    responses(
+        (status = 200, description = "Pending approvals", body = Data<Vec<wire::Approval>>),
+        (status = 400, description = "Malformed id", body = ErrorEnvelope),
+        (status = 401, body = ErrorEnvelope),
+        (status = 404, description = "No such session", body = ErrorEnvelope),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn approvals(
+    State(shared): AppState,
+    SessionPath(id): SessionPath,
+) -> Result<Response, ApiError> {
+    let pending = shared.runtime.approvals(&id).await?;
+    Ok(data(
+        pending
+            .into_iter()
+            .map(|p| {
+                wire::Approval::pending(
+                    &p.message,
+                    p.call_id,
+                    p.name,
+                    &p.input,
+                    p.digest,
+                    p.expires_at,
+                )
+            })
+            .collect::<Vec<_>>(),
+    ))
+}
+
+/// Decides an approval, durably and once, and wakes the session: approved, the call runs
+/// exactly once; denied, the model gets the denial with who denied it and why.
+#[utoipa::path(post, path = "/api/session/{id}/approvals/{message_id}/{call_id}", operation_id = "decideApproval", tag = "session",
+    params(
+        ("id" = String, Path, description = "Session id, `ses_…`", pattern = r"^ses_[A-Za-z0-9_-]{1,64}$"),
+        ("message_id" = String, Path, description = "The assistant message that made the call, `msg_…`"),
+        ("call_id" = String, Path, description = "The call"),
+    ),
+    request_body = wire::Decide,
+    responses(
+        (status = 200, description = "The decision", body = Data<wire::ApprovalDecision>),
+        (status = 400, description = "Malformed body or id; `by` or `reason` over its limit", body = ErrorEnvelope),
+        (status = 401, body = ErrorEnvelope),
+        (status = 404, description = "No such session, or no such call waiting for approval", body = ErrorEnvelope),
+        (status = 409, description = "Decided already (`approval_decided`, with the first decision) or the digest is not the call's (`digest_mismatch`); nothing changed", body = ErrorEnvelope),
+        (status = 503, body = ErrorEnvelope),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn decide(
+    State(shared): AppState,
+    path: Result<Path<(String, String, String)>, PathRejection>,
+    Json(body): Json<wire::Decide>,
+) -> Result<Response, ApiError> {
+    let Path((id, message_id, call_id)) =
+        path.map_err(|r| ApiError::invalid(format!("invalid path: {}", r.body_text())))?;
+    let id = SessionId::parse(&id)?;
+    let message_id = MessageId::parse(&message_id)?;
+    let bounded = |field: &str, value: &Option<String>, limit: usize| match value {
+        Some(v) if v.len() > limit => Err(ApiError::invalid(format!(
+            "{field} is {} bytes, over the limit of {limit}",
+            v.len()
+        ))),
+        _ => Ok(()),
+    };
+    bounded("by", &body.by, MAX_DECIDED_BY)?;
+    bounded("reason", &body.reason, MAX_REASON)?;
+    let decision = shared
+        .runtime
+        .decide(
+            &id,
+            &message_id,
+            &call_id,
+            agenthost_actors::Decide {
+                approve: body.decision == wire::DecideKind::Approve,
+                digest: body.digest,
+                reason: body.reason,
+                by: body.by,
+            },
+        )
+        .await?;
+    Ok(data(wire::ApprovalDecision::from(&decision)))
 }

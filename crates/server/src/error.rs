@@ -20,6 +20,8 @@ pub fn status(kind: ErrorType) -> StatusCode {
 pub struct ApiError {
     kind: ErrorType,
     message: String,
+    /// With `approval_decided`: the first decision.
+    decision: Option<Box<crate::wire::ApprovalDecision>>,
 }
 
 impl ApiError {
@@ -27,6 +29,7 @@ impl ApiError {
         ApiError {
             kind,
             message: message.into(),
+            decision: None,
         }
     }
 
@@ -53,6 +56,12 @@ impl From<Error> for ApiError {
             Error::SessionNotFound(_) => ErrorType::SessionNotFound,
             Error::NotFound(_) => ErrorType::NotFound,
             Error::PromptConflict { .. } => ErrorType::PromptConflict,
+            Error::AlreadyDecided { decision, .. } => {
+                let mut e = ApiError::new(ErrorType::ApprovalDecided, error.to_string());
+                e.decision = Some(Box::new(crate::wire::ApprovalDecision::from(&**decision)));
+                return e;
+            }
+            Error::DigestMismatch { .. } => ErrorType::DigestMismatch,
             Error::Busy(_) => ErrorType::SessionBusy,
             Error::Invalid(_) | Error::NothingToCompact => ErrorType::InvalidRequest,
             Error::PromptTooLarge { .. } => ErrorType::PayloadTooLarge,
@@ -115,6 +124,7 @@ impl IntoResponse for ApiError {
             error: ErrorBody {
                 kind: self.kind,
                 message,
+                decision: self.decision.map(|d| *d),
             },
         };
         let mut response = crate::api::json_response(status, &body);

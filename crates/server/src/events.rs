@@ -343,8 +343,8 @@ impl Feed {
                             self.enqueue(json_event("synced", &synced));
                             // Where the session stands now, so a client that (re)connects
                             // knows without asking; changes follow live.
-                            let running = self.shared.runtime.is_active(&self.session);
-                            let status = wire::Status::new(running);
+                            let activity = self.shared.runtime.activity(&self.session);
+                            let status = wire::Status::of(wire::status(activity));
                             self.enqueue(json_event("status", &status));
                         }
                     }
@@ -451,8 +451,8 @@ impl Feed {
                 });
                 self.deltas += 1;
             }
-            Live::Status { running } => {
-                let status = wire::Status::new(*running);
+            Live::Status(activity) => {
+                let status = wire::Status::of(wire::status(*activity));
                 self.enqueue(json_event("status", &status));
             }
         }
@@ -516,6 +516,7 @@ impl Feed {
         let body = wire::ErrorBody {
             kind: error.kind(),
             message: error.message().to_owned(),
+            decision: None,
         };
         self.enqueue(json_event("error", &body));
         self.done = true;

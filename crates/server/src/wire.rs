@@ -4,7 +4,7 @@
 
 pub use agenthost_api::wire::*;
 
-use agenthost_actors::{DeltaKind, Outcome};
+use agenthost_actors::{Activity, DeltaKind, Outcome};
 use agenthost_store::Receipt;
 
 /// The admission receipt as the API shows it.
@@ -27,6 +27,18 @@ pub fn outcome(o: Outcome) -> DrainOutcome {
         Outcome::Compacted { kept_from } => DrainOutcome::Compacted {
             kept_from: kept_from.0,
         },
+        Outcome::Waiting { expires_at } => DrainOutcome::Waiting {
+            expires_at: expires_at.0,
+        },
+    }
+}
+
+/// What a session is doing, as the API shows it.
+pub fn status(a: Activity) -> StatusType {
+    match a {
+        Activity::Idle => StatusType::Idle,
+        Activity::Running => StatusType::Running,
+        Activity::Waiting => StatusType::Waiting,
     }
 }
 

@@ -1043,6 +1043,8 @@ const ROUTES: &[(&str, &str)] = &[
         "/api/session/{id}/tool-output/{message_id}/{call_id}",
     ),
     ("get", "/api/session/{id}/events"),
+    ("get", "/api/session/{id}/approvals"),
+    ("post", "/api/session/{id}/approvals/{message_id}/{call_id}"),
     ("get", "/api/cluster"),
 ];
 

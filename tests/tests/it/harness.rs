@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agenthost_actors::{Config, CreateSession, Extensions, Live, PromptRequest, Runtime};
+use agenthost_actors::{Activity, Config, CreateSession, Extensions, Live, PromptRequest, Runtime};
 use agenthost_llm::scripted::{Script, Scripted};
 use agenthost_model::{Event, Seq, SessionId};
 use tokio::sync::broadcast;
@@ -138,8 +138,8 @@ impl Harness {
                 .expect("bus open");
             if &event.0 == session {
                 match event.1 {
-                    Live::Status { running: true } => started += 1,
-                    Live::Status { running: false } => finished += 1,
+                    Live::Status(Activity::Running) => started += 1,
+                    Live::Status(_) => finished += 1,
                     _ => {}
                 }
             }

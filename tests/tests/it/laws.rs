@@ -380,7 +380,7 @@ async fn deltas_follow_the_event_that_creates_their_message() {
                 _ => continue,
             },
             Live::Delta { message, .. } => format!("delta {message}"),
-            Live::Status { .. } => continue,
+            Live::Status(_) => continue,
         });
     }
     let starts: Vec<_> = seen.iter().filter(|l| l.starts_with("start")).collect();

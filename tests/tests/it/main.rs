@@ -2,6 +2,7 @@
 //! the scripted provider.
 
 mod agent_loop;
+mod approvals;
 mod compaction;
 mod crash_matrix;
 mod generate;

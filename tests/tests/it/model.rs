@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agenthost_actors::{
-    Call, CreateSession, Executor, Extensions, Hook, Live, PromptRequest, RequestContext, Runtime,
-    Tool, Tools,
+    Activity, Call, CreateSession, Executor, Extensions, Hook, Live, PromptRequest, RequestContext,
+    Runtime, Tool, Tools,
 };
 use agenthost_llm::scripted::{Script, Scripted};
 use agenthost_llm::{FinishReason, Request};
@@ -109,9 +109,9 @@ impl Monitor {
         let task = tokio::spawn(async move {
             let mut running: BTreeMap<SessionId, i32> = BTreeMap::new();
             let mut check = |event: &(SessionId, Live)| {
-                if let Live::Status { running: r } = event.1 {
+                if let Live::Status(activity) = event.1 {
                     let n = running.entry(event.0.clone()).or_default();
-                    *n += if r { 1 } else { -1 };
+                    *n += if activity == Activity::Running { 1 } else { -1 };
                     assert!(*n <= 1, "two drains at once in {}", event.0);
                 }
             };

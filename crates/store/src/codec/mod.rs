@@ -2,7 +2,7 @@
 //!
 //! **Records are the store's own, versioned types.** The store never encodes a model type: each
 //! persisted model type (events, messages, the session record, index entries, instruction state)
-//! implements [`Record`], which converts it to its record in the current format (`v4`) and back.
+//! implements [`Record`], which converts it to its record in the current format (`v5`) and back.
 //! A record mirrors its model type field for field as that type was when its format shipped,
 //! and never changes after; the conversions are written out by hand, so that a change to a model
 //! type fails to compile here instead of silently changing the bytes on disk.
@@ -15,7 +15,7 @@
 //!   `testdata/` (the golden-file test in `tests/` fails until all of that is done). A variant
 //!   appended to an enum is the cheapest change: bincode encodes a variant by its position, so
 //!   the older records decode with the new types as they are, and the upgrade is nothing more
-//!   (format 4 is format 3 so extended, see `v4`).
+//!   (formats 4 and 5 are format 3 so extended, see `v5`).
 //!
 //! Every value stored is `[FORMAT_VERSION as u16 little-endian][bincode 2 standard encoding]`,
 //! or, in the event log, a [`run`] of such records. bincode is named nowhere else in the crate.
@@ -26,7 +26,7 @@
 //! memory.
 
 mod v3;
-mod v4;
+mod v5;
 
 use agenthost_model::{IndexEntry, InstructionState, Message, Stored};
 use serde::Serialize;
@@ -35,13 +35,14 @@ use serde::de::DeserializeOwned;
 use crate::error::{Error, Result};
 use crate::record::SessionRecord;
 
-/// The store format this build writes: 4, format 3 (the first that shipped; versions 1 and 2
-/// never did) with one event variant appended. A later format adds its upgrade from this one,
-/// and its own golden file.
-pub const FORMAT_VERSION: u16 = 4;
+/// The store format this build writes: 5, format 3 (the first that shipped; versions 1 and 2
+/// never did) with variants appended: one event in format 4, and in format 5 the events, tool
+/// state and message part of approvals. A later format adds its upgrade from this one, and its
+/// own golden file.
+pub const FORMAT_VERSION: u16 = 5;
 
-/// The oldest format this build opens: every format-3 value decodes with format 4's records
-/// (see `v4`), and opening such a store rewrites only its version.
+/// The oldest format this build opens: every format-3 or format-4 value decodes with format 5's
+/// records (see `v5`), and opening such a store rewrites only its version.
 pub const OLDEST_READABLE: u16 = 3;
 
 /// The largest record decoded; larger length prefixes are treated as corruption.
@@ -63,30 +64,30 @@ pub(crate) trait Record: Sized + 'static {
 }
 
 impl Record for Stored {
-    type Stored<'a> = v4::Stored<'a>;
+    type Stored<'a> = v5::Stored<'a>;
 
-    fn to_stored(&self) -> v4::Stored<'_> {
+    fn to_stored(&self) -> v5::Stored<'_> {
         self.into()
     }
 
-    fn from_stored(stored: v4::Stored<'static>) -> Result<Self, agenthost_model::Error> {
+    fn from_stored(stored: v5::Stored<'static>) -> Result<Self, agenthost_model::Error> {
         stored.try_into()
     }
 }
-
-// The records below are format 3's, unchanged in format 4.
 
 impl Record for Message {
-    type Stored<'a> = v3::Message<'a>;
+    type Stored<'a> = v5::Message<'a>;
 
-    fn to_stored(&self) -> v3::Message<'_> {
+    fn to_stored(&self) -> v5::Message<'_> {
         self.into()
     }
 
-    fn from_stored(stored: v3::Message<'static>) -> Result<Self, agenthost_model::Error> {
+    fn from_stored(stored: v5::Message<'static>) -> Result<Self, agenthost_model::Error> {
         stored.try_into()
     }
 }
+
+// The records below are format 3's, unchanged in formats 4 and 5.
 
 impl Record for SessionRecord {
     type Stored<'a> = v3::SessionRecord<'a>;

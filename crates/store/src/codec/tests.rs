@@ -4,9 +4,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use agenthost_model::message::Claim;
 use agenthost_model::{
-    AssistantMessage, CompactionState, Delivery, Event, FailureKind, FileAttachment, Finish,
-    IndexEntry, InstructionState, InterruptReason, Message, MessageId, Part, Prompt, Seq,
-    SessionId, SessionRow, StepError, Stored, Timestamp, ToolPart, ToolState, Usage,
+    Approval, AssistantMessage, CompactionState, Decision, Delivery, Event, FailureKind,
+    FileAttachment, Finish, IndexEntry, InstructionState, InterruptReason, Message, MessageId,
+    Part, Prompt, Seq, SessionId, SessionRow, StepError, Stored, Timestamp, ToolPart, ToolState,
+    Usage, Verdict,
 };
 
 use super::*;
@@ -127,7 +128,15 @@ fn prompt_with_files() -> Prompt {
     }
 }
 
-/// Each variant of every enum an event holds, at least once.
+const VERDICTS: [Verdict; 4] = [
+    Verdict::Approved,
+    Verdict::Denied,
+    Verdict::Expired,
+    Verdict::Cancelled,
+];
+
+/// Each variant of every enum an event holds, at least once. The samples format 4 can express
+/// come first, in the order of [`FORMAT_4_EVENTS`]; add new ones at the end.
 fn events() -> Vec<Event> {
     let a = mid("a");
     let mut events = vec![
@@ -272,6 +281,31 @@ fn events() -> Vec<Event> {
             error: step_error(kind),
         }),
     );
+    // Format 5 from here on.
+    events.push(Event::ApprovalRequested {
+        id: a.clone(),
+        call_id: "c4".into(),
+        digest: "sha256:4a1f".into(),
+        expires_at: Timestamp(1_700_000_600_000),
+    });
+    events.extend(VERDICTS.map(|verdict| Event::ApprovalDecided {
+        id: a.clone(),
+        call_id: "c4".into(),
+        verdict,
+        by: Some("alice".into()),
+        reason: Some(format!("{verdict:?} for a reason")),
+    }));
+    events.push(Event::ApprovalDecided {
+        id: a.clone(),
+        call_id: "c5".into(),
+        verdict: Verdict::Expired,
+        by: None,
+        reason: None,
+    });
+    events.push(Event::ToolStarted {
+        id: a.clone(),
+        call_id: "c4".into(),
+    });
     events
 }
 
@@ -303,9 +337,12 @@ fn variant(event: &Event) -> usize {
         Event::UsageRecorded { .. } => 21,
         Event::StepUsage { .. } => 22,
         Event::ToolOutput { .. } => 23,
+        Event::ApprovalRequested { .. } => 24,
+        Event::ApprovalDecided { .. } => 25,
+        Event::ToolStarted { .. } => 26,
     }
 }
-const EVENT_VARIANTS: usize = 24;
+const EVENT_VARIANTS: usize = 27;
 
 fn assistant(parts: Vec<Part>, settled: bool) -> AssistantMessage {
     AssistantMessage {
@@ -324,7 +361,8 @@ fn assistant(parts: Vec<Part>, settled: bool) -> AssistantMessage {
     }
 }
 
-/// Every message variant, compaction state, part and tool state.
+/// Every message variant, compaction state, part, tool state and verdict. The samples format 4
+/// can express come first, in the order of [`FORMAT_4_MESSAGES`]; add new ones at the end.
 fn messages() -> Vec<Message> {
     let tool = |call_id: &str, state| {
         Part::Tool(ToolPart {
@@ -393,7 +431,49 @@ fn messages() -> Vec<Message> {
         compaction(CompactionState::Failed {
             error: "too long".into(),
         }),
+        // Format 5 from here on: calls held for their approvals, decided or not.
+        Message::Assistant(assistant(
+            [
+                tool("c1", ToolState::Held),
+                approval("c1", None),
+                tool("c2", ToolState::Held),
+                approval(
+                    "c2",
+                    Some(Decision {
+                        verdict: Verdict::Approved,
+                        by: None,
+                        reason: None,
+                        time: Timestamp(250),
+                    }),
+                ),
+            ]
+            .into_iter()
+            .chain(VERDICTS.into_iter().enumerate().flat_map(|(n, verdict)| {
+                let call_id = format!("d{n}");
+                let decision = Decision {
+                    verdict,
+                    by: Some("alice".into()),
+                    reason: Some(format!("{verdict:?} for a reason")),
+                    time: Timestamp(260 + n as u64),
+                };
+                [
+                    tool(&call_id, ToolState::Error { error: "no".into() }),
+                    approval(&call_id, Some(decision)),
+                ]
+            }))
+            .collect(),
+            true,
+        )),
     ]
+}
+
+fn approval(call_id: &str, decision: Option<Decision>) -> Part {
+    Part::Approval(Approval {
+        call_id: call_id.into(),
+        digest: format!("sha256:{call_id}"),
+        expires_at: Timestamp(1_700_000_600_000),
+        decision,
+    })
 }
 
 /// The shapes a message holds. No wildcard: a new variant fails to compile here until it has a
@@ -416,6 +496,16 @@ fn shapes(message: &Message, out: &mut BTreeSet<&'static str>) {
                         ToolState::Running => "tool running",
                         ToolState::Completed { .. } => "tool completed",
                         ToolState::Error { .. } => "tool error",
+                        ToolState::Held => "tool held",
+                    },
+                    Part::Approval(approval) => match &approval.decision {
+                        None => "approval undecided",
+                        Some(decision) => match decision.verdict {
+                            Verdict::Approved => "approval approved",
+                            Verdict::Denied => "approval denied",
+                            Verdict::Expired => "approval expired",
+                            Verdict::Cancelled => "approval cancelled",
+                        },
                     },
                 });
             }
@@ -427,7 +517,7 @@ fn shapes(message: &Message, out: &mut BTreeSet<&'static str>) {
         }
     };
 }
-const MESSAGE_SHAPES: usize = 12;
+const MESSAGE_SHAPES: usize = 18;
 
 fn round_trip<T: Record + PartialEq + std::fmt::Debug>(what: &str, value: &T) {
     let bytes = encode(value);
@@ -532,6 +622,186 @@ fn every_record_shape_round_trips() {
             ]),
         },
     );
+}
+
+fn unhex(hex: &str) -> Vec<u8> {
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+        .collect()
+}
+
+/// The values of [`events`] (each as a [`Stored`] at seq `n`) and [`messages`] that format 4
+/// can express, as the format-4 build (commit fd152be) encoded them, in hex.
+const FORMAT_4_EVENTS: [&str; 36] = [
+    "040000fd0068e5cf8b010000000764656661756c7401046d6f636b010741207469746c65",
+    "040001fd0168e5cf8b010000000764656661756c740000",
+    "040002fd0268e5cf8b01000001066d73675f703100046c6f6f6b020a746578742f706c61696e1b64\
+     6174613a746578742f706c61696e3b6261736536342c61476b3d010668692e74787409696d616765\
+     2f706e671d68747470733a2f2f6578616d706c652e696e76616c69642f612e706e6700",
+    "040003fd0368e5cf8b01000018066d73675f703201056c6174657200",
+    "040004fd0468e5cf8b01000002066d73675f7031",
+    "040005fd0568e5cf8b01000003076d73675f73797302056167656e740942652062726965662e0770\
+     726f6a656374000942652062726965662e",
+    "040006fd0668e5cf8b0100000401",
+    "040007fd0768e5cf8b01000005",
+    "040008fd0868e5cf8b0100000604626f6f6d01",
+    "040009fd0968e5cf8b0100000803",
+    "04000afd0a68e5cf8b01000009056d73675f61070764656661756c74046d6f636b",
+    "04000bfd0b68e5cf8b0100000a056d73675f610568656c6c6f01",
+    "04000cfd0c68e5cf8b0100000b056d73675f6103686d6d010373696700",
+    "04000dfd0d68e5cf8b0100000b056d73675f6103686d6d0001",
+    "04000efd0e68e5cf8b0100000c056d73675f61026331066c6f6f6b7570077b2271223a317d",
+    "04000ffd0f68e5cf8b0100000d056d73675f6102633105666f756e6401",
+    "040010fd1068e5cf8b0100000e056d73675f610263320c6e6f207375636820746f6f6c",
+    "040011fd1168e5cf8b01000011056d73675f6102fbdc05021350726f76696465722077656e742077\
+     726f6e67",
+    "040012fd1268e5cf8b01000012056d73675f6301",
+    "040013fd1368e5cf8b01000013056d73675f630c7468657920736169642068690c141516171819",
+    "040014fd1468e5cf8b01000014056d73675f6308746f6f206c6f6e67",
+    "040015fd1568e5cf8b010000151e1f20212223",
+    "040016fd1668e5cf8b01000016056d73675f6128292a2b2c2d",
+    "040017fd1768e5cf8b01000017056d73675f61026331107468652077686f6c65206f7574707574",
+    "040018fd1868e5cf8b0100000700",
+    "040019fd1968e5cf8b0100000701",
+    "04001afd1a68e5cf8b0100000f056d73675f61000a0b0c0d0e0f",
+    "04001bfd1b68e5cf8b0100000f056d73675f61010a0b0c0d0e0f",
+    "04001cfd1c68e5cf8b0100000f056d73675f61020a0b0c0d0e0f",
+    "04001dfd1d68e5cf8b0100000f056d73675f61030a0b0c0d0e0f",
+    "04001efd1e68e5cf8b0100000f056d73675f61040570617573650a0b0c0d0e0f",
+    "04001ffd1f68e5cf8b01000010056d73675f61001241626f727465642077656e742077726f6e67",
+    "040020fd2068e5cf8b01000010056d73675f6101145265737461727465642077656e742077726f6e\
+     67",
+    "040021fd2168e5cf8b01000010056d73675f61021350726f76696465722077656e742077726f6e67",
+    "040022fd2268e5cf8b01000010056d73675f61031a436f6e746578744f766572666c6f772077656e\
+     742077726f6e67",
+    "040023fd2368e5cf8b01000010056d73675f610413496e7465726e616c2077656e742077726f6e67",
+];
+
+const FORMAT_4_MESSAGES: [&str; 7] = [
+    "040000066d73675f7031020101046c6f6f6b020a746578742f706c61696e1b646174613a74657874\
+     2f706c61696e3b6261736536342c61476b3d010668692e74787409696d6167652f706e671d687474\
+     70733a2f2f6578616d706c652e696e76616c69642f612e706e670005",
+    "040002076d73675f737973030942652062726965662e06",
+    "040001056d73675f6109020764656661756c74046d6f636b000000323334353637046400",
+    "040001056d73675f6109020764656661756c74046d6f636b060103686d6d0103736967000102686d\
+     000100084c6f6f6b696e672e0002026331066c6f6f6b7570027b7d0002026332066c6f6f6b757002\
+     7b7d0105666f756e640102026333066c6f6f6b7570027b7d02026e6f010405706175736501031a43\
+     6f6e746578744f766572666c6f772077656e742077726f6e67323334353637046401c8",
+    "040003056d73675f631e0100fb2c01",
+    "040003056d73675f631e01010c74686579207361696420686914fb2c01",
+    "040003056d73675f631e010208746f6f206c6f6e67fb2c01",
+];
+
+/// Format 5 appends variants only: every format-4 value decodes with format 5's records to what
+/// the format-4 build encoded, and format 5 writes the same bytes after its own version. The
+/// same holds of format 3 (format 4 appended one event variant), which the golden stores show.
+#[test]
+fn format_4_records_decode_unchanged() {
+    let (events, messages) = (events(), messages());
+    assert!(events.len() > FORMAT_4_EVENTS.len() && messages.len() > FORMAT_4_MESSAGES.len());
+    for (n, (event, hex)) in events.into_iter().zip(FORMAT_4_EVENTS).enumerate() {
+        let stored = Stored {
+            seq: Seq(n as u64),
+            time: Timestamp(1_700_000_000_000 + n as u64),
+            event,
+        };
+        let old = unhex(hex);
+        assert_eq!(old[..2], 4u16.to_le_bytes(), "a format-4 record");
+        assert_eq!(
+            decode::<Stored>("event", &old).expect("decodes"),
+            stored,
+            "event sample {n}"
+        );
+        assert_eq!(encode(&stored)[2..], old[2..], "event sample {n}");
+    }
+    for (n, (message, hex)) in messages.into_iter().zip(FORMAT_4_MESSAGES).enumerate() {
+        let old = unhex(hex);
+        assert_eq!(
+            decode::<Message>("message", &old).expect("decodes"),
+            message,
+            "message sample {n}"
+        );
+        assert_eq!(encode(&message)[2..], old[2..], "message sample {n}");
+    }
+}
+
+/// Format 5's variants come after format 4's: its events after the 25 of format 4, its tool
+/// state after 3 and its part after 3 of format 3, and the verdicts in their order.
+#[test]
+fn format_5_variants_are_appended() {
+    // A stored event at seq 0 and time 0: the seq, the time, then the event's variant.
+    let position = |event: Event| {
+        encode(&Stored {
+            seq: Seq(0),
+            time: Timestamp(0),
+            event,
+        })[2..5]
+            .to_vec()
+    };
+    let a = mid("a");
+    assert_eq!(
+        position(Event::ApprovalRequested {
+            id: a.clone(),
+            call_id: "c".into(),
+            digest: "d".into(),
+            expires_at: Timestamp(1),
+        }),
+        [0, 0, 25]
+    );
+    for (n, verdict) in VERDICTS.into_iter().enumerate() {
+        let bytes = encode(&Stored {
+            seq: Seq(0),
+            time: Timestamp(0),
+            event: Event::ApprovalDecided {
+                id: a.clone(),
+                call_id: "c".into(),
+                verdict,
+                by: None,
+                reason: None,
+            },
+        });
+        // The variant, the id (its length, "msg_a"), the call id (its length, "c"), the verdict.
+        assert_eq!(bytes[2..5], [0, 0, 26]);
+        assert_eq!(bytes[5 + 6 + 2], n as u8, "{verdict:?}");
+    }
+    assert_eq!(
+        position(Event::ToolStarted {
+            id: a,
+            call_id: "c".into(),
+        }),
+        [0, 0, 27]
+    );
+    // An assistant message with one part: its variant follows the message's fixed fields.
+    let held = encode(&Message::Assistant(assistant(
+        vec![Part::Tool(ToolPart {
+            call_id: "c".into(),
+            name: "n".into(),
+            input: "i".into(),
+            state: ToolState::Held,
+        })],
+        false,
+    )));
+    let approval = encode(&Message::Assistant(assistant(
+        vec![approval("c", None)],
+        false,
+    )));
+    let empty = encode(&Message::Assistant(assistant(Vec::new(), false)));
+    // The parts begin where the empty message has its part count (0); then the part's variant.
+    let at = empty
+        .iter()
+        .zip(&held)
+        .position(|(a, b)| a != b)
+        .expect("the part count differs");
+    assert_eq!(
+        (empty[at], held[at], held[at + 1]),
+        (0, 1, 2),
+        "a tool part"
+    );
+    // The tool part: call id, name, input (each a length and one byte), then its state.
+    assert_eq!(held[at + 2..at + 8], *b"\x01c\x01n\x01i");
+    assert_eq!(held[at + 8], 3, "Held after Running, Completed, Error");
+    assert_eq!(approval[at + 1], 3, "Approval after Text, Reasoning, Tool");
 }
 
 #[test]

@@ -6,7 +6,9 @@
 use std::path::{Path, PathBuf};
 
 use agenthost_model::promotion::Boundary;
-use agenthost_model::{Delivery, Event, FileAttachment, Finish, Prompt, Seq, Usage};
+use agenthost_model::{
+    Delivery, Event, FileAttachment, Finish, Prompt, Seq, Timestamp, Usage, Verdict,
+};
 
 use super::*;
 use crate::codec::{FORMAT_VERSION, OLDEST_READABLE};
@@ -110,6 +112,94 @@ pub(super) async fn scenario(store: &RedbStore) {
         },
         Event::ExecutionSucceeded,
     ];
+    store.append(s.clone(), events).await.expect("appended");
+
+    // Format 5's records: a step whose calls wait for approvals, decided each way or not yet.
+    let asked = mid("asked");
+    let calls = [
+        "ok",
+        "denied",
+        "expired",
+        "cancelled",
+        "approved",
+        "waiting",
+    ];
+    let mut events = vec![
+        Event::ExecutionStarted { forced: true },
+        Event::StepStarted {
+            id: asked.clone(),
+            step: 2,
+            agent: "default".into(),
+            model: "mock".into(),
+        },
+    ];
+    for call in calls {
+        events.push(Event::ToolCalled {
+            id: asked.clone(),
+            call_id: call.into(),
+            name: "shell".into(),
+            input: format!("{{\"run\":\"{call}\"}}"),
+        });
+        events.push(Event::ApprovalRequested {
+            id: asked.clone(),
+            call_id: call.into(),
+            digest: format!("sha256:{call}"),
+            expires_at: Timestamp(1_700_000_600_000),
+        });
+    }
+    events.push(Event::StepEnded {
+        id: asked.clone(),
+        finish: Finish::ToolCalls,
+        usage: Usage::default(),
+    });
+    let decided =
+        |call: &str, verdict, by: Option<&str>, reason: Option<&str>| Event::ApprovalDecided {
+            id: asked.clone(),
+            call_id: call.into(),
+            verdict,
+            by: by.map(Into::into),
+            reason: reason.map(Into::into),
+        };
+    let refused = |call: &str, error: &str| Event::ToolFailed {
+        id: asked.clone(),
+        call_id: call.into(),
+        error: error.into(),
+    };
+    events.extend([
+        decided("ok", Verdict::Approved, Some("alice"), None),
+        Event::ToolStarted {
+            id: asked.clone(),
+            call_id: "ok".into(),
+        },
+        Event::ToolSucceeded {
+            id: asked.clone(),
+            call_id: "ok".into(),
+            output: "done".into(),
+            truncated: false,
+        },
+        decided("denied", Verdict::Denied, Some("bob"), Some("not today")),
+        refused(
+            "denied",
+            "the call was denied by bob: not today; it did not run",
+        ),
+        decided("expired", Verdict::Expired, None, None),
+        refused(
+            "expired",
+            "the call was not approved in time (the approval expired); it did not run",
+        ),
+        decided("cancelled", Verdict::Cancelled, None, Some("interrupted")),
+        refused(
+            "cancelled",
+            "the call was cancelled: interrupted; it did not run",
+        ),
+        // Approved and not started yet; "waiting" is not decided.
+        decided("approved", Verdict::Approved, Some("alice"), Some("fine")),
+        // Releases the claim, so that the store holds no claimed session. (The runtime would
+        // withdraw the held calls first; the store records whatever the log says.)
+        Event::ExecutionInterrupted {
+            reason: agenthost_model::InterruptReason::User,
+        },
+    ]);
     store.append(s, events).await.expect("appended");
 }
 
