@@ -40,6 +40,10 @@ export type ErrorBody = Schemas["ErrorBody"];
 export type ErrorType = Schemas["ErrorType"];
 export type Session = Schemas["Session"];
 export type Message = Schemas["Message"];
+/** A tool call waiting for a person's decision (`GET /api/session/{id}/approvals`). */
+export type Approval = Schemas["Approval"];
+/** A decision on an approval: the answer of deciding one, and `error.decision` of a 409 `approval_decided`. */
+export type ApprovalDecision = Schemas["ApprovalDecision"];
 
 /** One frame of a session's event stream, as {@link Agenthost.events} yields it. */
 export type Frame =

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+#[path = "e2e/approvals.rs"]
+mod approvals;
 #[path = "e2e/cluster.rs"]
 mod cluster;
 #[path = "e2e/laws.rs"]

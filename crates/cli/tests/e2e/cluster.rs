@@ -467,3 +467,89 @@ async fn a_paused_node_is_fenced_after_a_takeover() {
         assert_eq!(*n, 1, "the non-idempotent tool call {key} ran {n} times");
     }
 }
+
+/// An approval asked on one node is listed and decided through another: the decision is
+/// forwarded to the owner, which runs the approved call once; a second decision through either
+/// node gets the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_is_decided_through_the_node_that_does_not_own_the_session() {
+    use super::wire::{Wire, calls_tools_named_in_the_prompt};
+    if pg_url().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let schema = format!("e2eapprove{}", std::process::id());
+    let wire = Wire::start(calls_tools_named_in_the_prompt(&["lookup"]), &[]).await;
+    let provider = format!("{}/v1", wire.url);
+    let tool = format!("{}/tools/lookup", wire.url);
+    // Both nodes ask before `lookup`.
+    for n in 0..2 {
+        let path = node_config(d, n, &schema, &provider, &tool);
+        let text = std::fs::read_to_string(&path).expect("config");
+        let text = text.replace("steps = 4\n", "steps = 4\nask = [\"lookup\"]\n");
+        std::fs::write(&path, text).expect("config written");
+    }
+    let url = pg_url().expect("checked above");
+    let nodes: Vec<Proc> = (0..2)
+        .map(|n| {
+            let cfg = d.join(format!("node{n}.toml"));
+            let args = [
+                "serve",
+                "--config",
+                cfg.to_str().expect("utf-8"),
+                "--bind",
+                "127.0.0.1:0",
+            ];
+            let mut proc =
+                Proc::spawn_with_env(&format!("node{n}"), d, &args, &[("AGENTHOST_PG_URL", &url)]);
+            proc.url_cached();
+            proc
+        })
+        .collect();
+    let http: Vec<Http> = nodes.iter().map(|n| Http::new(&n.cached_url())).collect();
+    until_holdings(&http[0], "the partitions spread over two nodes", |held| {
+        held.len() == 2 && held.values().all(|p| !p.is_empty())
+    })
+    .await;
+    // Created on n0, so n0 owns it.
+    let s = http[0].session("default").await;
+    http[0]
+        .post(
+            &format!("/api/session/{s}/prompt"),
+            Some(json!({"text": "use lookup"})),
+        )
+        .await;
+    idle(&http[0], &s).await;
+    let (status, pending) = call_through(
+        &http[1],
+        reqwest::Method::GET,
+        &format!("/api/session/{s}/approvals"),
+        None,
+        LIMIT,
+    )
+    .await;
+    assert_eq!(status, 200, "{pending}");
+    let approval = pending["data"][0].clone();
+    assert_eq!(approval["name"], "lookup", "{pending}");
+    let session = http[1].get(&format!("/api/session/{s}")).await;
+    assert_eq!(session["data"]["status"]["type"], "waiting", "{session}");
+    let path = format!(
+        "/api/session/{s}/approvals/{}/{}",
+        approval["message_id"].as_str().expect("message id"),
+        approval["call_id"].as_str().expect("call id")
+    );
+    let body = json!({"decision": "approve", "digest": approval["digest"], "by": "ann"});
+    let (status, decided) =
+        call_through(&http[1], reqwest::Method::POST, &path, Some(body), LIMIT).await;
+    assert_eq!(status, 200, "{decided}");
+    idle(&http[1], &s).await;
+    assert_eq!(wire.calls().len(), 1, "{:?}", wire.calls());
+    for node in &http {
+        let body = json!({"decision": "deny", "digest": approval["digest"]});
+        let (status, again) = node.call(reqwest::Method::POST, &path, Some(body)).await;
+        assert_eq!(status, 409, "{again}");
+        assert_eq!(again["error"]["decision"]["by"], "ann", "{again}");
+    }
+    assert_eq!(wire.calls().len(), 1);
+}
