@@ -71,6 +71,8 @@ export class AgenthostError extends Error {
     message: string,
     /** The `x-request-id` the server logged the error under, when it sent one. */
     readonly requestId?: string,
+    /** With `approval_decided`: the decision that was made first, and stands. */
+    readonly decision?: ApprovalDecision,
   ) {
     super(message);
   }
@@ -79,7 +81,7 @@ export class AgenthostError extends Error {
   static from(status: number, body: unknown, requestId?: string): AgenthostError {
     const error = (body as { error?: unknown } | null)?.error as Partial<ErrorBody> | undefined;
     if (typeof error?.type === "string" && typeof error.message === "string") {
-      return new AgenthostError(status, error.type, error.message, requestId);
+      return new AgenthostError(status, error.type, error.message, requestId, error.decision ?? undefined);
     }
     const text = typeof body === "string" ? body : JSON.stringify(body);
     return new AgenthostError(

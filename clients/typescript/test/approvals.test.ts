@@ -246,7 +246,11 @@ suite("approvals", { timeout: 120_000 }, () => {
           body: { decision: "approve", digest: approval.digest },
         }),
       ),
-      (error: unknown) => error instanceof AgenthostError && error.status === 409 && error.type === "approval_decided",
+      (error: unknown) =>
+        error instanceof AgenthostError &&
+        error.status === 409 &&
+        error.type === "approval_decided" &&
+        error.decision?.decision === "approved",
     );
     assert.equal(tool.calls.length, calls + 1, "the tool still ran only once");
     assert.equal((await replay(session.id)).length, events.length, "nothing was written");
