@@ -1,8 +1,9 @@
 //! A model-based test of the runtime: random sequences of prompt (some answered with a call to
-//! a tool that panics), wake, resume, wait, interrupt, generate, drain panic, passivation and
-//! runtime restart, checked against a reference of what was
-//! admitted. Invariants: at most one drain per session at any moment, every admitted input is
-//! promoted exactly once, every resume is answered (never left hanging).
+//! a tool that panics, some with a call that waits for approval), wake, resume, wait, interrupt,
+//! generate, approve, deny, expire, drain panic, passivation and runtime restart, checked against
+//! a reference of what was admitted. Invariants: at most one drain per session at any moment,
+//! every admitted input is promoted exactly once, every resume is answered (never left hanging),
+//! and no approved call ever runs twice.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -29,6 +30,8 @@ enum Op {
         resume: bool,
         /// The model answers this input with a call to a tool that panics.
         tool: bool,
+        /// The model answers this input with a call that waits for approval.
+        asks: bool,
     },
     Wake(usize),
     Resume(usize),
@@ -40,12 +43,18 @@ enum Op {
     Generate(usize),
     Restart,
     Pause,
+    /// Decides every approval the session waits for.
+    Decide(usize, bool),
+    /// Waits past the approvals' time to live.
+    Expire,
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (0usize..2, any::<bool>(), any::<bool>(), prop::bool::weighted(0.2))
-            .prop_map(|(session, queue, resume, tool)| Op::Prompt { session, queue, resume, tool }),
+        6 => (0usize..2, any::<bool>(), any::<bool>(), 0..10u8)
+            .prop_map(|(session, queue, resume, n)| Op::Prompt {
+                session, queue, resume, tool: n < 2, asks: (2..5).contains(&n),
+            }),
         2 => (0usize..2).prop_map(Op::Wake),
         2 => (0usize..2).prop_map(Op::Resume),
         2 => (0usize..2).prop_map(Op::Wait),
@@ -54,7 +63,31 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0usize..2).prop_map(Op::Generate),
         1 => Just(Op::Restart),
         2 => Just(Op::Pause),
+        3 => (0usize..2, any::<bool>()).prop_map(|(s, approve)| Op::Decide(s, approve)),
+        1 => Just(Op::Expire),
     ]
+}
+
+/// An input the model answers with a call to the `pay` tool, which waits for approval.
+const ASK_TOOL: &str = "pay with approval";
+
+/// How long an approval waits before it expires.
+const APPROVAL_TTL: Duration = Duration::from_millis(40);
+
+/// Counts `pay`'s executions by idempotency key: an approved call runs at most once.
+#[derive(Debug, Default)]
+struct Pay(Mutex<BTreeMap<String, usize>>);
+
+impl Executor for Pay {
+    fn execute(&self, call: Call) -> BoxFuture<'static, Result<String, String>> {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(call.idempotency_key())
+            .or_default() += 1;
+        Box::pin(async { Ok("paid".to_owned()) })
+    }
 }
 
 /// An input the model answers with a call to the `panics` tool.
@@ -91,6 +124,7 @@ struct World {
     dir: tempfile::TempDir,
     runtime: Runtime,
     hook: Arc<PanicOnce>,
+    pay: Arc<Pay>,
     sessions: Vec<SessionId>,
     /// Drains running per session, from live status events; never above one.
     monitor: Monitor,
@@ -150,6 +184,7 @@ impl Monitor {
 async fn start(
     dir: tempfile::TempDir,
     hook: Arc<PanicOnce>,
+    pay: Arc<Pay>,
 ) -> (Runtime, Monitor, tempfile::TempDir) {
     // Every request gets a short answer after a little real time, so interrupts land mid-drain;
     // a request whose newest message is a tool-asking input gets a call to a tool that panics.
@@ -159,6 +194,9 @@ async fn start(
             Some(agenthost_llm::Message::User { text, .. }) if text.contains(PANIC_TOOL) => script
                 .tool_call("p", "panics", "{}")
                 .finish(FinishReason::ToolCalls),
+            Some(agenthost_llm::Message::User { text, .. }) if text.contains(ASK_TOOL) => script
+                .tool_call("a", "pay", r#"{"amount": 1}"#)
+                .finish(FinishReason::ToolCalls),
             _ => script.text("ok").finish(FinishReason::Stop),
         })
     }));
@@ -167,7 +205,17 @@ async fn start(
     // between operations.
     config.limits.waiters_per_session = 3;
     config.passivate_after = Duration::from_millis(5);
+    if let Some(agent) = config.agents.get_mut("default") {
+        agent.ask = vec!["pay".into()];
+        agent.approval_ttl = APPROVAL_TTL;
+    }
     let mut tools = Tools::default();
+    tools.register(Tool::new(
+        "pay",
+        "pays, once approved",
+        serde_json::json!({"type": "object"}),
+        pay,
+    ));
     tools.register(Tool::new(
         "panics",
         "a tool with a bug",
@@ -187,7 +235,13 @@ async fn start(
 
 async fn run(ops: Vec<Op>) {
     let hook = Arc::new(PanicOnce::default());
-    let (runtime, monitor, dir) = start(tempfile::tempdir().expect("tempdir"), hook.clone()).await;
+    let pay = Arc::new(Pay::default());
+    let (runtime, monitor, dir) = start(
+        tempfile::tempdir().expect("tempdir"),
+        hook.clone(),
+        pay.clone(),
+    )
+    .await;
     let mut sessions = Vec::new();
     for _ in 0..2 {
         sessions.push(
@@ -202,6 +256,7 @@ async fn run(ops: Vec<Op>) {
         dir,
         runtime,
         hook,
+        pay,
         sessions,
         monitor,
     };
@@ -217,9 +272,14 @@ async fn run(ops: Vec<Op>) {
                 queue,
                 resume,
                 tool,
+                asks,
             } => {
                 let s = &w.sessions[session];
-                let text = if tool { PANIC_TOOL } else { "work" };
+                let text = match (tool, asks) {
+                    (true, _) => PANIC_TOOL,
+                    (_, true) => ASK_TOOL,
+                    _ => "work",
+                };
                 let mut request = PromptRequest::new(s, text);
                 request.delivery = if queue {
                     Delivery::Queue
@@ -269,16 +329,21 @@ async fn run(ops: Vec<Op>) {
             Op::Restart => {
                 w.runtime.shutdown().await;
                 w.monitor.join().await;
-                let (runtime, monitor, dir) = start(w.dir, w.hook.clone()).await;
+                let (runtime, monitor, dir) = start(w.dir, w.hook.clone(), w.pay.clone()).await;
                 w = World {
                     dir,
                     runtime,
                     hook: w.hook,
+                    pay: w.pay,
                     sessions: w.sessions,
                     monitor,
                 };
             }
             Op::Pause => tokio::time::sleep(Duration::from_millis(3)).await,
+            Op::Decide(session, approve) => {
+                decide_all(&w.runtime, &w.sessions[session], approve).await;
+            }
+            Op::Expire => tokio::time::sleep(APPROVAL_TTL + Duration::from_millis(10)).await,
         }
     }
     // Every generate ends, whatever its answer.
@@ -304,13 +369,10 @@ async fn run(ops: Vec<Op>) {
         .clear();
     w.runtime.shutdown().await;
     w.monitor.join().await;
-    let (runtime, monitor, dir) = start(w.dir, w.hook.clone()).await;
+    let (runtime, monitor, dir) = start(w.dir, w.hook.clone(), w.pay.clone()).await;
     runtime.recovered().await;
     for s in &w.sessions {
-        runtime
-            .wait_idle(s, Duration::from_secs(30))
-            .await
-            .expect("idle");
+        settle(&runtime, s).await;
     }
     // Recovery ran every input that asked for a wake; what it left pending was admitted with
     // `resume: false` and waits for a wake that comes for another reason.
@@ -325,10 +387,7 @@ async fn run(ops: Vec<Op>) {
     drop(snap);
     for s in &w.sessions {
         runtime.wake(s).await.expect("wake");
-        runtime
-            .wait_idle(s, Duration::from_secs(30))
-            .await
-            .expect("idle");
+        settle(&runtime, s).await;
     }
     let snap = runtime.snapshot().expect("snapshot");
     for s in &w.sessions {
@@ -385,9 +444,69 @@ async fn run(ops: Vec<Op>) {
         );
     }
     assert_eq!(promoted.len(), admitted.len());
+    // No approved call ran twice, and every one that reported success ran.
+    let runs = w.pay.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    assert!(runs.values().all(|n| *n == 1), "a call ran twice: {runs:?}");
+    for s in &w.sessions {
+        for stored in snap.events(s, Seq::ZERO, usize::MAX).expect("events") {
+            if let Event::ToolSucceeded {
+                id,
+                call_id,
+                output,
+                ..
+            } = &stored.event
+                && output == "paid"
+            {
+                let key = format!("{s}/{id}/{call_id}");
+                assert_eq!(
+                    runs.get(&key),
+                    Some(&1),
+                    "{key} succeeded without running once"
+                );
+            }
+        }
+    }
     runtime.shutdown().await;
     monitor.join().await;
     drop(dir);
+}
+
+/// Waits until the session is idle, denying whatever it waits for on the way: nothing waits
+/// forever.
+async fn settle(runtime: &Runtime, s: &SessionId) {
+    loop {
+        runtime
+            .wait_idle(s, Duration::from_secs(30))
+            .await
+            .expect("idle");
+        if runtime.approvals(s).await.expect("approvals").is_empty() {
+            return;
+        }
+        decide_all(runtime, s, false).await;
+    }
+}
+
+/// Decides every approval the session waits for; a decision something else made first (the
+/// expiry, an interrupt) is an answer too.
+async fn decide_all(runtime: &Runtime, s: &SessionId, approve: bool) {
+    let Ok(pending) = runtime.approvals(s).await else {
+        return;
+    };
+    for approval in pending {
+        let decide = agenthost_actors::Decide {
+            approve,
+            digest: approval.digest.clone(),
+            reason: None,
+            by: Some("model test".into()),
+        };
+        match runtime
+            .decide(s, &approval.message, &approval.call_id, decide)
+            .await
+        {
+            Ok(_) | Err(agenthost_actors::Error::AlreadyDecided { .. }) => {}
+            Err(e) => panic!("deciding {approval:?}: {e}"),
+        }
+    }
 }
 
 /// The queue law read off a session's log: a queued input is promoted only when no exchange is
