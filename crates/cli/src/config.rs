@@ -1451,6 +1451,24 @@ auto = false
     }
 
     #[test]
+    fn an_agent_asks_before_the_tools_its_patterns_name() {
+        let s = settings(
+            "[agents.default]\nask = [\"pay_*\", \"!pay_view\"]\napproval_ttl_ms = 60000\n\
+             on_new_input = \"deny\"",
+        )
+        .expect("valid");
+        let agent = &s.runtime(PathBuf::from("x")).agents["default"];
+        assert_eq!(agent.ask, ["pay_*", "!pay_view"]);
+        assert_eq!(agent.approval_ttl, Duration::from_secs(60));
+        assert_eq!(agent.on_new_input, actors::OnNewInput::Deny);
+        let defaults = settings("").expect("defaults");
+        let agent = &defaults.runtime(PathBuf::from("x")).agents["default"];
+        assert!(agent.ask.is_empty());
+        assert_eq!(agent.approval_ttl, actors::DEFAULT_APPROVAL_TTL);
+        assert_eq!(agent.on_new_input, actors::OnNewInput::Keep);
+    }
+
+    #[test]
     fn bad_files_say_where_and_why() {
         let cases: &[(&str, &str)] = &[
             ("colour = 1", "unknown field `colour`"),
@@ -1597,6 +1615,15 @@ auto = false
             ),
             ("[recovery]\nmode = \"later\"", "unknown variant `later`"),
             ("[recovery]\nmax_attempts = 0", "`recovery.max_attempts`"),
+            ("[agents.default]\nask = [\"a*b*\"]", "`agents.default.ask`"),
+            (
+                "[agents.default]\napproval_ttl_ms = 0",
+                "`agents.default.approval_ttl_ms`",
+            ),
+            (
+                "[agents.default]\non_new_input = \"drop\"",
+                "`agents.default.on_new_input`",
+            ),
             ("[compaction]\nauto = \"yes\"", "invalid type"),
             ("[compaction]\nkeep = 1", "unknown field `keep`"),
             ("data_dir = ", "config file test.toml"),

@@ -68,6 +68,7 @@ pub(crate) struct Metrics {
     live: Gauge,
     active: Gauge,
     waiting: Gauge,
+    approvals: Gauge,
     health: Gauge,
     pending: Gauge,
     claimed: Gauge,
@@ -84,6 +85,7 @@ impl Metrics {
             live: Gauge::default(),
             active: Gauge::default(),
             waiting: Gauge::default(),
+            approvals: Gauge::default(),
             health: Gauge::default(),
             pending: Gauge::default(),
             claimed: Gauge::default(),
@@ -103,6 +105,11 @@ impl Metrics {
             "agenthost_drains_waiting",
             "Drains waiting for a slot among those running at once (limits.concurrent_drains)",
             metrics.waiting.clone(),
+        );
+        r.register(
+            "agenthost_sessions_waiting_approval",
+            "Sessions of this node whose last step waits for a person's approval (they hold no drain)",
+            metrics.approvals.clone(),
         );
         r.register(
             "agenthost_inputs_pending",
@@ -262,6 +269,7 @@ impl Metrics {
         self.live.set(runtime.live() as i64);
         self.active.set(runtime.active().len() as i64);
         self.waiting.set(runtime.drains_waiting() as i64);
+        self.approvals.set(runtime.waiting() as i64);
         self.health.set(match runtime.store().health() {
             agenthost_store::Health::Ok => 0,
             agenthost_store::Health::DiskFull(_) => 1,
