@@ -3,7 +3,7 @@
 //! unsettled one on) instead of the whole active history.
 //!
 //! Why it is safe: a user or system message never changes, and an assistant message never
-//! changes once it is settled with no tool running. Which messages are active depends only on the
+//! changes once it is settled with no tool running or held for approval. Which messages are active depends only on the
 //! row's compaction and `active_from`; the cache starts over when either moves. The cache lives
 //! in one actor and goes with it (passivation, restart), and only the session's drain, one at a
 //! time, uses it. Debug builds check every cached history against a full read.
@@ -166,7 +166,10 @@ impl Drop for HistoryCache {
 fn is_final(message: &Message) -> bool {
     match message {
         Message::User { .. } | Message::System { .. } => true,
-        Message::Assistant(a) => a.is_settled() && a.running_tools().next().is_none(),
+        // A call held for approval changes when it is decided, started or refused.
+        Message::Assistant(a) => {
+            a.is_settled() && a.running_tools().next().is_none() && a.held_tools().next().is_none()
+        }
         // Never in an active history; a running one would still change.
         Message::Compaction { .. } => false,
     }
@@ -311,6 +314,13 @@ mod tests {
         assert!(cache.holds_a_short_history());
         assert_eq!(budget.used(), cache.bytes);
         assert!(cache.bytes > 0);
+        // Nor is a settled step whose call waits for its approval: the decision changes it.
+        lend(&mut cache).keep(history(vec![
+            user(1, "one"),
+            assistant(3, true, Some(ToolState::Held)),
+        ]));
+        assert_eq!(cache.messages.len(), 1);
+        assert_eq!(cache.next, Seq(2));
         // An unsettled step is not final either.
         lend(&mut cache).keep(history(vec![user(1, "one"), assistant(3, false, None)]));
         assert_eq!(cache.messages.len(), 1);

@@ -721,6 +721,7 @@ impl Attempt {
                         events.push(Event::ApprovalRequested {
                             id: message.clone(),
                             call_id: call.id.clone(),
+                            name: call.name.clone(),
                             digest,
                             expires_at,
                         });

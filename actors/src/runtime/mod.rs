@@ -600,6 +600,12 @@ impl Runtime {
     /// by a shutdown (the claim stays for the new owner) and the actors stop. Their writes are
     /// refused already; this stops the work.
     pub(crate) async fn stop_unowned(&self) {
+        // Their approvals are the new owner's to time out (its sweep finds them waiting).
+        for (session, _) in self.shared.deadlines.sessions() {
+            if !self.owns(&session) {
+                self.shared.deadlines.clear(&session);
+            }
+        }
         let lost: Vec<(SessionId, ActorRef<session::Msg>)> = self
             .actors
             .iter()

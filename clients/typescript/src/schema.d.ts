@@ -970,6 +970,8 @@ export interface components {
             /** Format: int64 */
             expires_at: number;
             id: string;
+            /** @description The tool. */
+            name: string;
             /** @enum {string} */
             type: "approval_requested";
         } | {

@@ -420,11 +420,13 @@ impl From<&model::Stored> for Event {
             E::ApprovalRequested {
                 id,
                 call_id,
+                name,
                 digest,
                 expires_at,
             } => EventBody::ApprovalRequested {
                 id: id.to_string(),
                 call_id: call_id.clone(),
+                name: name.clone(),
                 digest: digest.clone(),
                 expires_at: expires_at.0,
             },

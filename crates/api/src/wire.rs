@@ -757,6 +757,8 @@ pub enum EventBody {
     ApprovalRequested {
         id: String,
         call_id: String,
+        /// The tool.
+        name: String,
         digest: String,
         expires_at: u64,
     },

@@ -158,6 +158,8 @@ pub enum Event {
     ApprovalRequested {
         id: MessageId,
         call_id: String,
+        /// The call's tool, as recorded with it.
+        name: String,
         digest: String,
         expires_at: Timestamp,
     },

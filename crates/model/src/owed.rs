@@ -676,6 +676,7 @@ mod tests {
                         Event::ApprovalRequested {
                             id: a.clone(),
                             call_id: "asked".into(),
+                            name: "t".into(),
                             digest: "sha256:0".into(),
                             expires_at: Timestamp(1_000),
                         },

@@ -401,6 +401,7 @@ pub fn apply<P: Projection>(
         Event::ApprovalRequested {
             id,
             call_id,
+            name,
             digest,
             expires_at,
         } => {
@@ -408,7 +409,7 @@ pub fn apply<P: Projection>(
             let mut a = open_assistant(p, session, id)?;
             let fresh = a.approval(call_id).is_none()
                 && a.tool(call_id)
-                    .is_some_and(|t| t.state == ToolState::Running);
+                    .is_some_and(|t| t.state == ToolState::Running && t.name == *name);
             if !fresh {
                 return Err(no_approval(session, id, call_id).into());
             }

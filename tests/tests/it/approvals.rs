@@ -731,3 +731,35 @@ async fn an_approval_that_expired_while_no_process_ran_is_settled_at_the_next_st
     );
     runtime.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_passivated_waiting_session_keeps_its_approval_and_runs_once_decided() {
+    let Setup { h, charge, s } = waiting(vec![text("paid")], |c| {
+        c.passivate_after = Duration::from_millis(5);
+    })
+    .await;
+    for _ in 0..2000 {
+        if h.runtime.live() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        h.runtime.live(),
+        0,
+        "the waiting session's actor passivated"
+    );
+    assert_eq!(h.runtime.activity(&s), Activity::Waiting);
+    let asked = h.runtime.approvals(&s).await.expect("approvals").remove(0);
+    h.runtime
+        .decide(
+            &s,
+            &asked.message,
+            "c2",
+            decide(true, &asked.digest, "ann", None),
+        )
+        .await
+        .expect("approved");
+    h.idle(&s).await;
+    assert_eq!((h.provider.calls(), charge.runs()), (2, 1));
+}

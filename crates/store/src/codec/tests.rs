@@ -285,6 +285,7 @@ fn events() -> Vec<Event> {
     events.push(Event::ApprovalRequested {
         id: a.clone(),
         call_id: "c4".into(),
+        name: "pay".into(),
         digest: "sha256:4a1f".into(),
         expires_at: Timestamp(1_700_000_600_000),
     });
@@ -744,6 +745,7 @@ fn format_5_variants_are_appended() {
         position(Event::ApprovalRequested {
             id: a.clone(),
             call_id: "c".into(),
+            name: "t".into(),
             digest: "d".into(),
             expires_at: Timestamp(1),
         }),

@@ -172,6 +172,7 @@ pub(crate) enum Event<'a> {
     ApprovalRequested {
         id: MessageId<'a>,
         call_id: Cow<'a, str>,
+        name: Cow<'a, str>,
         digest: Cow<'a, str>,
         expires_at: Timestamp,
     },
@@ -353,11 +354,13 @@ impl<'a> From<&'a model::Event> for Event<'a> {
             M::ApprovalRequested {
                 id,
                 call_id,
+                name,
                 digest,
                 expires_at,
             } => Event::ApprovalRequested {
                 id: id.into(),
                 call_id: borrowed(call_id),
+                name: borrowed(name),
                 digest: borrowed(digest),
                 expires_at: (*expires_at).into(),
             },
@@ -548,11 +551,13 @@ impl TryFrom<Event<'_>> for model::Event {
             Event::ApprovalRequested {
                 id,
                 call_id,
+                name,
                 digest,
                 expires_at,
             } => M::ApprovalRequested {
                 id: id.try_into()?,
                 call_id: call_id.into_owned(),
+                name: name.into_owned(),
                 digest: digest.into_owned(),
                 expires_at: expires_at.into(),
             },

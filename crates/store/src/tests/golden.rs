@@ -143,6 +143,7 @@ pub(super) async fn scenario(store: &RedbStore) {
         events.push(Event::ApprovalRequested {
             id: asked.clone(),
             call_id: call.into(),
+            name: "shell".into(),
             digest: format!("sha256:{call}"),
             expires_at: Timestamp(1_700_000_600_000),
         });
