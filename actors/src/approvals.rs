@@ -11,6 +11,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use agenthost_llm as llm;
@@ -214,6 +215,9 @@ pub(crate) fn pending(messages: &[Message]) -> Vec<PendingApproval> {
 pub(crate) struct Deadlines {
     state: Mutex<DeadlineState>,
     changed: Notify,
+    /// How many sessions wait, kept under the lock: every drain's end asks, and while none
+    /// waits the answer costs no lock.
+    waiting: AtomicUsize,
 }
 
 #[derive(Debug, Default)]
@@ -240,25 +244,40 @@ impl Deadlines {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn none(&self) -> bool {
+        self.waiting.load(Ordering::Acquire) == 0
+    }
+
+    /// Runs `f` on the state under the lock and recounts.
+    fn update<T>(&self, f: impl FnOnce(&mut DeadlineState) -> T) -> T {
+        let mut state = self.lock();
+        let out = f(&mut state);
+        self.waiting
+            .store(state.by_session.len(), Ordering::Release);
+        out
+    }
+
     /// The session waits for approvals, the earliest expiring at `at`.
     pub(crate) fn set(&self, session: &SessionId, at: Timestamp) {
-        let mut state = self.lock();
-        state.clear(session);
-        state.by_time.insert((at, session.clone()));
-        state
-            .by_session
-            .insert(session.clone(), (at, agenthost_store::system_clock()));
-        drop(state);
+        self.update(|state| {
+            state.clear(session);
+            state.by_time.insert((at, session.clone()));
+            state
+                .by_session
+                .insert(session.clone(), (at, agenthost_store::system_clock()));
+        });
         self.changed.notify_one();
     }
 
     /// The session waits no more.
     pub(crate) fn clear(&self, session: &SessionId) {
-        self.lock().clear(session);
+        if !self.none() {
+            self.update(|state| state.clear(session));
+        }
     }
 
     pub(crate) fn is_waiting(&self, session: &SessionId) -> bool {
-        self.lock().by_session.contains_key(session)
+        !self.none() && self.lock().by_session.contains_key(session)
     }
 
     /// The waiting sessions, each with when it began to wait (wall clock).
@@ -271,21 +290,22 @@ impl Deadlines {
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.lock().by_session.len()
+        self.waiting.load(Ordering::Acquire)
     }
 
     /// Takes the sessions due at `now`, and says when the next one is.
     fn due(&self, now: Timestamp) -> (Vec<SessionId>, Option<Timestamp>) {
-        let mut state = self.lock();
-        let mut due = Vec::new();
-        while let Some((at, session)) = state.by_time.first().cloned() {
-            if at > now {
-                return (due, Some(at));
+        self.update(|state| {
+            let mut due = Vec::new();
+            while let Some((at, session)) = state.by_time.first().cloned() {
+                if at > now {
+                    return (due, Some(at));
+                }
+                state.clear(&session);
+                due.push(session);
             }
-            state.clear(&session);
-            due.push(session);
-        }
-        (due, None)
+            (due, None)
+        })
     }
 }
 
