@@ -164,7 +164,7 @@ fn last_step(messages: &[Message]) -> Option<u32> {
 /// expired ones are settled `Expired`; with `withdraw` (steering input arrived and the agent
 /// says `on_new_input = "deny"`) every undecided one is `Cancelled`. Decisions as data: the
 /// drain writes what comes out.
-pub(crate) fn settle_waiting(messages: &[Message], now: Timestamp, withdraw: bool) -> Vec<Event> {
+fn settle_waiting(messages: &[Message], now: Timestamp, withdraw: bool) -> Vec<Event> {
     let Some(a) = messages.iter().rev().find_map(|m| match m {
         Message::Assistant(a) => Some(a),
         _ => None,
@@ -330,4 +330,83 @@ pub(crate) async fn settle_orphaned_tool(
     let events =
         crate::drain::step::settled(message, &tool.call_id, &result, d.shared.limits.tool_output);
     d.append(events).await
+}
+
+#[cfg(test)]
+mod tests {
+    use agenthost_model::{
+        Approval, AssistantMessage, Finish, Part, Seq, ToolPart, ToolState, Usage,
+    };
+
+    use super::*;
+
+    /// A settled step with two calls held for approvals expiring at 100 and 300.
+    fn waiting() -> Vec<Message> {
+        let id = MessageId::parse("msg_a").expect("id");
+        let mut parts = Vec::new();
+        for (call, expires) in [("c1", 100), ("c2", 300)] {
+            parts.push(Part::Tool(ToolPart {
+                call_id: call.into(),
+                name: "pay".into(),
+                input: "{}".into(),
+                state: ToolState::Held,
+            }));
+            parts.push(Part::Approval(Approval {
+                call_id: call.into(),
+                digest: "sha256:0".into(),
+                expires_at: Timestamp(expires),
+                decision: None,
+            }));
+        }
+        vec![Message::Assistant(AssistantMessage {
+            id,
+            seq: Seq(3),
+            step: 1,
+            agent: "a".into(),
+            model: "m".into(),
+            parts,
+            finish: Some(Finish::ToolCalls),
+            error: None,
+            usage: Usage::default(),
+            retries: 0,
+            created: Timestamp(0),
+            completed: Some(Timestamp(0)),
+        })]
+    }
+
+    fn verdicts(events: &[Event]) -> Vec<(String, Verdict)> {
+        events
+            .iter()
+            .map(|e| match e {
+                Event::ApprovalDecided {
+                    call_id, verdict, ..
+                } => (call_id.clone(), *verdict),
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_runtime_decides_only_what_expired_or_what_new_input_withdraws() {
+        let messages = waiting();
+        assert!(settle_waiting(&messages, Timestamp(99), false).is_empty());
+        assert_eq!(
+            verdicts(&settle_waiting(&messages, Timestamp(100), false)),
+            [("c1".to_owned(), Verdict::Expired)]
+        );
+        assert_eq!(
+            verdicts(&settle_waiting(&messages, Timestamp(100), true)),
+            [
+                ("c1".to_owned(), Verdict::Expired),
+                ("c2".to_owned(), Verdict::Cancelled)
+            ]
+        );
+        assert_eq!(
+            verdicts(&settle_waiting(&messages, Timestamp(300), false)),
+            [
+                ("c1".to_owned(), Verdict::Expired),
+                ("c2".to_owned(), Verdict::Expired)
+            ]
+        );
+    }
 }
