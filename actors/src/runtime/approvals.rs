@@ -3,13 +3,13 @@
 //! accepts once, written by whoever asks (never through the session's actor, which holds no
 //! drain while it waits), then a wake: the session's next drain starts or refuses the call.
 
-use agenthost_model::{Decision, Event, IndexEntry, Message, MessageId, SessionId};
+use agenthost_model::{Decision, Event, Message, MessageId, SessionId};
 use agenthost_store::{Action, Snapshot};
 
 use crate::approvals::{Decide, PendingApproval, pending};
 use crate::bus::Activity;
 use crate::error::{Error, Result};
-use crate::runtime::Runtime;
+use crate::runtime::{Runtime, message_seq};
 
 impl Runtime {
     /// What the session is doing as far as this process knows: a drain running, waiting for
@@ -143,23 +143,12 @@ fn approval(
     message: &MessageId,
     call_id: &str,
 ) -> Result<agenthost_model::Approval> {
-    snap.session(session)?
-        .ok_or_else(|| Error::SessionNotFound(session.clone()))?;
     let missing = || {
         Error::NotFound(format!(
             "approval of tool call {call_id} of message {message}"
         ))
     };
-    let Some(IndexEntry::Message {
-        session: owner,
-        seq,
-    }) = snap.index(message)?
-    else {
-        return Err(missing());
-    };
-    if owner != *session {
-        return Err(missing());
-    }
+    let seq = message_seq(snap, session, message)?.ok_or_else(missing)?;
     let found = snap.messages(session, seq, 1)?.into_iter().next();
     let Some(Message::Assistant(a)) = found else {
         return Err(missing());

@@ -753,6 +753,24 @@ pub struct ToolOutput {
     pub cut: bool,
 }
 
+/// The seq of message `message` of `session`: `None` when the id names no message of it (an
+/// input, another session's message, nothing); `SessionNotFound` without the session.
+pub(crate) fn message_seq(
+    snap: &dyn Snapshot,
+    session: &SessionId,
+    message: &MessageId,
+) -> Result<Option<agenthost_model::Seq>> {
+    snap.session(session)?
+        .ok_or_else(|| Error::SessionNotFound(session.clone()))?;
+    Ok(match snap.index(message)? {
+        Some(agenthost_model::IndexEntry::Message {
+            session: owner,
+            seq,
+        }) if owner == *session => Some(seq),
+        _ => None,
+    })
+}
+
 /// Reads a settled call's whole output: the events of its step from the message on, up to the
 /// call's settlement (a cut output's `ToolOutput` comes just before it, in the same commit).
 fn whole_output(
@@ -761,20 +779,9 @@ fn whole_output(
     message: &MessageId,
     call_id: &str,
 ) -> Result<ToolOutput> {
-    use agenthost_model::{Event, IndexEntry, Seq};
-    snap.session(session)?
-        .ok_or_else(|| Error::SessionNotFound(session.clone()))?;
+    use agenthost_model::{Event, Seq};
     let missing = || Error::NotFound(format!("tool call {call_id} of message {message}"));
-    let Some(IndexEntry::Message {
-        session: owner,
-        seq,
-    }) = snap.index(message)?
-    else {
-        return Err(missing());
-    };
-    if owner != *session {
-        return Err(missing());
-    }
+    let seq = message_seq(snap, session, message)?.ok_or_else(missing)?;
     const PAGE: usize = 256;
     let mut from = seq;
     let mut whole = None;

@@ -134,6 +134,21 @@ fn decide(approve: bool, digest: &str, by: &str, reason: Option<&str>) -> Decide
     }
 }
 
+/// Approves the call the session waits for, as `ann`, and waits until the session is idle.
+async fn approve(h: &Harness, s: &SessionId) {
+    let asked = h.runtime.approvals(s).await.expect("approvals").remove(0);
+    h.runtime
+        .decide(
+            s,
+            &asked.message,
+            "c2",
+            decide(true, &asked.digest, "ann", None),
+        )
+        .await
+        .expect("approved");
+    h.idle(s).await;
+}
+
 async fn wait_for_calls(provider: &Scripted, n: usize) {
     for _ in 0..2000 {
         if provider.calls() >= n {
@@ -369,17 +384,7 @@ async fn new_input_waits_behind_the_approvals_and_joins_the_exchange_once_decide
     assert_eq!(h.provider.calls(), 1, "the input waits: nothing ran");
     assert_eq!(h.row(&s).pending, 1);
     assert_eq!(h.runtime.activity(&s), Activity::Waiting);
-    let asked = h.runtime.approvals(&s).await.expect("approvals").remove(0);
-    h.runtime
-        .decide(
-            &s,
-            &asked.message,
-            "c2",
-            decide(true, &asked.digest, "ann", None),
-        )
-        .await
-        .expect("approved");
-    h.idle(&s).await;
+    approve(&h, &s).await;
     assert_eq!((h.provider.calls(), charge.runs()), (2, 1));
     let second = &h.provider.requests()[1];
     assert!(user_texts(second).contains(&"also say thanks".to_owned()));
@@ -750,16 +755,6 @@ async fn a_passivated_waiting_session_keeps_its_approval_and_runs_once_decided()
         "the waiting session's actor passivated"
     );
     assert_eq!(h.runtime.activity(&s), Activity::Waiting);
-    let asked = h.runtime.approvals(&s).await.expect("approvals").remove(0);
-    h.runtime
-        .decide(
-            &s,
-            &asked.message,
-            "c2",
-            decide(true, &asked.digest, "ann", None),
-        )
-        .await
-        .expect("approved");
-    h.idle(&s).await;
+    approve(&h, &s).await;
     assert_eq!((h.provider.calls(), charge.runs()), (2, 1));
 }
