@@ -525,8 +525,20 @@ async fn a_hook_decides_per_call_before_the_patterns() {
 // Restarts: the approval and the call's exactly-once survive a stop in every state.
 
 async fn start(dir: &Path, provider: Arc<Scripted>, tools: Tools) -> Runtime {
+    start_with_ttl(dir, provider, tools, agenthost_actors::DEFAULT_APPROVAL_TTL).await
+}
+
+async fn start_with_ttl(
+    dir: &Path,
+    provider: Arc<Scripted>,
+    tools: Tools,
+    ttl: Duration,
+) -> Runtime {
     let mut config = harness::config(dir, provider);
     asking(&mut config);
+    if let Some(agent) = config.agents.get_mut("default") {
+        agent.approval_ttl = ttl;
+    }
     let runtime = Runtime::start_with(
         config,
         Extensions {
@@ -542,8 +554,17 @@ async fn start(dir: &Path, provider: Arc<Scripted>, tools: Tools) -> Runtime {
 
 /// A runtime over `dir` whose session waits for the approval of `c2`; stopped.
 async fn stopped_while_waiting(dir: &Path, charge: &Arc<Charge>) -> (SessionId, MessageId, String) {
+    stopped_waiting_for(dir, charge, agenthost_actors::DEFAULT_APPROVAL_TTL).await
+}
+
+/// [`stopped_while_waiting`], its approvals expiring after `ttl`.
+async fn stopped_waiting_for(
+    dir: &Path,
+    charge: &Arc<Charge>,
+    ttl: Duration,
+) -> (SessionId, MessageId, String) {
     let provider = Arc::new(Scripted::new([two_calls()]));
-    let runtime = start(dir, provider, tools(charge, false)).await;
+    let runtime = start_with_ttl(dir, provider, tools(charge, false), ttl).await;
     let s = runtime
         .create_session(Default::default())
         .await
@@ -692,35 +713,7 @@ async fn an_approved_call_a_crash_cut_follows_the_crash_rule() {
 async fn an_approval_that_expired_while_no_process_ran_is_settled_at_the_next_start() {
     let dir = tempfile::tempdir().expect("tempdir");
     let charge = Arc::new(Charge::default());
-    let provider = Arc::new(Scripted::new([two_calls()]));
-    let mut config = harness::config(dir.path(), provider);
-    asking(&mut config);
-    if let Some(agent) = config.agents.get_mut("default") {
-        agent.approval_ttl = Duration::from_millis(200);
-    }
-    let runtime = Runtime::start_with(
-        config,
-        Extensions {
-            tools: tools(&charge, false),
-            hooks: Vec::new(),
-        },
-    )
-    .await
-    .expect("start");
-    let s = runtime
-        .create_session(Default::default())
-        .await
-        .expect("session")
-        .id;
-    runtime
-        .prompt(PromptRequest::new(&s, "pay ann"))
-        .await
-        .expect("admitted");
-    runtime
-        .wait_idle(&s, Duration::from_secs(30))
-        .await
-        .expect("idle");
-    runtime.shutdown().await;
+    let (s, _, _) = stopped_waiting_for(dir.path(), &charge, Duration::from_millis(200)).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
     let provider = Arc::new(Scripted::new([text("it expired")]));
     let runtime = start(dir.path(), provider.clone(), tools(&charge, false)).await;
