@@ -24,7 +24,7 @@ use tokio::sync::Notify;
 use crate::config::Agent;
 use crate::hooks::{Permission, ToolRequest};
 use crate::shared::Shared;
-use crate::tools::allowed;
+use crate::tools::{Tools, allowed};
 
 /// The digest of a call: SHA-256 over the tool's name, a newline and its input as canonical JSON
 /// (object keys sorted, no whitespace), as `sha256:<hex>`. Two calls with the same name and the
@@ -88,6 +88,8 @@ pub(crate) enum Gate {
 /// The checks every call of one step passes, decided once per step.
 pub(crate) struct Policy<'a> {
     pub shared: &'a Shared,
+    /// The tools the step advertised.
+    pub tools: &'a Tools,
     pub session: &'a SessionId,
     pub agent_name: &'a str,
     pub agent: Option<&'a Agent>,
@@ -103,7 +105,7 @@ impl Policy<'_> {
         if self.last_step {
             return Gate::Refuse("tool calls are disabled on the last step".to_owned());
         }
-        if shared.tools.get(&call.name).is_none() {
+        if self.tools.get(&call.name).is_none() {
             return Gate::Refuse(format!("unknown tool {:?}", call.name));
         }
         let (patterns, ask) = match self.agent {

@@ -97,7 +97,8 @@ fn build(shared: &Shared, session: &SessionId, prompt: &str) -> Result<Prepared>
             )));
         }
     }
-    let inputs = Inputs::of(shared, &row, &history, 1, Purpose::Generate);
+    let tools = shared.tools.current();
+    let inputs = Inputs::of(shared, &tools, &row, &history, 1, Purpose::Generate);
     let prepared = prepare(inputs, Some(prompt))?;
     let window = u64::from(prepared.model.context_window);
     if prepared.estimated_tokens > window {

@@ -54,4 +54,4 @@ pub use runtime::{CreateSession, Extensions, PromptRequest, Runtime, ToolOutput}
 pub use summary::{
     OFF_TEMPLATE as SUMMARY_OFF_TEMPLATE, SECTIONS as SUMMARY_SECTIONS, SUMMARY_REQUEST,
 };
-pub use tools::{Call, Executor, Tool, Tools};
+pub use tools::{Call, Executor, Registry, Tool, Tools};

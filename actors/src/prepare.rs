@@ -31,6 +31,8 @@ pub struct Prepared {
     pub provider: Arc<dyn llm::Provider>,
     pub model: Model,
     pub agent: String,
+    /// The tools the request advertises: what the step allows and runs, whatever changes after.
+    pub tools: Arc<Tools>,
     /// Whether this is the exchange's last step (tools defined, calls forbidden).
     pub last_step: bool,
     /// A rough size of the request in tokens (4 bytes a token), for compaction decisions.
@@ -41,7 +43,7 @@ pub struct Prepared {
 #[derive(Debug, Clone, Copy)]
 pub struct Inputs<'a> {
     pub catalog: &'a Catalog,
-    pub tools: &'a Tools,
+    pub tools: &'a Arc<Tools>,
     pub hooks: &'a [Arc<dyn Hook>],
     pub row: &'a SessionRow,
     pub history: &'a History,
@@ -53,6 +55,7 @@ impl<'a> Inputs<'a> {
     /// The runtime's catalog, tools and hooks with a session's row and selected history.
     pub(crate) fn of(
         shared: &'a crate::shared::Shared,
+        tools: &'a Arc<Tools>,
         row: &'a SessionRow,
         history: &'a History,
         step: u32,
@@ -60,7 +63,7 @@ impl<'a> Inputs<'a> {
     ) -> Self {
         Inputs {
             catalog: &shared.catalog,
-            tools: &shared.tools,
+            tools,
             hooks: &shared.hooks,
             row,
             history,
@@ -137,6 +140,7 @@ pub fn prepare(inputs: Inputs<'_>, prompt: Option<&str>) -> Result<Prepared> {
         provider,
         model: model.clone(),
         agent: row.agent.clone(),
+        tools: tools.clone(),
         last_step,
         estimated_tokens,
     })

@@ -16,14 +16,13 @@ use crate::catalog::Catalog;
 use crate::config::{Limits, Supervision};
 use crate::hooks::Hook;
 use crate::metrics::Metrics;
-use crate::tools::Tools;
 
 /// What every actor and drain of one runtime shares.
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub store: Arc<dyn Store>,
     pub catalog: Catalog,
-    pub tools: Tools,
+    pub tools: crate::tools::Registry,
     pub hooks: Vec<Arc<dyn Hook>>,
     pub bus: Bus,
     /// Provider calls open at once (steps, compactions, `generate`); tokio's semaphore is fair, so

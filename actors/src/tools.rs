@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use agenthost_llm as llm;
@@ -78,6 +78,110 @@ impl Tool {
 #[derive(Debug, Clone, Default)]
 pub struct Tools {
     tools: BTreeMap<String, Tool>,
+}
+
+/// The tools of a runtime: those given at start, and those sources publish as they come and go
+/// (an MCP server's, listed once it is ready and again when its list changes). A step takes the
+/// current set once, at its boundary, and uses that set for what it advertises, what it allows
+/// and what it runs.
+#[derive(Debug)]
+pub struct Registry {
+    fixed: Tools,
+    state: Mutex<Sources>,
+    current: RwLock<Arc<Tools>>,
+    changed: tokio::sync::watch::Sender<u64>,
+}
+
+#[derive(Debug, Default)]
+struct Sources {
+    /// Each source's tools; `None` while it is not ready (starting, or restarting).
+    by_source: BTreeMap<String, Option<Vec<Tool>>>,
+    version: u64,
+}
+
+impl Registry {
+    pub fn new(fixed: Tools) -> Self {
+        Registry {
+            current: RwLock::new(Arc::new(fixed.clone())),
+            fixed,
+            state: Mutex::default(),
+            changed: tokio::sync::watch::channel(0).0,
+        }
+    }
+
+    /// The tools now: a cheap, consistent snapshot.
+    pub fn current(&self) -> Arc<Tools> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// `source` will publish tools but has none yet (it starts, or restarts): recovery waits a
+    /// while for a tool it may bring back (see [`Registry::find`]).
+    pub fn expect(&self, source: &str) {
+        self.update(source, None);
+    }
+
+    /// `source`'s tools are these now. A tool named like a tool given at start is left out (the
+    /// one given at start wins), as is a later duplicate of an earlier source's name.
+    pub fn publish(&self, source: &str, tools: Vec<Tool>) {
+        self.update(source, Some(tools));
+    }
+
+    /// `source` is gone for good (the runtime stops it): its tools go, and nobody waits for it.
+    pub fn remove(&self, source: &str) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.by_source.remove(source);
+        self.rebuild(&mut state);
+    }
+
+    fn update(&self, source: &str, tools: Option<Vec<Tool>>) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.by_source.insert(source.to_owned(), tools);
+        self.rebuild(&mut state);
+    }
+
+    fn rebuild(&self, state: &mut Sources) {
+        let mut all = self.fixed.clone();
+        for (source, tools) in &state.by_source {
+            for tool in tools.iter().flatten() {
+                if all.get(&tool.name).is_some() {
+                    tracing::warn!(source = %source, tool = %tool.name, "a tool of this name exists already; this one is left out");
+                    continue;
+                }
+                all.register(tool.clone());
+            }
+        }
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(all);
+        state.version += 1;
+        self.changed.send_replace(state.version);
+    }
+
+    /// Whether a source that is not ready might still bring tools.
+    fn pending(&self) -> bool {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.by_source.values().any(Option::is_none)
+    }
+
+    /// The tool `name`, waiting up to `wait` while a source that is not ready may still bring it
+    /// (a restart recovering a call of a server that is still starting).
+    pub(crate) async fn find(&self, name: &str, wait: Duration) -> Option<Tool> {
+        let mut changes = self.changed.subscribe();
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if let Some(tool) = self.current().get(name) {
+                return Some(tool.clone());
+            }
+            if !self.pending() {
+                return None;
+            }
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => {}
+                _ => return None,
+            }
+        }
+    }
 }
 
 impl Tools {

@@ -65,7 +65,7 @@ fn preparation(c: &mut Criterion) {
         agents: config.agents.clone(),
         default_agent: config.default_agent.clone(),
     };
-    let tools = Tools::default();
+    let tools = std::sync::Arc::new(Tools::default());
     let mut cases: Vec<(String, SessionId, usize)> = Vec::new();
     rt.block_on(async {
         for messages in [10usize, 1_000, 10_000] {

@@ -84,8 +84,16 @@ pub(crate) async fn compact(d: &Drain, auto: bool) -> Result<Seq> {
     };
     // The request's own overhead (system, tool definitions) comes off the model's budget; a
     // quarter of the rest stays free for the estimate's error and a reminder round.
+    let tools = shared.tools.current();
     let overhead = prepare(
-        Inputs::of(shared, &row, &History::default(), 1, Purpose::Compaction),
+        Inputs::of(
+            shared,
+            &tools,
+            &row,
+            &History::default(),
+            1,
+            Purpose::Compaction,
+        ),
         Some(""),
     )?
     .estimated_tokens;
@@ -164,9 +172,11 @@ async fn summarize(
     let mut reminded: Option<(String, String)> = None;
     loop {
         let text = summary::request(ask.previous, ask.older, budget);
+        let tools = d.shared.tools.current();
         let mut prepared = prepare(
             Inputs::of(
                 &d.shared,
+                &tools,
                 ask.row,
                 &History::default(),
                 1,

@@ -21,6 +21,10 @@ pub const RESTART_NOTE: &str = "The server restarted while you were working on t
 pub const STOPPED_TOOL: &str = "the process stopped while this tool ran; it may or may not have \
      taken effect. Check before repeating it.";
 
+/// How long recovery waits for a tool a source that is still starting may bring back (an MCP
+/// server started with the runtime) before it settles the call without it.
+const TOOL_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// What recovery found.
 pub(crate) enum Recovered {
     /// Too many recoveries in a row without progress: the session is failed and halted.
@@ -232,7 +236,7 @@ async fn start_held(d: &Drain, held: &[Held]) -> Result<bool> {
     let shared = &d.shared;
     let runs = approved.iter().map(|h| async move {
         let tool = &h.tool;
-        let registered = shared.tools.get(&tool.name).cloned();
+        let registered = shared.tools.find(&tool.name, TOOL_WAIT).await;
         let input = serde_json::from_str(&tool.input);
         let result = match (registered, input) {
             (Some(t), Ok(input)) => {
@@ -310,9 +314,9 @@ pub(crate) async fn settle_orphaned_tool(
     let registered = d
         .shared
         .tools
-        .get(&tool.name)
-        .filter(|t| t.idempotent)
-        .cloned();
+        .find(&tool.name, TOOL_WAIT)
+        .await
+        .filter(|t| t.idempotent);
     let input = serde_json::from_str(&tool.input).ok();
     let result = match (registered, input) {
         (Some(t), Some(input)) => {

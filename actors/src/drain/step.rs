@@ -39,7 +39,7 @@ use crate::hooks::{Purpose, StepReport, ToolReport};
 use crate::mint;
 use crate::prepare::{Inputs, Prepared, prepare};
 use crate::retry;
-use crate::tools::Call;
+use crate::tools::{Call, Tools};
 
 /// How a step ended.
 #[derive(Debug)]
@@ -187,7 +187,8 @@ fn build_blocking(
             time,
         });
     }
-    let inputs = Inputs::of(shared, &row, &history, step, Purpose::Step);
+    let tools = shared.tools.current();
+    let inputs = Inputs::of(shared, &tools, &row, &history, step, Purpose::Step);
     let prepared = prepare(inputs, note);
     if let Some(cache) = cache.as_mut() {
         // Not durable yet: the promoted inputs stay out of the cache.
@@ -246,14 +247,6 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
     }
 
     let mut message = start(d, step, &prepared);
-    let agent = prepared.agent.clone();
-    let policy = Policy {
-        shared,
-        session: &d.session,
-        agent_name: &agent,
-        agent: shared.catalog.agents.get(&agent),
-        last_step: prepared.last_step,
-    };
 
     let mut attempt = 0;
     loop {
@@ -276,6 +269,15 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
             return Err(Error::ShuttingDown);
         };
         let mut a = Attempt::default();
+        // What the attempt's calls may do: decided by the tools its request advertised.
+        let policy = Policy {
+            shared,
+            tools: &prepared.tools,
+            session: &d.session,
+            agent_name: &prepared.agent,
+            agent: shared.catalog.agents.get(&prepared.agent),
+            last_step: prepared.last_step,
+        };
         let mut stream = prepared.provider.stream_ref(&prepared.request);
         let call = tracing::info_span!(
             "provider_call",
@@ -435,7 +437,7 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
                 return Box::pin(fail(d, &message, step, &mut a, &prepared)).await;
             }
             (_, None) => {
-                if Box::pin(run_tools(d, &message, &a)).await? {
+                if Box::pin(run_tools(d, &message, &a, &prepared.tools)).await? {
                     return Box::pin(abort(d, &message, &mut a)).await;
                 }
                 let usage = cost(&a.usage, &prepared.model.price);
@@ -474,7 +476,7 @@ async fn fail(
         .take()
         .expect("invariant: fail is called with the attempt's error");
     a.flush_partials(d, message).await?;
-    if run_tools(d, message, a).await? {
+    if run_tools(d, message, a, &prepared.tools).await? {
         return abort(d, message, a).await;
     }
     let failure = provider_failure(&error);
@@ -811,7 +813,7 @@ fn withdraw_asked(message: &MessageId, a: &Attempt, reason: &str) -> Vec<Event> 
 /// Calls the gate refused (last step, unknown tool, denied, invalid JSON) fail without running;
 /// calls held for approval wait. An identical duplicate call (same name and arguments) runs once
 /// and both get its result. Returns true when cancelled before every call settled.
-async fn run_tools(d: &Drain, message: &MessageId, a: &Attempt) -> Result<bool> {
+async fn run_tools(d: &Drain, message: &MessageId, a: &Attempt, tools: &Tools) -> Result<bool> {
     if a.calls.is_empty() {
         return Ok(false);
     }
@@ -826,7 +828,7 @@ async fn run_tools(d: &Drain, message: &MessageId, a: &Attempt) -> Result<bool> 
             continue;
         }
         if let Some(error) = a.refused.get(&call.id).cloned() {
-            let tool = match shared.tools.get(&call.name) {
+            let tool = match tools.get(&call.name) {
                 Some(_) => call.name.as_str(),
                 None => "unknown",
             };
@@ -844,8 +846,7 @@ async fn run_tools(d: &Drain, message: &MessageId, a: &Attempt) -> Result<bool> 
             continue;
         }
         shared_runs.insert(key.clone(), vec![call.id.clone()]);
-        let tool = shared
-            .tools
+        let tool = tools
             .get(&call.name)
             .cloned()
             .expect("invariant: checked above");

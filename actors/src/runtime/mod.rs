@@ -137,7 +137,7 @@ impl Runtime {
         let shared = Arc::new(Shared {
             store,
             catalog,
-            tools: extensions.tools,
+            tools: crate::tools::Registry::new(extensions.tools),
             hooks: extensions.hooks,
             bus,
             streams: Arc::new(Semaphore::new(config.limits.concurrent_streams.max(1))),
@@ -541,6 +541,11 @@ impl Runtime {
         Err(Error::Unavailable(
             "this node holds no partition yet; retry shortly or ask another node".into(),
         ))
+    }
+
+    /// The runtime's tools: those given at start, and what sources (MCP servers) publish.
+    pub fn tools(&self) -> &crate::tools::Registry {
+        &self.shared.tools
     }
 
     pub fn store(&self) -> &dyn Store {

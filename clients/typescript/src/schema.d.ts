@@ -24,6 +24,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/mcp": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The MCP servers whose tools the runtime runs, with their status, tools, last error,
+         *     restarts and stderr tail. Empty without `[mcp]` servers.
+         */
+        get: operations["mcp"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/session": {
         parameters: {
             query?: never;
@@ -682,6 +702,28 @@ export interface components {
             }[];
         };
         /** @description Every successful `/api` response: the payload under `data`. */
+        Data_Vec_McpServer: {
+            data: {
+                /** @description Why the last connection failed or ended. */
+                last_error?: string | null;
+                name: string;
+                /**
+                 * Format: int64
+                 * @description Connections that failed or ended and were tried again.
+                 */
+                restarts: number;
+                status: components["schemas"]["McpStatus"];
+                /** @description The last lines the server wrote to stderr (stdio servers). */
+                stderr: string[];
+                /** @description Its tools, as the runtime names them (`<server>_<tool>`); empty unless `ready`. */
+                tools: components["schemas"]["McpTool"][];
+                /** @description `stdio` or `http`. */
+                transport: string;
+                /** @description Its tools' annotations may decide whether a call a stop cut runs again. */
+                trusted: boolean;
+            }[];
+        };
+        /** @description Every successful `/api` response: the payload under `data`. */
         Data_Vec_Message: {
             data: ({
                 /**
@@ -1044,6 +1086,46 @@ export interface components {
             /** @description Whether a drain was running (and is now stopped and cleaned up). */
             interrupted: boolean;
         };
+        /** @description An MCP server the runtime runs tools of (`GET /api/mcp`). */
+        McpServer: {
+            /** @description Why the last connection failed or ended. */
+            last_error?: string | null;
+            name: string;
+            /**
+             * Format: int64
+             * @description Connections that failed or ended and were tried again.
+             */
+            restarts: number;
+            status: components["schemas"]["McpStatus"];
+            /** @description The last lines the server wrote to stderr (stdio servers). */
+            stderr: string[];
+            /** @description Its tools, as the runtime names them (`<server>_<tool>`); empty unless `ready`. */
+            tools: components["schemas"]["McpTool"][];
+            /** @description `stdio` or `http`. */
+            transport: string;
+            /** @description Its tools' annotations may decide whether a call a stop cut runs again. */
+            trusted: boolean;
+        };
+        /** @enum {string} */
+        McpStatus: "starting" | "ready" | "failed" | "restarting";
+        /** @description A tool of an MCP server. */
+        McpTool: {
+            description: string;
+            destructive?: boolean | null;
+            idempotent?: boolean | null;
+            /** @description The runtime's name: what agents' `tools` and `ask` patterns match. */
+            name: string;
+            /** @description The server's own name. */
+            original: string;
+            /** @description The server's annotations (`readOnlyHint`, `idempotentHint`, `destructiveHint`). */
+            read_only?: boolean | null;
+            /**
+             * @description A call a stop cut runs again with the same idempotency key (a trusted server's
+             *     read-only or idempotent tool, or one the configuration names); otherwise the model is
+             *     told it may or may not have taken effect.
+             */
+            reruns: boolean;
+        };
         /** @description A message of session history, in seq order. `seq` is the seq of the event that created it. */
         Message: {
             /**
@@ -1309,6 +1391,34 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Data_Cluster"];
+                };
+            };
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    mcp: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The MCP servers, in configuration order */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Data_Vec_McpServer"];
                 };
             };
             401: {

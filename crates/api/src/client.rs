@@ -214,6 +214,11 @@ impl Client {
         self.get(self.url(&["api", "cluster"])).await
     }
 
+    /// `GET /api/mcp`: the MCP servers whose tools the runtime runs, with their status.
+    pub async fn mcp(&self) -> Result<Vec<wire::McpServer>, Error> {
+        self.get(self.url(&["api", "mcp"])).await
+    }
+
     // ---------------------------------------------------------------------------------------
     // Sessions.
 

@@ -125,6 +125,55 @@ pub struct ErrorBody {
     pub decision: Option<ApprovalDecision>,
 }
 
+/// An MCP server the runtime runs tools of (`GET /api/mcp`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct McpServer {
+    pub name: String,
+    /// `stdio` or `http`.
+    pub transport: String,
+    /// Its tools' annotations may decide whether a call a stop cut runs again.
+    pub trusted: bool,
+    pub status: McpStatus,
+    /// Its tools, as the runtime names them (`<server>_<tool>`); empty unless `ready`.
+    pub tools: Vec<McpTool>,
+    /// Why the last connection failed or ended.
+    pub last_error: Option<String>,
+    /// Connections that failed or ended and were tried again.
+    pub restarts: u64,
+    /// The last lines the server wrote to stderr (stdio servers).
+    pub stderr: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum McpStatus {
+    /// Connecting for the first time.
+    Starting,
+    Ready,
+    /// The last attempt failed; another follows after a backoff.
+    Failed,
+    /// Its connection ended; connecting again.
+    Restarting,
+}
+
+/// A tool of an MCP server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct McpTool {
+    /// The runtime's name: what agents' `tools` and `ask` patterns match.
+    pub name: String,
+    /// The server's own name.
+    pub original: String,
+    pub description: String,
+    /// The server's annotations (`readOnlyHint`, `idempotentHint`, `destructiveHint`).
+    pub read_only: Option<bool>,
+    pub idempotent: Option<bool>,
+    pub destructive: Option<bool>,
+    /// A call a stop cut runs again with the same idempotency key (a trusted server's
+    /// read-only or idempotent tool, or one the configuration names); otherwise the model is
+    /// told it may or may not have taken effect.
+    pub reruns: bool,
+}
+
 /// `GET /api/cluster`: the nodes sharing the store and the partitions each holds.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Cluster {

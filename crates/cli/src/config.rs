@@ -68,6 +68,8 @@ pub struct File {
     #[serde(default)]
     tools: Vec<Tool>,
     #[serde(default)]
+    mcp: BTreeMap<String, McpServer>,
+    #[serde(default)]
     recovery: Recovery,
     #[serde(default)]
     compaction: Compaction,
@@ -79,6 +81,31 @@ pub struct File {
     cluster: Cluster,
     #[serde(default)]
     telemetry: TelemetrySection,
+}
+
+/// `[mcp.NAME]`: a Model Context Protocol server whose tools the agents may use, as
+/// `<NAME>_<tool>`: a child process (`command`) or a streamable-HTTP endpoint (`url`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct McpServer {
+    command: Option<Vec<String>>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    /// Variables of the child's environment read from these variables of agenthost's.
+    #[serde(default)]
+    env_from: BTreeMap<String, String>,
+    cwd: Option<PathBuf>,
+    url: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    /// Headers whose values are read from these environment variables.
+    #[serde(default)]
+    headers_from: BTreeMap<String, String>,
+    #[serde(default)]
+    trusted: bool,
+    call_timeout_ms: Option<u64>,
+    #[serde(default)]
+    idempotent: Vec<String>,
 }
 
 /// `[telemetry]`: export traces to an OpenTelemetry collector.
@@ -317,6 +344,8 @@ pub struct Settings {
     pub recovery: actors::Recovery,
     pub compaction_auto: bool,
     pub tools: Vec<tools::Spec>,
+    /// `[mcp.NAME]` servers, secrets resolved.
+    pub mcp: Vec<agenthost_mcp::ServerConfig>,
     pub limits: actors::Limits,
     pub passivate_after: Option<Duration>,
     /// Where traces go, when `[telemetry] otlp_endpoint` is set.
@@ -373,6 +402,7 @@ pub fn resolve(
     let models = models(name, &file.models, &providers, &kinds, builtin_mock)?;
     let (agents, default_agent) = agents(name, &file.agents, file.default_agent.as_ref(), &models)?;
     let specs = tools(name, &file.tools)?;
+    let mcp = mcp(name, &file.mcp, env)?;
     let recovery = recovery(name, &file.recovery)?;
     let (limits, passivate_after) = limits(name, &file.limits)?;
     let postgres = postgres(name, &file.store, &file.cluster, env)?;
@@ -406,6 +436,7 @@ pub fn resolve(
         recovery,
         compaction_auto: file.compaction.auto.unwrap_or(true),
         tools: specs,
+        mcp,
         limits,
         passivate_after,
         telemetry,
@@ -840,6 +871,112 @@ fn check_patterns(
     Ok(())
 }
 
+/// `[mcp.NAME]`: each server exactly one of `command` and `url`, its secrets read from the
+/// environment variables it names (each must be set), its patterns checked.
+fn mcp(
+    name: &str,
+    servers: &BTreeMap<String, McpServer>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Vec<agenthost_mcp::ServerConfig>, Error> {
+    let invalid = invalid_in(name);
+    let mut out = Vec::new();
+    for (server, s) in servers {
+        let key = |field: &str| format!("mcp.{server}.{field}");
+        let valid_name = !server.is_empty()
+            && server.len() <= 32
+            && server
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !valid_name {
+            return Err(invalid(
+                &format!("mcp.{server}"),
+                "a server's name is 1 to 32 characters of a-z, A-Z, 0-9, `_` and `-` (its \
+                 tools are named `<server>_<tool>`)"
+                    .into(),
+            ));
+        }
+        let from_env = |field: &str, vars: &BTreeMap<String, String>| {
+            vars.iter()
+                .map(|(k, var)| {
+                    let value = env(var).filter(|v| !v.is_empty()).ok_or_else(|| {
+                        invalid(
+                            &key(field),
+                            format!("{k}: environment variable {var} is not set"),
+                        )
+                    })?;
+                    Ok((k.clone(), value))
+                })
+                .collect::<Result<BTreeMap<_, _>, Error>>()
+        };
+        let transport = match (&s.command, &s.url) {
+            (Some(command), None) => {
+                if command.is_empty() || command[0].is_empty() {
+                    return Err(invalid(&key("command"), "must name a program".into()));
+                }
+                if !s.headers.is_empty() || !s.headers_from.is_empty() {
+                    return Err(invalid(
+                        &key("headers"),
+                        "headers are for a `url` server".into(),
+                    ));
+                }
+                let mut vars = s.env.clone();
+                vars.extend(from_env("env_from", &s.env_from)?);
+                agenthost_mcp::Transport::Stdio {
+                    command: command.clone(),
+                    env: vars,
+                    cwd: s.cwd.clone(),
+                }
+            }
+            (None, Some(url)) => {
+                let parsed = reqwest::Url::parse(url)
+                    .map_err(|e| invalid(&key("url"), format!("{url:?}: {e}")))?;
+                if !matches!(parsed.scheme(), "http" | "https") {
+                    return Err(invalid(&key("url"), "must be http:// or https://".into()));
+                }
+                if !s.env.is_empty() || !s.env_from.is_empty() || s.cwd.is_some() {
+                    return Err(invalid(
+                        &key("env"),
+                        "env, env_from and cwd are for a `command` server".into(),
+                    ));
+                }
+                let mut headers = s.headers.clone();
+                headers.extend(from_env("headers_from", &s.headers_from)?);
+                agenthost_mcp::Transport::Http {
+                    url: url.clone(),
+                    headers,
+                }
+            }
+            _ => {
+                return Err(invalid(
+                    &format!("mcp.{server}"),
+                    "give exactly one of `command` (a stdio server) and `url` (a \
+                     streamable-HTTP server)"
+                        .into(),
+                ));
+            }
+        };
+        let call_timeout = match s.call_timeout_ms {
+            None => agenthost_mcp::DEFAULT_CALL_TIMEOUT,
+            Some(ms) if (1..=86_400_000).contains(&ms) => Duration::from_millis(ms),
+            Some(_) => {
+                return Err(invalid(
+                    &key("call_timeout_ms"),
+                    "must be between 1 and 86400000 (a day)".into(),
+                ));
+            }
+        };
+        check_patterns(&invalid, &key("idempotent"), &s.idempotent)?;
+        out.push(agenthost_mcp::ServerConfig {
+            name: server.clone(),
+            transport,
+            trusted: s.trusted,
+            call_timeout,
+            idempotent: s.idempotent.clone(),
+        });
+    }
+    Ok(out)
+}
+
 /// `[[tools]]`: HTTP tools, each built once so that one that cannot be built is an error here.
 fn tools(name: &str, file: &[Tool]) -> Result<Vec<tools::Spec>, Error> {
     let invalid = invalid_in(name);
@@ -1193,6 +1330,27 @@ pub fn effective(name: &str, file: &File, settings: &Settings) -> serde_json::Va
             "idempotent": t.idempotent,
             "timeout_ms": ms(t.timeout),
         })).collect::<Vec<_>>(),
+        // Which environment variables and headers are set, never their values.
+        "mcp": settings.mcp.iter().map(|m| {
+            let transport = match &m.transport {
+                agenthost_mcp::Transport::Stdio { command, env, cwd } => json!({
+                    "command": command,
+                    "env": env.keys().collect::<Vec<_>>(),
+                    "cwd": cwd,
+                }),
+                agenthost_mcp::Transport::Http { url, headers } => json!({
+                    "url": url,
+                    "headers": headers.keys().collect::<Vec<_>>(),
+                }),
+            };
+            json!({
+                "name": m.name,
+                "transport": transport,
+                "trusted": m.trusted,
+                "call_timeout_ms": ms(m.call_timeout),
+                "idempotent": m.idempotent,
+            })
+        }).collect::<Vec<_>>(),
         "recovery": {
             "mode": format!("{:?}", settings.recovery.mode).to_lowercase(),
             "max_attempts": settings.recovery.max_attempts,
@@ -1469,6 +1627,54 @@ auto = false
     }
 
     #[test]
+    fn mcp_servers_take_their_secrets_from_the_environment_and_never_print_them() {
+        let file = parse(
+            "test.toml",
+            "[mcp.files]\ncommand = [\"python3\", \"server.py\"]\nenv = { LOG = \"info\" }\n\
+             env_from = { API_KEY = \"FILES_KEY\" }\ncwd = \"/srv\"\ntrusted = true\n\
+             call_timeout_ms = 5000\nidempotent = [\"read_*\"]\n\
+             [mcp.search]\nurl = \"https://search.example/mcp\"\n\
+             headers_from = { Authorization = \"SEARCH_AUTH\" }",
+        )
+        .expect("parses");
+        let s = resolve(
+            "test.toml",
+            file,
+            &env(&[
+                ("FILES_KEY", "k-secret"),
+                ("SEARCH_AUTH", "Bearer s-secret"),
+            ]),
+        )
+        .expect("valid");
+        assert_eq!(s.mcp.len(), 2);
+        let files = &s.mcp[0];
+        assert_eq!((files.name.as_str(), files.trusted), ("files", true));
+        assert_eq!(files.call_timeout, Duration::from_secs(5));
+        assert_eq!(files.idempotent, ["read_*"]);
+        match &files.transport {
+            agenthost_mcp::Transport::Stdio { command, env, cwd } => {
+                assert_eq!(command, &["python3", "server.py"]);
+                assert_eq!(env["LOG"], "info");
+                assert_eq!(env["API_KEY"], "k-secret");
+                assert_eq!(cwd.as_deref(), Some(std::path::Path::new("/srv")));
+            }
+            other => panic!("{other:?}"),
+        }
+        let search = &s.mcp[1];
+        assert!(!search.trusted);
+        assert_eq!(search.call_timeout, agenthost_mcp::DEFAULT_CALL_TIMEOUT);
+        match &search.transport {
+            agenthost_mcp::Transport::Http { url, headers } => {
+                assert_eq!(url, "https://search.example/mcp");
+                assert_eq!(headers["Authorization"], "Bearer s-secret");
+            }
+            other => panic!("{other:?}"),
+        }
+        let shown = format!("{s:?}{:?}", s.mcp);
+        assert!(!shown.contains("secret"), "{shown}");
+    }
+
+    #[test]
     fn bad_files_say_where_and_why() {
         let cases: &[(&str, &str)] = &[
             ("colour = 1", "unknown field `colour`"),
@@ -1623,6 +1829,26 @@ auto = false
             (
                 "[agents.default]\non_new_input = \"drop\"",
                 "`agents.default.on_new_input`",
+            ),
+            ("[mcp.x]\ntrusted = true", "`mcp.x`"),
+            (
+                "[mcp.x]\ncommand = [\"a\"]\nurl = \"http://h/mcp\"",
+                "`mcp.x`",
+            ),
+            ("[mcp.x]\ncommand = []", "`mcp.x.command`"),
+            ("[mcp.x]\nurl = \"ftp://h/mcp\"", "`mcp.x.url`"),
+            (
+                "[mcp.x]\ncommand = [\"a\"]\nenv_from = { K = \"AGENTHOST_UNSET_VAR\" }",
+                "`mcp.x.env_from`",
+            ),
+            (
+                "[mcp.x]\ncommand = [\"a\"]\ncall_timeout_ms = 0",
+                "`mcp.x.call_timeout_ms`",
+            ),
+            ("[mcp.\"a b\"]\ncommand = [\"a\"]", "`mcp.a b`"),
+            (
+                "[mcp.x]\ncommand = [\"a\"]\nport = 1",
+                "unknown field `port`",
             ),
             ("[compaction]\nauto = \"yes\"", "invalid type"),
             ("[compaction]\nkeep = 1", "unknown field `keep`"),

@@ -117,7 +117,17 @@ pub async fn run(args: Args, log_json: bool) -> Result<(), Failure> {
     .await
     .with_context(|| format!("cannot start the runtime over {store_name}"))
     .runtime()?;
+    // MCP servers start beside the runtime without holding it up: their tools join as each is
+    // ready.
+    let mcp = match settings.mcp.is_empty() {
+        true => None,
+        false => Some(Arc::new(agenthost_mcp::Mcp::start(
+            &runtime,
+            settings.mcp.clone(),
+        ))),
+    };
     let mut options = Options {
+        mcp,
         token: settings.token.clone(),
         protect_metrics: settings.protect_metrics,
         protect_healthz: settings.protect_healthz,

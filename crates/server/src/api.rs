@@ -61,6 +61,7 @@ pub(crate) fn routes() -> Router<Arc<Shared>> {
             post(decide),
         )
         .route("/api/cluster", get(cluster))
+        .route("/api/mcp", get(mcp))
 }
 
 /// The nodes sharing the store and the partitions each holds, as this node last read the lease
@@ -101,6 +102,52 @@ pub(crate) async fn cluster(State(shared): AppState) -> Response {
             })
             .collect(),
     })
+}
+
+/// The MCP servers whose tools the runtime runs, with their status, tools, last error,
+/// restarts and stderr tail. Empty without `[mcp]` servers.
+#[utoipa::path(get, path = "/api/mcp", operation_id = "mcp", tag = "meta",
+    responses(
+        (status = 200, description = "The MCP servers, in configuration order", body = Data<Vec<wire::McpServer>>),
+        (status = 401, body = ErrorEnvelope),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn mcp(State(shared): AppState) -> Response {
+    let servers = shared.options.mcp.as_ref().map_or_else(Vec::new, |mcp| {
+        mcp.status().into_iter().map(mcp_server).collect()
+    });
+    data(servers)
+}
+
+fn mcp_server(s: agenthost_mcp::ServerStatus) -> wire::McpServer {
+    use agenthost_mcp::State;
+    wire::McpServer {
+        name: s.name,
+        transport: s.transport.to_owned(),
+        trusted: s.trusted,
+        status: match s.state {
+            State::Starting => wire::McpStatus::Starting,
+            State::Ready => wire::McpStatus::Ready,
+            State::Failed => wire::McpStatus::Failed,
+            State::Restarting => wire::McpStatus::Restarting,
+        },
+        tools: s
+            .tools
+            .into_iter()
+            .map(|t| wire::McpTool {
+                name: t.name,
+                original: t.original,
+                description: t.description,
+                read_only: t.read_only,
+                idempotent: t.idempotent,
+                destructive: t.destructive,
+                reruns: t.reruns,
+            })
+            .collect(),
+        last_error: s.last_error,
+        restarts: s.restarts,
+        stderr: s.stderr,
+    }
 }
 
 /// A JSON response with `status`.

@@ -86,6 +86,9 @@ pub struct Options {
     pub max_streams_per_session: usize,
     /// Provider timings, when the providers were wrapped in [`metrics::Timed`].
     pub providers: Option<Arc<metrics::Providers>>,
+    /// The runtime's MCP servers: `GET /api/mcp` shows them, `/metrics` counts their calls,
+    /// and they stop after the runtime at shutdown.
+    pub mcp: Option<Arc<agenthost_mcp::Mcp>>,
 }
 
 impl Default for Options {
@@ -105,6 +108,7 @@ impl Default for Options {
             max_streams: 10_000,
             max_streams_per_session: 256,
             providers: None,
+            mcp: None,
         }
     }
 }
@@ -137,7 +141,12 @@ impl Api {
     /// An API over `runtime`.
     pub fn new(runtime: Runtime, options: Options) -> Api {
         let counters = metrics::Counters::default();
-        let metrics = metrics::Metrics::new(&runtime, &counters, options.providers.as_deref());
+        let metrics = metrics::Metrics::new(
+            &runtime,
+            &counters,
+            options.providers.as_deref(),
+            options.mcp.as_deref(),
+        );
         let shared = Arc::new(Shared {
             runtime,
             options,
@@ -221,6 +230,11 @@ impl Api {
             tracing::info!("shutting down");
             shared.closing.cancel();
             shared.runtime.shutdown().await;
+            // After the runtime: a call the shutdown cut is left to recovery as a crash leaves
+            // it, and only then do the servers go.
+            if let Some(mcp) = &shared.options.mcp {
+                mcp.stop(shared.options.drain_timeout).await;
+            }
             shared.tasks.close();
             let _ = tokio::time::timeout(shared.options.drain_timeout, shared.tasks.wait()).await;
         };

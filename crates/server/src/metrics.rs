@@ -79,6 +79,7 @@ impl Metrics {
         runtime: &Runtime,
         counters: &Counters,
         providers: Option<&Providers>,
+        mcp: Option<&agenthost_mcp::Mcp>,
     ) -> Metrics {
         let mut r = Registry::default();
         let metrics = Metrics {
@@ -238,6 +239,9 @@ impl Metrics {
             "Times an event stream fell behind the bus and caught up from the store",
             counters.sse_lagged.clone(),
         );
+        if let Some(mcp) = mcp {
+            mcp.register(&mut r);
+        }
         if let Some(providers) = providers {
             providers.register(&mut r);
         }

@@ -42,6 +42,7 @@ use crate::{api, events, metrics, wire};
         api::decide,
         events::stream,
         api::cluster,
+        api::mcp,
     ),
     components(schemas(
         ErrorType,
@@ -50,6 +51,9 @@ use crate::{api, events, metrics, wire};
         wire::Health,
         wire::Cluster,
         wire::ClusterNode,
+        wire::McpServer,
+        wire::McpStatus,
+        wire::McpTool,
         wire::CreateSession,
         wire::Prompt,
         wire::File,

@@ -1046,6 +1046,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/api/session/{id}/approvals"),
     ("post", "/api/session/{id}/approvals/{message_id}/{call_id}"),
     ("get", "/api/cluster"),
+    ("get", "/api/mcp"),
 ];
 
 #[tokio::test]

@@ -9,6 +9,7 @@ mod generate;
 mod harness;
 mod interop;
 mod laws;
+mod mcp;
 mod model;
 mod postgres;
 mod recovery;
