@@ -17,6 +17,8 @@ mod approvals;
 mod cluster;
 #[path = "e2e/laws.rs"]
 mod laws;
+#[path = "e2e/mcp.rs"]
+mod mcp;
 #[path = "e2e/wire.rs"]
 mod wire;
 
