@@ -24,7 +24,7 @@ use tokio::sync::Notify;
 use crate::config::Agent;
 use crate::hooks::{Permission, ToolRequest};
 use crate::shared::Shared;
-use crate::tools::{Tools, allowed};
+use crate::tools::{Tools, allowed, permits};
 
 /// The digest of a call: SHA-256 over the tool's name, a newline and its input as canonical JSON
 /// (object keys sorted, no whitespace), as `sha256:<hex>`. Two calls with the same name and the
@@ -105,14 +105,14 @@ impl Policy<'_> {
         if self.last_step {
             return Gate::Refuse("tool calls are disabled on the last step".to_owned());
         }
-        if self.tools.get(&call.name).is_none() {
+        let Some(tool) = self.tools.get(&call.name) else {
             return Gate::Refuse(format!("unknown tool {:?}", call.name));
-        }
+        };
         let (patterns, ask) = match self.agent {
             Some(agent) => (agent.tools.as_slice(), agent.ask.as_slice()),
             None => (&[][..], &[][..]),
         };
-        if !allowed(patterns, &call.name) {
+        if !permits(patterns, tool) {
             return Gate::Refuse(format!(
                 "permission denied: this agent may not use {:?}",
                 call.name

@@ -267,6 +267,8 @@ pub struct Limits {
     /// (approximate) across all sessions; 0 turns the cache off. A session whose history does
     /// not fit reads it whole from the store at every step.
     pub history_cache: usize,
+    /// Schedules one session may have at once.
+    pub schedules_per_session: usize,
 }
 
 impl Default for Limits {
@@ -281,6 +283,7 @@ impl Default for Limits {
             call_timeout: Duration::from_secs(30),
             shutdown_timeout: Duration::from_secs(15),
             history_cache: 64 * 1024 * 1024,
+            schedules_per_session: 100,
         }
     }
 }

@@ -47,6 +47,9 @@ pub enum Error {
     /// The drain was interrupted (by a user or a shutdown) while this operation waited or ran.
     #[error("interrupted")]
     Interrupted,
+    /// A schedule of that id exists with another text, delivery or time.
+    #[error("schedule conflict: {0}")]
+    ScheduleConflict(String),
     /// The approval was decided already; the first decision stands.
     #[error("the approval of tool call {call_id} was already decided: {}", .decision.verdict.as_str())]
     AlreadyDecided {

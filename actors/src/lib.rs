@@ -28,6 +28,7 @@ pub mod prepare;
 mod registry;
 mod retry;
 mod runtime;
+mod schedules;
 mod session;
 mod shared;
 mod summary;
@@ -50,7 +51,9 @@ pub use error::{Error, Result};
 pub use hooks::{Hook, Permission, Purpose, RequestContext, StepReport, ToolReport, ToolRequest};
 pub use instructions::Instruction;
 pub use metrics::Metrics;
+pub use runtime::schedules::{NewSchedule, ScheduleAt, format_time, parse_time};
 pub use runtime::{CreateSession, Extensions, PromptRequest, Runtime, ToolOutput};
+pub use schedules::GRACE_MS as SCHEDULE_GRACE_MS;
 pub use summary::{
     OFF_TEMPLATE as SUMMARY_OFF_TEMPLATE, SECTIONS as SUMMARY_SECTIONS, SUMMARY_REQUEST,
 };

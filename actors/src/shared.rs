@@ -36,6 +36,10 @@ pub(crate) struct Shared {
     pub active: IdMap<SessionId, ()>,
     /// Sessions waiting for approvals, by their earliest expiry (the approval timer's).
     pub deadlines: crate::approvals::Deadlines,
+    /// Schedules armed in this process, by their next firing.
+    pub schedules: crate::schedules::Armed,
+    /// The largest prompt, in bytes (the store's limit, which schedules check before writing).
+    pub prompt_limit: usize,
     pub limits: Limits,
     pub supervision: Supervision,
     pub passivate_after: Duration,

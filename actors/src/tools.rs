@@ -46,6 +46,9 @@ pub struct Tool {
     pub idempotent: bool,
     pub timeout: Duration,
     pub executor: Arc<dyn Executor>,
+    /// One of the runtime's own tools: an agent has it only when its `tools` name it exactly
+    /// (a glob such as `*` never matches it).
+    pub builtin: bool,
 }
 
 impl Tool {
@@ -62,6 +65,7 @@ impl Tool {
             idempotent: false,
             timeout: Duration::from_secs(120),
             executor,
+            builtin: false,
         }
     }
 
@@ -197,7 +201,7 @@ impl Tools {
     pub fn advertised(&self, patterns: &[String]) -> Vec<llm::Tool> {
         self.tools
             .values()
-            .filter(|t| allowed(patterns, &t.name))
+            .filter(|t| permits(patterns, t))
             .map(Tool::definition)
             .collect()
     }
@@ -214,6 +218,12 @@ impl Tool {
             Err(_) => Err(format!("the tool timed out after {:?}", self.timeout)),
         }
     }
+}
+
+/// Whether an agent's `patterns` give it `tool`: a built-in tool only when they name it
+/// exactly (and no later pattern denies it).
+pub fn permits(patterns: &[String], tool: &Tool) -> bool {
+    allowed(patterns, &tool.name) && (!tool.builtin || patterns.contains(&tool.name))
 }
 
 /// Whether `patterns` allow the tool `name`. Patterns are `*`, a name, a prefix glob such as

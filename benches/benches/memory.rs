@@ -1,8 +1,9 @@
 //! Memory per live idle session actor (RSS delta at 10 000 and 100 000 live actors), RSS after
-//! those actors passivate, and boot recovery time for 10 000 claimed sessions.
+//! those actors passivate, boot recovery time for 10 000 claimed sessions, and the cost of
+//! 100 000 pending schedules (the time to arm them at start, and the memory they hold).
 //!
 //! Not criterion: each figure is one measurement, printed. Each part runs in a process of its
-//! own; `cargo bench -p agenthost-benches --bench memory [-- live|passivation|recovery]`.
+//! own; `cargo bench -p agenthost-benches --bench memory [-- live|passivation|recovery|schedules]`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -15,7 +16,7 @@ use agenthost_llm::scripted::{Script, Scripted};
 use agenthost_model::{Delivery, Event, MessageId, Prompt, SessionId};
 use agenthost_store::{Admission, Config as StoreConfig, NewSession, RedbStore, Store};
 
-const PARTS: [&str; 3] = ["live", "passivation", "recovery"];
+const PARTS: [&str; 4] = ["live", "passivation", "recovery", "schedules"];
 
 fn main() {
     // `cargo bench` passes `--bench`; a bare word selects one part.
@@ -46,6 +47,7 @@ fn main() {
             "live" => rt.block_on(live()),
             "passivation" => rt.block_on(passivation()),
             "recovery" => rt.block_on(recovery(10_000)),
+            "schedules" => rt.block_on(schedules(10_000, 10)),
             other => panic!("unknown part {other:?}; parts are {PARTS:?}"),
         }
     }
@@ -225,6 +227,74 @@ async fn passivation() {
 
 /// Leaves `n` sessions claimed with one pending prompt each, as a crashed process would, then
 /// measures a new runtime's boot sweep until each has issued its first provider request.
+/// `sessions` sessions with `each` schedules a day out: the time a runtime takes at start to arm
+/// all of them, and what they hold in memory (RSS before and after).
+async fn schedules(sessions: usize, each: usize) {
+    use agenthost_model::{CatchUp, Schedule, ScheduleId, Timestamp, When};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store.redb");
+    let ids = ids("sch", sessions);
+    {
+        let store = Arc::new(RedbStore::open(StoreConfig::new(&path)).expect("store"));
+        let t = Instant::now();
+        let day = agenthost_store::system_clock().0 + 86_400_000;
+        let st = store.clone();
+        concurrently(ids.clone(), 1024, move |s, i| {
+            let store = st.clone();
+            async move {
+                let id = s[i].clone();
+                store
+                    .create_session(NewSession {
+                        id: id.clone(),
+                        agent: "default".into(),
+                        model: None,
+                        title: None,
+                    })
+                    .await
+                    .expect("created");
+                let events = (0..each)
+                    .map(|k| Event::ScheduleSet {
+                        schedule: Schedule {
+                            id: ScheduleId::parse(&format!("sch_{k}")).expect("id"),
+                            prompt: Prompt::text("check back on this"),
+                            delivery: Delivery::Steer,
+                            when: When::Once,
+                            catch_up: CatchUp::Once,
+                            next: Timestamp(day + (i * each + k) as u64),
+                        },
+                    })
+                    .collect();
+                store.append(id, events).await.expect("scheduled");
+            }
+        })
+        .await;
+        store.close();
+        println!(
+            "schedules: set {} schedules in {sessions} sessions in {:.2} s",
+            sessions * each,
+            t.elapsed().as_secs_f64()
+        );
+    }
+    let before = rss_kib();
+    let t = Instant::now();
+    let runtime = Runtime::start(Config::new(&path)).await.expect("start");
+    let total = sessions * each;
+    while runtime.armed_schedules() < total {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let armed = t.elapsed();
+    let after = rss_kib();
+    println!(
+        "schedules: {total} armed {:.2} s after the start; RSS {} MiB before, {} MiB after \
+         ({:.0} bytes per schedule)",
+        armed.as_secs_f64(),
+        before / 1024,
+        after / 1024,
+        (after.saturating_sub(before) * 1024) as f64 / total as f64
+    );
+    runtime.shutdown().await;
+}
+
 async fn recovery(n: usize) {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("store.redb");

@@ -58,11 +58,7 @@ impl Runtime {
         decide: Decide,
     ) -> Result<Decision> {
         self.check_open()?;
-        if !self.owns(session) {
-            return Err(Error::Unavailable(format!(
-                "this node does not own session {session}; another node runs it"
-            )));
-        }
+        self.check_owner(session)?;
         let verdict = decide.verdict();
         {
             let (s, m, c, digest) = (
@@ -74,10 +70,7 @@ impl Runtime {
             self.read(move |snap| undecided(snap, &s, &m, &c, &digest))
                 .await?;
         }
-        let mut actions = Vec::new();
-        if let Some(epoch) = self.shared.store.ownership().and_then(|o| o.epoch(session)) {
-            actions.push(Action::Fence(epoch));
-        }
+        let mut actions = self.fence(session);
         actions.push(Action::Append(Event::ApprovalDecided {
             id: message.clone(),
             call_id: call_id.to_owned(),

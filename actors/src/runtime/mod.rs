@@ -10,6 +10,7 @@
 
 mod approvals;
 pub(crate) mod recovery;
+pub(crate) mod schedules;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -111,6 +112,7 @@ impl Runtime {
         catalog.resolve(&catalog.default_agent, None)?;
         let bus = Bus::new(16 * 1024);
         let mut store_config = config.store;
+        let prompt_limit = store_config.prompt_limit;
         store_config.pending_limit = config.limits.pending_per_session;
         let commits = bus.clone();
         let metrics = Metrics::default();
@@ -134,10 +136,18 @@ impl Runtime {
             .await
             .map_err(|e| Error::Storage(e.to_string()))??;
         let history_budget = crate::history_cache::Budget::new(config.limits.history_cache);
+        // The built-in tools, unless the embedder brings tools of those names.
+        let builtin = schedules::Handle::default();
+        let mut tools = extensions.tools;
+        for tool in schedules::builtins(&builtin) {
+            if tools.get(&tool.name).is_none() {
+                tools.register(tool);
+            }
+        }
         let shared = Arc::new(Shared {
             store,
             catalog,
-            tools: crate::tools::Registry::new(extensions.tools),
+            tools: crate::tools::Registry::new(tools),
             hooks: extensions.hooks,
             bus,
             streams: Arc::new(Semaphore::new(config.limits.concurrent_streams.max(1))),
@@ -145,6 +155,8 @@ impl Runtime {
             drains_waiting: Default::default(),
             active: IdMap::default(),
             deadlines: Default::default(),
+            schedules: Default::default(),
+            prompt_limit,
             limits: config.limits,
             supervision: config.supervision,
             passivate_after: config.passivate_after,
@@ -157,6 +169,7 @@ impl Runtime {
             stopping: Default::default(),
             released: Default::default(),
         });
+        let _ = builtin.set(Arc::downgrade(&shared));
         let actors: Arc<Actors> = Arc::default();
         let (registry, _) = Actor::spawn(None, Registry, (shared.clone(), actors.clone()))
             .await
@@ -176,6 +189,11 @@ impl Runtime {
             runtime.actors.clone(),
         ));
         tokio::spawn(crate::approvals::expire(runtime.clone()));
+        let timer = runtime.clone();
+        tokio::spawn(async move {
+            schedules::load(&timer).await;
+            schedules::run(timer).await;
+        });
         let sweeper = runtime.clone();
         let recovery = config.recovery;
         if let Some(ownership) = runtime.shared.store.ownership() {
@@ -605,12 +623,14 @@ impl Runtime {
     /// by a shutdown (the claim stays for the new owner) and the actors stop. Their writes are
     /// refused already; this stops the work.
     pub(crate) async fn stop_unowned(&self) {
-        // Their approvals are the new owner's to time out (its sweep finds them waiting).
+        // Their approvals are the new owner's to time out (its sweep finds them waiting), and
+        // their schedules the new owner's to fire (it arms them from the store).
         for (session, _) in self.shared.deadlines.sessions() {
             if !self.owns(&session) {
                 self.shared.deadlines.clear(&session);
             }
         }
+        self.shared.schedules.retain(|s| self.owns(s));
         let lost: Vec<(SessionId, ActorRef<session::Msg>)> = self
             .actors
             .iter()

@@ -204,7 +204,11 @@ pub(crate) async fn follow(
                 let listing = sweeps.listing();
                 sweeps.handled(version);
                 let (runtime, config) = (runtime.clone(), runtime.shared.recovery.clone());
-                tokio::spawn(async move { sweep(&runtime, &config, Some(listing)).await });
+                tokio::spawn(async move {
+                    // Their schedules are this node's to fire now.
+                    crate::runtime::schedules::load(&runtime).await;
+                    sweep(&runtime, &config, Some(listing)).await
+                });
             }
             // Missed changes: make the actors match what is held, and sweep what may be new.
             Err(RecvError::Lagged(_)) => {
@@ -213,7 +217,10 @@ pub(crate) async fn follow(
                 let listing = sweeps.listing();
                 sweeps.handled(version);
                 let (runtime, config) = (runtime.clone(), runtime.shared.recovery.clone());
-                tokio::spawn(async move { sweep(&runtime, &config, Some(listing)).await });
+                tokio::spawn(async move {
+                    crate::runtime::schedules::load(&runtime).await;
+                    sweep(&runtime, &config, Some(listing)).await
+                });
             }
             Err(RecvError::Closed) => return,
         }

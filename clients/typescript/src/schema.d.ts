@@ -284,6 +284,48 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/session/{id}/schedules": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The session's schedules, in id order, each with its next firing. */
+        get: operations["schedules"];
+        put?: never;
+        /**
+         * Sets a schedule: exactly one of `at` (RFC 3339), `after_ms` and `cron` (five fields, in `tz`,
+         *     UTC by default). Each firing admits `text` as a prompt whose id is derived from the schedule
+         *     and the firing time, so it is admitted once across restarts and nodes.
+         */
+        post: operations["setSchedule"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/session/{id}/schedules/{schedule_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /**
+         * Cancels a schedule. Idempotent: cancelling one that does not exist (any more) answers
+         *     `{"cancelled": false}`.
+         */
+        delete: operations["cancelSchedule"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/session/{id}/tool-output/{message_id}/{call_id}": {
         parameters: {
             query?: never;
@@ -433,6 +475,8 @@ export interface components {
              */
             time: number;
         };
+        /** @enum {string} */
+        CatchUp: "once" | "skip";
         /** @description `GET /api/cluster`: the nodes sharing the store and the partitions each holds. */
         Cluster: {
             /** @description The node that answered. */
@@ -604,6 +648,34 @@ export interface components {
             data: {
                 /** @description Whether a drain was running (and is now stopped and cleaned up). */
                 interrupted: boolean;
+            };
+        };
+        /** @description Every successful `/api` response: the payload under `data`. */
+        Data_Schedule: {
+            /** @description A schedule of a session. */
+            data: {
+                catch_up: components["schemas"]["CatchUp"];
+                /** @description The cron expression, for a repeating schedule; `null` for a one-shot. */
+                cron?: string | null;
+                delivery: components["schemas"]["Delivery"];
+                id: string;
+                /**
+                 * Format: int64
+                 * @description The next firing, ms since the Unix epoch.
+                 */
+                next: number;
+                /** @description The next firing, as RFC 3339. */
+                next_at: string;
+                text: string;
+                tz?: string | null;
+            };
+        };
+        /** @description Every successful `/api` response: the payload under `data`. */
+        Data_ScheduleCancelled: {
+            /** @description `DELETE /api/session/{id}/schedules/{schedule_id}`. */
+            data: {
+                /** @description Whether a schedule of that id existed (and is now cancelled). */
+                cancelled: boolean;
             };
         };
         /** @description Every successful `/api` response: the payload under `data`. */
@@ -786,6 +858,25 @@ export interface components {
                 type: "compaction";
             })[];
         };
+        /** @description Every successful `/api` response: the payload under `data`. */
+        Data_Vec_Schedule: {
+            data: {
+                catch_up: components["schemas"]["CatchUp"];
+                /** @description The cron expression, for a repeating schedule; `null` for a one-shot. */
+                cron?: string | null;
+                delivery: components["schemas"]["Delivery"];
+                id: string;
+                /**
+                 * Format: int64
+                 * @description The next firing, ms since the Unix epoch.
+                 */
+                next: number;
+                /** @description The next firing, as RFC 3339. */
+                next_at: string;
+                text: string;
+                tz?: string | null;
+            }[];
+        };
         /** @description `POST /api/session/{id}/approvals/{message_id}/{call_id}`. */
         Decide: {
             /** @description Who decides; the model sees it with a denial. At most 256 bytes. */
@@ -853,7 +944,7 @@ export interface components {
          * @description The `type` of an error body. Stable: clients branch on it.
          * @enum {string}
          */
-        ErrorType: "session_not_found" | "prompt_conflict" | "session_busy" | "invalid_request" | "approval_decided" | "digest_mismatch" | "payload_too_large" | "unsupported_media_type" | "request_timeout" | "context_overflow" | "unauthorized" | "not_found" | "method_not_allowed" | "provider_error" | "unavailable" | "internal";
+        ErrorType: "session_not_found" | "prompt_conflict" | "session_busy" | "invalid_request" | "approval_decided" | "digest_mismatch" | "schedule_conflict" | "payload_too_large" | "unsupported_media_type" | "request_timeout" | "context_overflow" | "unauthorized" | "not_found" | "method_not_allowed" | "provider_error" | "unavailable" | "internal";
         /**
          * @description A durable event as the SSE stream sends it (`event: <type>`, `id: <seq>`, this as `data`).
          *     The `type` is the model's stable event name (`Event::kind()`).
@@ -1029,6 +1120,23 @@ export interface components {
             id: string;
             /** @enum {string} */
             type: "tool_started";
+        } | {
+            schedule: components["schemas"]["Schedule"];
+            /** @enum {string} */
+            type: "schedule_set";
+        } | {
+            admitted: boolean;
+            /** Format: int64 */
+            at: number;
+            id: string;
+            /** Format: int64 */
+            next?: number | null;
+            /** @enum {string} */
+            type: "schedule_fired";
+        } | {
+            id: string;
+            /** @enum {string} */
+            type: "schedule_cancelled";
         };
         /** @enum {string} */
         FailureKind: "aborted" | "restarted" | "provider" | "context_overflow" | "internal";
@@ -1187,6 +1295,32 @@ export interface components {
             /** @enum {string} */
             type: "compaction";
         };
+        /** @description `POST /api/session/{id}/schedules`: exactly one of `at`, `after_ms` and `cron`. */
+        NewSchedule: {
+            /**
+             * Format: int64
+             * @description Once, this many milliseconds from now.
+             */
+            after_ms?: number | null;
+            /** @description Once, at this RFC 3339 time. */
+            at?: string | null;
+            catch_up?: components["schemas"]["CatchUp"] | null;
+            /**
+             * @description At every time this five-field cron expression names (minute, hour, day of month, month,
+             *     day of week).
+             */
+            cron?: string | null;
+            delivery?: components["schemas"]["Delivery"] | null;
+            /**
+             * @description A schedule id (`sch_…`, at most 40 characters after the prefix); an exact retry returns
+             *     the schedule unchanged. Minted when absent.
+             */
+            id?: string | null;
+            /** @description The prompt each firing admits. */
+            text: string;
+            /** @description The IANA time zone of `cron` (default UTC). */
+            tz?: string | null;
+        };
         /** @description A content part of an assistant message. */
         Part: {
             incomplete: boolean;
@@ -1233,6 +1367,28 @@ export interface components {
             /** @description Wake the session once the input is durable (default true). */
             resume?: boolean | null;
             text?: string;
+        };
+        /** @description A schedule of a session. */
+        Schedule: {
+            catch_up: components["schemas"]["CatchUp"];
+            /** @description The cron expression, for a repeating schedule; `null` for a one-shot. */
+            cron?: string | null;
+            delivery: components["schemas"]["Delivery"];
+            id: string;
+            /**
+             * Format: int64
+             * @description The next firing, ms since the Unix epoch.
+             */
+            next: number;
+            /** @description The next firing, as RFC 3339. */
+            next_at: string;
+            text: string;
+            tz?: string | null;
+        };
+        /** @description `DELETE /api/session/{id}/schedules/{schedule_id}`. */
+        ScheduleCancelled: {
+            /** @description Whether a schedule of that id existed (and is now cancelled). */
+            cancelled: boolean;
         };
         /** @description A session as the API shows it. */
         Session: {
@@ -2257,6 +2413,190 @@ export interface operations {
             };
             /** @description The provider failed */
             502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    schedules: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Session id, `ses_…` */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The schedules */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Data_Vec_Schedule"];
+                };
+            };
+            /** @description Malformed id */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    setSchedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Session id, `ses_…` */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["NewSchedule"];
+            };
+        };
+        responses: {
+            /** @description The schedule, with its id and next firing (the same one for an exact retry) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Data_Schedule"];
+                };
+            };
+            /** @description A field is invalid (named in the message), or the session has its most schedules */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The id names a schedule with another text, delivery or time */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The text is over the prompt size limit */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    cancelSchedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Session id, `ses_…` */
+                id: string;
+                /** @description Schedule id, `sch_…` */
+                schedule_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Whether a schedule was cancelled */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Data_ScheduleCancelled"];
+                };
+            };
+            /** @description Malformed id */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };

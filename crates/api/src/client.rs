@@ -365,6 +365,32 @@ impl Client {
         .await
     }
 
+    /// `POST /api/session/{id}/schedules`: sets a schedule (an exact retry of an `id` returns
+    /// it unchanged).
+    pub async fn set_schedule(
+        &self,
+        id: &str,
+        body: &wire::NewSchedule,
+    ) -> Result<wire::Schedule, Error> {
+        self.post(self.session_url(id, &["schedules"]), body).await
+    }
+
+    /// `GET /api/session/{id}/schedules`: the session's schedules with their next firings.
+    pub async fn schedules(&self, id: &str) -> Result<Vec<wire::Schedule>, Error> {
+        self.get(self.session_url(id, &["schedules"])).await
+    }
+
+    /// `DELETE /api/session/{id}/schedules/{schedule_id}`: cancels a schedule (idempotent).
+    pub async fn cancel_schedule(
+        &self,
+        id: &str,
+        schedule: &str,
+    ) -> Result<wire::ScheduleCancelled, Error> {
+        let url = self.session_url(id, &["schedules", schedule]);
+        self.call(Method::DELETE, url, None::<&()>, REQUEST_TIMEOUT)
+            .await
+    }
+
     /// `GET /api/session/{id}/events`: the session's event stream after seq `after` (from the
     /// start when `None`), reconnecting as [`Reconnect::default`] says. Nothing is sent until
     /// the first [`Events::next`].

@@ -234,6 +234,37 @@ impl Approval {
     }
 }
 
+impl From<&model::Schedule> for Schedule {
+    fn from(s: &model::Schedule) -> Self {
+        let (cron, tz) = match &s.when {
+            model::When::Once => (None, None),
+            model::When::Cron { expr, tz } => (Some(expr.clone()), tz.clone()),
+        };
+        Schedule {
+            id: s.id.to_string(),
+            text: s.prompt.text.clone(),
+            delivery: s.delivery.into(),
+            cron,
+            tz,
+            catch_up: match s.catch_up {
+                model::CatchUp::Once => CatchUp::Once,
+                model::CatchUp::Skip => CatchUp::Skip,
+            },
+            next: s.next.0,
+            next_at: rfc3339(s.next.0),
+        }
+    }
+}
+
+/// A time as RFC 3339 in UTC, with milliseconds (`2026-12-03T10:00:00.000Z`).
+fn rfc3339(ms: u64) -> String {
+    i64::try_from(ms)
+        .ok()
+        .and_then(chrono::DateTime::<chrono::Utc>::from_timestamp_millis)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_else(|| ms.to_string())
+}
+
 impl From<model::Verdict> for Verdict {
     fn from(v: model::Verdict) -> Self {
         match v {
@@ -447,6 +478,21 @@ impl From<&model::Stored> for Event {
                 id: id.to_string(),
                 call_id: call_id.clone(),
             },
+            E::ScheduleSet { schedule } => EventBody::ScheduleSet {
+                schedule: schedule.into(),
+            },
+            E::ScheduleFired {
+                id,
+                at,
+                next,
+                admitted,
+            } => EventBody::ScheduleFired {
+                id: id.to_string(),
+                at: at.0,
+                next: next.map(|n| n.0),
+                admitted: *admitted,
+            },
+            E::ScheduleCancelled { id } => EventBody::ScheduleCancelled { id: id.to_string() },
         };
         Event {
             seq: stored.seq.0,

@@ -40,6 +40,8 @@ pub enum ErrorType {
     /// 409: the decision's `digest` is not the digest of the call's name and input: it would
     /// decide something else than what was asked.
     DigestMismatch,
+    /// 409: a schedule of that id exists with another text, delivery or time.
+    ScheduleConflict,
     /// 413: the body or the prompt is over its size limit.
     PayloadTooLarge,
     /// 415: a body sent with a content type other than JSON.
@@ -72,7 +74,8 @@ impl ErrorType {
             ErrorType::PromptConflict
             | ErrorType::SessionBusy
             | ErrorType::ApprovalDecided
-            | ErrorType::DigestMismatch => 409,
+            | ErrorType::DigestMismatch
+            | ErrorType::ScheduleConflict => 409,
             ErrorType::InvalidRequest => 400,
             ErrorType::PayloadTooLarge => 413,
             ErrorType::UnsupportedMediaType => 415,
@@ -95,6 +98,7 @@ impl ErrorType {
             ErrorType::InvalidRequest => "invalid_request",
             ErrorType::ApprovalDecided => "approval_decided",
             ErrorType::DigestMismatch => "digest_mismatch",
+            ErrorType::ScheduleConflict => "schedule_conflict",
             ErrorType::PayloadTooLarge => "payload_too_large",
             ErrorType::UnsupportedMediaType => "unsupported_media_type",
             ErrorType::RequestTimeout => "request_timeout",
@@ -824,6 +828,80 @@ pub enum EventBody {
         id: String,
         call_id: String,
     },
+    /// A schedule was set.
+    ScheduleSet {
+        schedule: Schedule,
+    },
+    /// Schedule `id` fired for its time `at` (ms since the Unix epoch): with `admitted`, its
+    /// prompt was admitted (as input `msg_<schedule id body>-<at>`); without, the firing was
+    /// missed while no process ran and skipped. It fires next at `next`, or never again.
+    ScheduleFired {
+        id: String,
+        at: u64,
+        next: Option<u64>,
+        admitted: bool,
+    },
+    /// Schedule `id` was cancelled.
+    ScheduleCancelled {
+        id: String,
+    },
+}
+
+// ---------------------------------------------------------------------------------------------
+// Schedules.
+
+/// `POST /api/session/{id}/schedules`: exactly one of `at`, `after_ms` and `cron`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewSchedule {
+    /// A schedule id (`sch_…`, at most 40 characters after the prefix); an exact retry returns
+    /// the schedule unchanged. Minted when absent.
+    pub id: Option<String>,
+    /// The prompt each firing admits.
+    pub text: String,
+    /// `steer` (default) or `queue`.
+    pub delivery: Option<Delivery>,
+    /// Once, at this RFC 3339 time.
+    pub at: Option<String>,
+    /// Once, this many milliseconds from now.
+    pub after_ms: Option<u64>,
+    /// At every time this five-field cron expression names (minute, hour, day of month, month,
+    /// day of week).
+    pub cron: Option<String>,
+    /// The IANA time zone of `cron` (default UTC).
+    pub tz: Option<String>,
+    /// Firings missed while no process ran: `once` (default: one firing for all) or `skip`.
+    pub catch_up: Option<CatchUp>,
+}
+
+/// A schedule of a session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Schedule {
+    pub id: String,
+    pub text: String,
+    pub delivery: Delivery,
+    /// The cron expression, for a repeating schedule; `null` for a one-shot.
+    pub cron: Option<String>,
+    pub tz: Option<String>,
+    pub catch_up: CatchUp,
+    /// The next firing, ms since the Unix epoch.
+    pub next: u64,
+    /// The next firing, as RFC 3339.
+    pub next_at: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CatchUp {
+    Once,
+    Skip,
+}
+
+/// `DELETE /api/session/{id}/schedules/{schedule_id}`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ScheduleCancelled {
+    /// Whether a schedule of that id existed (and is now cancelled).
+    pub cancelled: bool,
 }
 
 // ---------------------------------------------------------------------------------------------

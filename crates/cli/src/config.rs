@@ -281,6 +281,7 @@ struct Limits {
     concurrent_drains: Option<usize>,
     pending_per_session: Option<u32>,
     waiters_per_session: Option<usize>,
+    schedules_per_session: Option<usize>,
     tool_output_bytes: Option<usize>,
     history_cache_bytes: Option<usize>,
     call_timeout_ms: Option<u64>,
@@ -1362,6 +1363,7 @@ pub fn effective(name: &str, file: &File, settings: &Settings) -> serde_json::Va
             "concurrent_drains": l.concurrent_drains,
             "pending_per_session": l.pending_per_session,
             "waiters_per_session": l.waiters_per_session,
+            "schedules_per_session": l.schedules_per_session,
             "tool_output_bytes": l.tool_output,
             "history_cache_bytes": l.history_cache,
             "call_timeout_ms": ms(l.call_timeout),
@@ -1397,6 +1399,9 @@ fn limits(name: &str, file: &Limits) -> Result<(actors::Limits, Option<Duration>
     }
     if let Some(n) = file.waiters_per_session {
         limits.waiters_per_session = positive("waiters_per_session", n as u64)? as usize;
+    }
+    if let Some(n) = file.schedules_per_session {
+        limits.schedules_per_session = positive("schedules_per_session", n as u64)? as usize;
     }
     if let Some(n) = file.tool_output_bytes {
         limits.tool_output = positive("tool_output_bytes", n as u64)? as usize;

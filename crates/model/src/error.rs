@@ -1,7 +1,7 @@
 //! Errors of the domain: invalid input ([`Error`]) and events that break an invariant of the
 //! projection ([`Violation`]).
 
-use crate::ids::{MessageId, Seq, SessionId};
+use crate::ids::{MessageId, ScheduleId, Seq, SessionId};
 
 /// Input rejected before anything is written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -62,6 +62,10 @@ pub enum Violation {
         id: MessageId,
         call_id: String,
     },
+    #[error("session {session}: schedule {id} exists already")]
+    ScheduleExists { session: SessionId, id: ScheduleId },
+    #[error("session {session}: no schedule {id} waiting for that firing")]
+    NoSchedule { session: SessionId, id: ScheduleId },
     #[error("session {session}: no running compaction {id}")]
     NoCompaction { session: SessionId, id: MessageId },
 }

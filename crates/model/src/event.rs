@@ -6,9 +6,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{MessageId, Seq, Timestamp};
+use crate::ids::{MessageId, ScheduleId, Seq, Timestamp};
 use crate::message::{Finish, Usage, Verdict};
 use crate::prompt::{Delivery, Prompt};
+use crate::schedule::Schedule;
 
 /// An event as stored: its position in the session's log, when it was written and what happened.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -178,6 +179,23 @@ pub enum Event {
         id: MessageId,
         call_id: String,
     },
+    /// A schedule is set (its id is new in the session).
+    ScheduleSet {
+        schedule: Schedule,
+    },
+    /// The schedule `id` fired for its time `at` (its `next`): with `admitted`, the input
+    /// `id.firing(at)` was admitted in the same commit; without, the firing was skipped (missed
+    /// while no process ran, `CatchUp::Skip`). It fires next at `next`, or never again.
+    ScheduleFired {
+        id: ScheduleId,
+        at: Timestamp,
+        next: Option<Timestamp>,
+        admitted: bool,
+    },
+    /// The schedule `id` is cancelled.
+    ScheduleCancelled {
+        id: ScheduleId,
+    },
 }
 
 impl Event {
@@ -204,6 +222,9 @@ impl Event {
             | Event::ApprovalRequested { id, .. }
             | Event::ApprovalDecided { id, .. }
             | Event::ToolStarted { id, .. } => Some(id),
+            Event::ScheduleSet { .. }
+            | Event::ScheduleFired { .. }
+            | Event::ScheduleCancelled { .. } => None,
             Event::SessionCreated { .. }
             | Event::ExecutionStarted { .. }
             | Event::ExecutionSucceeded
@@ -244,6 +265,9 @@ impl Event {
             Event::ApprovalRequested { .. } => "approval_requested",
             Event::ApprovalDecided { .. } => "approval_decided",
             Event::ToolStarted { .. } => "tool_started",
+            Event::ScheduleSet { .. } => "schedule_set",
+            Event::ScheduleFired { .. } => "schedule_fired",
+            Event::ScheduleCancelled { .. } => "schedule_cancelled",
         }
     }
 }

@@ -96,6 +96,26 @@ prefixed_id!(
     "message"
 );
 
+prefixed_id!(
+    /// A schedule of a session, `sch_…`: unique within its session.
+    ScheduleId,
+    "sch_",
+    "schedule"
+);
+
+impl ScheduleId {
+    /// The longest body a schedule id may have: the id of the prompt a firing admits holds it
+    /// and the firing's time (see [`ScheduleId::firing`]).
+    pub const MAX_BODY: usize = 40;
+
+    /// The id of the input the firing of this schedule at `at` admits: the same for every
+    /// attempt of that firing, so it is admitted once across retries, restarts and nodes.
+    pub fn firing(&self, at: Timestamp) -> MessageId {
+        let body = &self.0[Self::PREFIX.len()..];
+        MessageId(format!("{}{body}-{}", MessageId::PREFIX, at.0).into())
+    }
+}
+
 fn validate(value: &str, prefix: &str, kind: &'static str) -> Result<(), Error> {
     let invalid = |reason| Error::InvalidId {
         kind,

@@ -19,6 +19,7 @@ pub mod owed;
 pub mod projection;
 pub mod promotion;
 pub mod prompt;
+pub mod schedule;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
@@ -27,7 +28,7 @@ mod tests;
 
 pub use error::{Error, Violation};
 pub use event::{Event, FailureKind, InterruptReason, StepError, Stored};
-pub use ids::{MessageId, Seq, SessionId, Timestamp};
+pub use ids::{MessageId, ScheduleId, Seq, SessionId, Timestamp};
 pub use memory::Projections;
 pub use message::{
     Approval, AssistantMessage, CompactionState, Decision, Finish, InboxRow, IndexEntry,
@@ -36,3 +37,4 @@ pub use message::{
 pub use owed::{Owed, Policy, Why, owed};
 pub use projection::{ApplyError, Projection, apply};
 pub use prompt::{Delivery, FileAttachment, Prompt};
+pub use schedule::{CatchUp, Schedule, When};

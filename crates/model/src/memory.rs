@@ -5,9 +5,10 @@ use std::convert::Infallible;
 
 use crate::error::Violation;
 use crate::event::Stored;
-use crate::ids::{MessageId, Seq, SessionId};
+use crate::ids::{MessageId, ScheduleId, Seq, SessionId};
 use crate::message::{InboxRow, IndexEntry, InstructionState, Message, SessionRow};
 use crate::projection::{ApplyError, Projection, apply};
+use crate::schedule::Schedule;
 
 /// Every projection table as ordered maps with the store's keys. Two stores hold the same
 /// projections exactly when their `Projections` are equal.
@@ -18,6 +19,7 @@ pub struct Projections {
     pub inbox: BTreeMap<(SessionId, Seq), InboxRow>,
     pub index: BTreeMap<MessageId, IndexEntry>,
     pub instructions: BTreeMap<SessionId, InstructionState>,
+    pub schedules: BTreeMap<(SessionId, ScheduleId), Schedule>,
 }
 
 impl Projections {
@@ -108,6 +110,22 @@ impl Projection for Projections {
         state: InstructionState,
     ) -> Result<(), Infallible> {
         self.instructions.insert(session.clone(), state);
+        Ok(())
+    }
+    fn schedule(
+        &mut self,
+        session: &SessionId,
+        id: &ScheduleId,
+    ) -> Result<Option<Schedule>, Infallible> {
+        Ok(self.schedules.get(&(session.clone(), id.clone())).cloned())
+    }
+    fn put_schedule(&mut self, session: &SessionId, schedule: Schedule) -> Result<(), Infallible> {
+        self.schedules
+            .insert((session.clone(), schedule.id.clone()), schedule);
+        Ok(())
+    }
+    fn remove_schedule(&mut self, session: &SessionId, id: &ScheduleId) -> Result<(), Infallible> {
+        self.schedules.remove(&(session.clone(), id.clone()));
         Ok(())
     }
 }

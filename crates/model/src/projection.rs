@@ -9,11 +9,12 @@
 
 use crate::error::Violation;
 use crate::event::{Event, InterruptReason, Stored};
-use crate::ids::{MessageId, Seq, SessionId};
+use crate::ids::{MessageId, ScheduleId, Seq, SessionId};
 use crate::message::{
     Approval, AssistantMessage, CompactionState, Decision, InboxRow, IndexEntry, InstructionState,
     Message, Part, SessionRow, ToolPart, ToolState, Usage, Verdict,
 };
+use crate::schedule::Schedule;
 
 /// Row-level access to projections. Implementations decide where rows live; the projector only
 /// reads and writes whole rows by key.
@@ -42,6 +43,13 @@ pub trait Projection {
         session: &SessionId,
         state: InstructionState,
     ) -> Result<(), Self::Error>;
+    fn schedule(
+        &mut self,
+        session: &SessionId,
+        id: &ScheduleId,
+    ) -> Result<Option<Schedule>, Self::Error>;
+    fn put_schedule(&mut self, session: &SessionId, schedule: Schedule) -> Result<(), Self::Error>;
+    fn remove_schedule(&mut self, session: &SessionId, id: &ScheduleId) -> Result<(), Self::Error>;
 }
 
 /// Why an event could not be applied.
@@ -457,6 +465,50 @@ pub fn apply<P: Projection>(
             }
             set_tool_state(&mut a, call_id, ToolState::Running);
             p.put_message(session, Message::Assistant(a)).map_err(be)?;
+        }
+        Event::ScheduleSet { schedule } => {
+            if p.schedule(session, &schedule.id).map_err(be)?.is_some() {
+                return Err(Violation::ScheduleExists {
+                    session: session.clone(),
+                    id: schedule.id.clone(),
+                }
+                .into());
+            }
+            p.put_schedule(session, schedule.clone()).map_err(be)?;
+        }
+        Event::ScheduleFired {
+            id,
+            at,
+            next,
+            admitted: _,
+        } => {
+            // Only the firing it waits for: a second attempt of the same firing finds the
+            // schedule moved on (or gone) and is refused, whatever raced it.
+            let mut schedule = p
+                .schedule(session, id)
+                .map_err(be)?
+                .filter(|s| s.next == *at)
+                .ok_or_else(|| Violation::NoSchedule {
+                    session: session.clone(),
+                    id: id.clone(),
+                })?;
+            match next {
+                Some(next) => {
+                    schedule.next = *next;
+                    p.put_schedule(session, schedule).map_err(be)?;
+                }
+                None => p.remove_schedule(session, id).map_err(be)?,
+            }
+        }
+        Event::ScheduleCancelled { id } => {
+            if p.schedule(session, id).map_err(be)?.is_none() {
+                return Err(Violation::NoSchedule {
+                    session: session.clone(),
+                    id: id.clone(),
+                }
+                .into());
+            }
+            p.remove_schedule(session, id).map_err(be)?;
         }
         Event::UsageRecorded { usage } => row.usage.add(usage),
         Event::StepUsage { id, usage } => {

@@ -57,6 +57,14 @@ pub(crate) fn routes() -> Router<Arc<Shared>> {
         .route("/api/session/{id}/events", get(crate::events::stream))
         .route("/api/session/{id}/approvals", get(approvals))
         .route(
+            "/api/session/{id}/schedules",
+            post(set_schedule).get(schedules),
+        )
+        .route(
+            "/api/session/{id}/schedules/{schedule_id}",
+            axum::routing::delete(cancel_schedule),
+        )
+        .route(
             "/api/session/{id}/approvals/{message_id}/{call_id}",
             post(decide),
         )
@@ -754,4 +762,119 @@ pub(crate) async fn decide(
         )
         .await?;
     Ok(data(wire::ApprovalDecision::from(&decision)))
+}
+
+/// Sets a schedule: exactly one of `at` (RFC 3339), `after_ms` and `cron` (five fields, in `tz`,
+/// UTC by default). Each firing admits `text` as a prompt whose id is derived from the schedule
+/// and the firing time, so it is admitted once across restarts and nodes.
+#[utoipa::path(post, path = "/api/session/{id}/schedules", operation_id = "setSchedule", tag = "session",
+    params(("id" = String, Path, description = "Session id, `ses_…`", pattern = r"^ses_[A-Za-z0-9_-]{1,64}$")),
+    request_body = wire::NewSchedule,
+    responses(
+        (status = 200, description = "The schedule, with its id and next firing (the same one for an exact retry)", body = Data<wire::Schedule>),
+        (status = 400, description = "A field is invalid (named in the message), or the session has its most schedules", body = ErrorEnvelope),
+        (status = 401, body = ErrorEnvelope),
+        (status = 404, body = ErrorEnvelope),
+        (status = 409, description = "The id names a schedule with another text, delivery or time", body = ErrorEnvelope),
+        (status = 413, description = "The text is over the prompt size limit", body = ErrorEnvelope),
+        (status = 503, body = ErrorEnvelope),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn set_schedule(
+    State(shared): AppState,
+    SessionPath(session): SessionPath,
+    Json(body): Json<wire::NewSchedule>,
+) -> Result<Response, ApiError> {
+    use agenthost_actors::ScheduleAt;
+    let id = body
+        .id
+        .as_deref()
+        .map(agenthost_model::ScheduleId::parse)
+        .transpose()
+        .map_err(|e| ApiError::invalid(format!("id: {e}")))?;
+    if body.tz.is_some() && body.cron.is_none() {
+        return Err(ApiError::invalid("tz: only with cron"));
+    }
+    let when = match (body.at, body.after_ms, body.cron) {
+        (Some(at), None, None) => ScheduleAt::At(
+            agenthost_actors::parse_time(&at).map_err(|e| ApiError::invalid(format!("at: {e}")))?,
+        ),
+        (None, Some(after), None) => ScheduleAt::After(Duration::from_millis(after)),
+        (None, None, Some(cron)) => ScheduleAt::Cron {
+            expr: cron,
+            tz: body.tz,
+        },
+        _ => {
+            return Err(ApiError::invalid(
+                "give exactly one of at, after_ms and cron",
+            ));
+        }
+    };
+    let schedule = shared
+        .runtime
+        .set_schedule(
+            &session,
+            agenthost_actors::NewSchedule {
+                id,
+                text: body.text,
+                delivery: match body.delivery {
+                    None | Some(wire::Delivery::Steer) => Delivery::Steer,
+                    Some(wire::Delivery::Queue) => Delivery::Queue,
+                },
+                when,
+                catch_up: match body.catch_up {
+                    None | Some(wire::CatchUp::Once) => agenthost_model::CatchUp::Once,
+                    Some(wire::CatchUp::Skip) => agenthost_model::CatchUp::Skip,
+                },
+            },
+        )
+        .await?;
+    Ok(data(wire::Schedule::from(&schedule)))
+}
+
+/// The session's schedules, in id order, each with its next firing.
+#[utoipa::path(get, path = "/api/session/{id}/schedules", operation_id = "schedules", tag = "session",
+    params(("id" = String, Path, description = "Session id, `ses_…`", pattern = r"^ses_[A-Za-z0-9_-]{1,64}$")),
+    responses(
+        (status = 200, description = "The schedules", body = Data<Vec<wire::Schedule>>),
+        (status = 400, description = "Malformed id", body = ErrorEnvelope),
+        (status = 401, body = ErrorEnvelope),
+        (status = 404, body = ErrorEnvelope),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn schedules(
+    State(shared): AppState,
+    SessionPath(session): SessionPath,
+) -> Result<Response, ApiError> {
+    let list = shared.runtime.schedules(&session).await?;
+    Ok(data(
+        list.iter().map(wire::Schedule::from).collect::<Vec<_>>(),
+    ))
+}
+
+/// Cancels a schedule. Idempotent: cancelling one that does not exist (any more) answers
+/// `{"cancelled": false}`.
+#[utoipa::path(delete, path = "/api/session/{id}/schedules/{schedule_id}", operation_id = "cancelSchedule", tag = "session",
+    params(
+        ("id" = String, Path, description = "Session id, `ses_…`", pattern = r"^ses_[A-Za-z0-9_-]{1,64}$"),
+        ("schedule_id" = String, Path, description = "Schedule id, `sch_…`"),
+    ),
+    responses(
+        (status = 200, description = "Whether a schedule was cancelled", body = Data<wire::ScheduleCancelled>),
+        (status = 400, description = "Malformed id", body = ErrorEnvelope),
+        (status = 401, body = ErrorEnvelope),
+        (status = 404, body = ErrorEnvelope),
+        (status = 503, body = ErrorEnvelope),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn cancel_schedule(
+    State(shared): AppState,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let Path((id, schedule)) =
+        path.map_err(|r| ApiError::invalid(format!("invalid path: {}", r.body_text())))?;
+    let id = SessionId::parse(&id)?;
+    let schedule = agenthost_model::ScheduleId::parse(&schedule)?;
+    let cancelled = shared.runtime.cancel_schedule(&id, &schedule).await?;
+    Ok(data(wire::ScheduleCancelled { cancelled }))
 }

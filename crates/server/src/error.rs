@@ -62,6 +62,7 @@ impl From<Error> for ApiError {
                 return e;
             }
             Error::DigestMismatch { .. } => ErrorType::DigestMismatch,
+            Error::ScheduleConflict(_) => ErrorType::ScheduleConflict,
             Error::Busy(_) => ErrorType::SessionBusy,
             Error::Invalid(_) | Error::NothingToCompact => ErrorType::InvalidRequest,
             Error::PromptTooLarge { .. } => ErrorType::PayloadTooLarge,

@@ -1045,6 +1045,9 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/api/session/{id}/events"),
     ("get", "/api/session/{id}/approvals"),
     ("post", "/api/session/{id}/approvals/{message_id}/{call_id}"),
+    ("post", "/api/session/{id}/schedules"),
+    ("get", "/api/session/{id}/schedules"),
+    ("delete", "/api/session/{id}/schedules/{schedule_id}"),
     ("get", "/api/cluster"),
     ("get", "/api/mcp"),
 ];

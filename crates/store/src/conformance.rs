@@ -7,7 +7,10 @@
 use std::sync::Arc;
 
 use agenthost_model::promotion::{self, Boundary};
-use agenthost_model::{Delivery, Event, Finish, MessageId, Prompt, Seq, SessionId, Usage};
+use agenthost_model::{
+    CatchUp, Delivery, Event, Finish, MessageId, Prompt, Schedule, ScheduleId, Seq, SessionId,
+    Timestamp, Usage, When,
+};
 
 use crate::{Action, Admission, Error, NewSession, Store};
 
@@ -35,6 +38,7 @@ macro_rules! conformance_tests {
             seqs_have_no_gaps_and_writes_are_all_or_nothing,
             snapshots_are_isolated_from_later_writes,
             every_acknowledged_write_survives_a_reopen,
+            schedules_are_set_fired_and_cancelled_by_events,
         );
     };
     (@each $backend:expr, $available:expr; $($check:ident,)*) => {
@@ -467,6 +471,247 @@ pub async fn every_acknowledged_write_survives_a_reopen(backend: &dyn Backend) {
             "{receipt:?}"
         );
     }
+    drop(snap);
+    assert_verifies(&*store);
+}
+
+fn schedule_id(name: &str) -> ScheduleId {
+    ScheduleId::parse(&format!("sch_{name}")).expect("valid schedule id")
+}
+
+fn schedule(name: &str, when: When, next: u64) -> Schedule {
+    Schedule {
+        id: schedule_id(name),
+        prompt: Prompt::text(name),
+        delivery: Delivery::Queue,
+        when,
+        catch_up: CatchUp::Once,
+        next: Timestamp(next),
+    }
+}
+
+fn cron(expr: &str, tz: Option<&str>) -> When {
+    When::Cron {
+        expr: expr.into(),
+        tz: tz.map(Into::into),
+    }
+}
+
+fn fired(name: &str, at: u64, next: Option<u64>, admitted: bool) -> Event {
+    Event::ScheduleFired {
+        id: schedule_id(name),
+        at: Timestamp(at),
+        next: next.map(Timestamp),
+        admitted,
+    }
+}
+
+/// A session's schedules are its `ScheduleSet`, `ScheduleFired` and `ScheduleCancelled` events
+/// applied: a firing moves the schedule to its next time or, without one, removes it, and only
+/// the firing the schedule waits for (`at` its `next`) is accepted; a refused event writes
+/// nothing of its write, schedules included. A write sees its own schedules and those of the
+/// writes before it, committed together or not. `all_schedules` lists every session's, and all
+/// of it survives a reopen.
+pub async fn schedules_are_set_fired_and_cancelled_by_events(backend: &dyn Backend) {
+    let store = backend.fresh();
+    let (a, b) = (
+        created(&*store, "sched_a").await,
+        created(&*store, "sched_b").await,
+    );
+    let schedules = |store: &dyn Store, s: &SessionId| {
+        store
+            .snapshot()
+            .expect("snapshot")
+            .schedules(s)
+            .expect("schedules")
+    };
+    let daily = schedule("daily", cron("0 9 * * *", Some("Europe/Paris")), 1_000);
+    let once = schedule("once", When::Once, 2_000);
+    store
+        .append(
+            a.clone(),
+            vec![
+                // Set out of id order: read back in id order.
+                Event::ScheduleSet {
+                    schedule: once.clone(),
+                },
+                Event::ScheduleSet {
+                    schedule: daily.clone(),
+                },
+            ],
+        )
+        .await
+        .expect("set");
+    assert_eq!(schedules(&*store, &a), [daily.clone(), once.clone()]);
+    assert!(schedules(&*store, &b).is_empty());
+
+    // A firing that admits its input: the schedule moves on to its next time.
+    store
+        .append(
+            a.clone(),
+            vec![
+                Event::PromptAdmitted {
+                    id: daily.id.firing(daily.next),
+                    delivery: daily.delivery,
+                    prompt: daily.prompt.clone(),
+                    wake: true,
+                },
+                fired("daily", 1_000, Some(87_400), true),
+            ],
+        )
+        .await
+        .expect("fired");
+    let moved = Schedule {
+        next: Timestamp(87_400),
+        ..daily.clone()
+    };
+    assert_eq!(schedules(&*store, &a), [moved.clone(), once.clone()]);
+    assert_eq!(
+        store
+            .snapshot()
+            .expect("snapshot")
+            .pending(&a)
+            .expect("pending")
+            .len(),
+        1
+    );
+
+    // Refused, each writing nothing: the same firing again (the schedule moved on), a firing
+    // of another time, a cancellation or a firing of a schedule that does not exist, a schedule
+    // set twice, and a write whose schedule changes come before its refused event.
+    let before = (log(&*store, &a), schedules(&*store, &a));
+    let refusals = [
+        vec![fired("daily", 1_000, Some(87_400), true)],
+        vec![fired("once", 1_999, None, true)],
+        vec![Event::ScheduleCancelled {
+            id: schedule_id("ghost"),
+        }],
+        vec![fired("ghost", 1_000, None, false)],
+        vec![Event::ScheduleSet {
+            schedule: Schedule {
+                next: Timestamp(5),
+                ..once.clone()
+            },
+        }],
+        vec![
+            Event::ScheduleCancelled {
+                id: once.id.clone(),
+            },
+            fired("daily", 87_400, None, false),
+            Event::ScheduleSet {
+                schedule: schedule("new", When::Once, 9),
+            },
+            fired("daily", 1_000, None, false),
+        ],
+    ];
+    for events in refusals {
+        let refused = store.append(a.clone(), events.clone()).await;
+        assert!(
+            matches!(refused, Err(Error::Violation(_))),
+            "{events:?}: {refused:?}"
+        );
+        assert_eq!((log(&*store, &a), schedules(&*store, &a)), before);
+    }
+
+    // A firing without a next time removes the schedule.
+    store
+        .append(a.clone(), vec![fired("once", 2_000, None, false)])
+        .await
+        .expect("fired for the last time");
+    assert_eq!(schedules(&*store, &a), std::slice::from_ref(&moved));
+
+    // One write sets a schedule and fires it (it sees its own change); two writes sent at once
+    // (committed together, or one after the other) set one and cancel it; another is set and
+    // cancelled in one write.
+    let weekly = schedule("weekly", cron("0 8 * * 1", None), 3_000);
+    store
+        .append(
+            b.clone(),
+            vec![
+                Event::ScheduleSet {
+                    schedule: weekly.clone(),
+                },
+                fired("weekly", 3_000, Some(607_800), false),
+            ],
+        )
+        .await
+        .expect("set and fired");
+    let set = store.append(
+        b.clone(),
+        vec![Event::ScheduleSet {
+            schedule: schedule("brief", When::Once, 4_000),
+        }],
+    );
+    let cancelled = store.append(
+        b.clone(),
+        vec![Event::ScheduleCancelled {
+            id: schedule_id("brief"),
+        }],
+    );
+    let (set, cancelled) = futures::future::join(set, cancelled).await;
+    set.expect("set");
+    cancelled.expect("cancelled, after the write that set it");
+    store
+        .append(
+            b.clone(),
+            vec![
+                Event::ScheduleSet {
+                    schedule: schedule("fleeting", When::Once, 5_000),
+                },
+                Event::ScheduleCancelled {
+                    id: schedule_id("fleeting"),
+                },
+            ],
+        )
+        .await
+        .expect("set and cancelled");
+    let weekly = Schedule {
+        next: Timestamp(607_800),
+        ..weekly
+    };
+    assert_eq!(schedules(&*store, &b), std::slice::from_ref(&weekly));
+
+    // Every session's, by session and then id.
+    let all = vec![(a.clone(), moved.clone()), (b.clone(), weekly.clone())];
+    assert_eq!(
+        store
+            .snapshot()
+            .expect("snapshot")
+            .all_schedules()
+            .expect("all schedules"),
+        all
+    );
+    // Cancelled: gone.
+    store
+        .append(
+            b.clone(),
+            vec![Event::ScheduleCancelled {
+                id: weekly.id.clone(),
+            }],
+        )
+        .await
+        .expect("cancelled");
+    assert!(schedules(&*store, &b).is_empty());
+    store
+        .append(
+            b.clone(),
+            vec![Event::ScheduleSet {
+                schedule: weekly.clone(),
+            }],
+        )
+        .await
+        .expect("set again, once cancelled");
+    assert_verifies(&*store);
+
+    let logs = (log(&*store, &a), log(&*store, &b));
+    let store = backend.reopen(store);
+    assert_eq!((log(&*store, &a), log(&*store, &b)), logs);
+    let snap = store.snapshot().expect("snapshot");
+    assert_eq!(snap.schedules(&a).expect("schedules"), [moved]);
+    assert_eq!(
+        snap.all_schedules().expect("all schedules"),
+        [(a.clone(), all[0].1.clone()), (b.clone(), weekly)]
+    );
     drop(snap);
     assert_verifies(&*store);
 }

@@ -68,8 +68,8 @@ use crate::writer::{Committer, Inbox, Msg, Planner, Request};
 ///
 /// The contract every backend keeps:
 /// - **Atomicity.** Each call is one transaction: every event it writes and every projection
-///   those events update (session row, messages, inbox, index, instruction state) commit
-///   together, or nothing does. A refused event refuses its whole call.
+///   those events update (session row, messages, inbox, index, instruction state, schedules)
+///   commit together, or nothing does. A refused event refuses its whole call.
 /// - **Ordering.** A session's events get consecutive seqs from 0, without gaps, in the order
 ///   the calls were made; each operation sees every operation acknowledged before it.
 /// - **Idempotency.** Creating an existing session returns it unchanged; admitting an id again

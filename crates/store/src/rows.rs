@@ -13,13 +13,14 @@
 //! Events are written to the front of the log when new; the fold (see `log`) moves the front
 //! into the base. Messages, which every step reads back as history, stay in one table. Pending
 //! inputs are listed in their session's record (see `record`), which names the events that
-//! hold them.
+//! hold them. A schedule fired for the last time, or cancelled, is a row removed: a change
+//! of a schedule is `None` when it removes the row.
 
 use std::collections::BTreeMap;
 
 use agenthost_model::{
-    InboxRow, IndexEntry, InstructionState, Message, MessageId, Projection, Seq, SessionId,
-    SessionRow, Stored,
+    InboxRow, IndexEntry, InstructionState, Message, MessageId, Projection, Schedule, ScheduleId,
+    Seq, SessionId, SessionRow, Stored,
 };
 use redb::{ReadOnlyTable, ReadTransaction, ReadableTable, WriteTransaction};
 
@@ -226,6 +227,8 @@ pub(crate) struct Writes {
     messages: BTreeMap<(SessionId, Seq), Vec<u8>>,
     index: BTreeMap<MessageId, Vec<u8>>,
     instructions: BTreeMap<SessionId, Vec<u8>>,
+    /// `None`: the schedule is removed.
+    schedules: BTreeMap<(SessionId, ScheduleId), Option<Vec<u8>>>,
 }
 
 impl Writes {
@@ -269,6 +272,15 @@ impl Writes {
             INSTRUCTIONS,
             self.instructions.iter().map(|(id, v)| (id.as_str(), v)),
         )?;
+        let mut schedules = txn.open_table(SCHEDULES).map_err(storage)?;
+        for ((session, id), schedule) in &self.schedules {
+            let key = (session.as_str(), id.as_str());
+            match schedule {
+                Some(schedule) => schedules.insert(key, schedule.as_slice()),
+                None => schedules.remove(key),
+            }
+            .map_err(storage)?;
+        }
         for id in &self.idle {
             working.remove(id.as_str()).map_err(storage)?;
         }
@@ -298,6 +310,8 @@ pub(crate) struct Changes {
     messages: HashMap<(SessionId, Seq), Message>,
     index: HashMap<MessageId, IndexEntry>,
     instructions: HashMap<SessionId, InstructionState>,
+    /// `None`: the batch removed the schedule.
+    schedules: HashMap<(SessionId, ScheduleId), Option<Schedule>>,
     /// Sessions the batch put in the working set.
     working: HashSet<SessionId>,
     /// Whether the batch's commit prunes the working set, so that which sessions are in it is
@@ -330,6 +344,7 @@ pub(crate) struct Tables<'t> {
     messages: ReadOnlyTable<BaseKey, Bytes>,
     index: ReadOnlyTable<&'static str, Bytes>,
     instructions: ReadOnlyTable<&'static str, Bytes>,
+    schedules: ReadOnlyTable<(&'static str, &'static str), Bytes>,
     working: ReadOnlyTable<&'static str, ()>,
     /// The front's generations, oldest first; the last is the one new rows go to.
     generations: Vec<u64>,
@@ -346,6 +361,7 @@ pub(crate) struct Tables<'t> {
     dirty_messages: Vec<(SessionId, Seq)>,
     dirty_index: Vec<MessageId>,
     dirty_instructions: Vec<SessionId>,
+    dirty_schedules: Vec<(SessionId, ScheduleId)>,
     /// Sessions this batch put in the working set.
     joined: HashSet<SessionId>,
     changed_messages: HashMap<(SessionId, Seq), Message>,
@@ -359,6 +375,8 @@ pub(crate) struct Tables<'t> {
     /// time, so a new one is usually greater and known absent without a lookup.
     index_last: Option<String>,
     changed_instructions: HashMap<SessionId, InstructionState>,
+    /// `None`: removed in this batch.
+    changed_schedules: HashMap<(SessionId, ScheduleId), Option<Schedule>>,
 }
 
 impl<'t> Tables<'t> {
@@ -387,6 +405,7 @@ impl<'t> Tables<'t> {
             messages: txn.open_table(MESSAGES).map_err(storage)?,
             index,
             instructions: txn.open_table(INSTRUCTIONS).map_err(storage)?,
+            schedules: txn.open_table(SCHEDULES).map_err(storage)?,
             working: txn.open_table(WORKING).map_err(storage)?,
             generations,
             writes: Writes::default(),
@@ -398,6 +417,7 @@ impl<'t> Tables<'t> {
             dirty_messages: Vec::new(),
             dirty_index: Vec::new(),
             dirty_instructions: Vec::new(),
+            dirty_schedules: Vec::new(),
             joined: HashSet::default(),
             changed_messages: HashMap::default(),
             inputs: HashMap::default(),
@@ -405,6 +425,7 @@ impl<'t> Tables<'t> {
             read_index: HashMap::default(),
             index_last,
             changed_instructions: HashMap::default(),
+            changed_schedules: HashMap::default(),
         })
     }
 
@@ -517,6 +538,13 @@ impl<'t> Tables<'t> {
                 self.writes.instructions.insert(session, encode(state));
             }
         }
+        for key in std::mem::take(&mut self.dirty_schedules) {
+            if let Some(schedule) = self.changed_schedules.get(&key) {
+                self.writes
+                    .schedules
+                    .insert(key, schedule.as_ref().map(encode));
+            }
+        }
         Ok(())
     }
 
@@ -535,6 +563,7 @@ impl<'t> Tables<'t> {
                 messages: std::mem::take(&mut self.changed_messages),
                 index: std::mem::take(&mut self.changed_index),
                 instructions: std::mem::take(&mut self.changed_instructions),
+                schedules: std::mem::take(&mut self.changed_schedules),
                 working: std::mem::take(&mut self.joined),
                 prunes: false,
             },
@@ -787,6 +816,36 @@ impl Projection for Tables<'_> {
         self.dirty_instructions.push(session.clone());
         Ok(())
     }
+
+    fn schedule(&mut self, session: &SessionId, id: &ScheduleId) -> Result<Option<Schedule>> {
+        let key = (session.clone(), id.clone());
+        if let Some(schedule) = self
+            .changed_schedules
+            .get(&key)
+            .or_else(|| self.in_flight(|c| &c.schedules, &key))
+        {
+            return Ok(schedule.clone());
+        }
+        let value = self
+            .schedules
+            .get((session.as_str(), id.as_str()))
+            .map_err(storage)?;
+        value.map(|v| decode("schedule", v.value())).transpose()
+    }
+
+    fn put_schedule(&mut self, session: &SessionId, schedule: Schedule) -> Result<()> {
+        let key = (session.clone(), schedule.id.clone());
+        self.dirty_schedules.push(key.clone());
+        self.changed_schedules.insert(key, Some(schedule));
+        Ok(())
+    }
+
+    fn remove_schedule(&mut self, session: &SessionId, id: &ScheduleId) -> Result<()> {
+        let key = (session.clone(), id.clone());
+        self.dirty_schedules.push(key.clone());
+        self.changed_schedules.insert(key, None);
+        Ok(())
+    }
 }
 
 /// Buffers the rows one operation writes. Reads see the operation's own writes first, then the
@@ -799,6 +858,8 @@ pub(crate) struct Overlay<'a, 't> {
     inbox: HashMap<(SessionId, Seq), Option<InboxRow>>,
     index: HashMap<MessageId, IndexEntry>,
     instructions: HashMap<SessionId, InstructionState>,
+    /// `None`: the operation removed the schedule.
+    schedules: HashMap<(SessionId, ScheduleId), Option<Schedule>>,
     events: Vec<(SessionId, Stored)>,
 }
 
@@ -811,6 +872,7 @@ impl<'a, 't> Overlay<'a, 't> {
             inbox: HashMap::default(),
             index: HashMap::default(),
             instructions: HashMap::default(),
+            schedules: HashMap::default(),
             events: Vec::new(),
         }
     }
@@ -845,6 +907,12 @@ impl<'a, 't> Overlay<'a, 't> {
         }
         for (session, state) in self.instructions {
             tables.put_instructions(&session, state)?;
+        }
+        for ((session, id), schedule) in self.schedules {
+            match schedule {
+                Some(schedule) => tables.put_schedule(&session, schedule)?,
+                None => tables.remove_schedule(&session, &id)?,
+            }
         }
         tables.encode_changed()?;
         Ok(self.events)
@@ -939,6 +1007,21 @@ impl Projection for Overlay<'_, '_> {
     }
     fn put_instructions(&mut self, session: &SessionId, state: InstructionState) -> Result<()> {
         self.instructions.insert(session.clone(), state);
+        Ok(())
+    }
+    fn schedule(&mut self, session: &SessionId, id: &ScheduleId) -> Result<Option<Schedule>> {
+        match self.schedules.get(&(session.clone(), id.clone())) {
+            Some(schedule) => Ok(schedule.clone()),
+            None => self.tables.schedule(session, id),
+        }
+    }
+    fn put_schedule(&mut self, session: &SessionId, schedule: Schedule) -> Result<()> {
+        self.schedules
+            .insert((session.clone(), schedule.id.clone()), Some(schedule));
+        Ok(())
+    }
+    fn remove_schedule(&mut self, session: &SessionId, id: &ScheduleId) -> Result<()> {
+        self.schedules.insert((session.clone(), id.clone()), None);
         Ok(())
     }
 }

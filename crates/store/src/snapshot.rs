@@ -4,14 +4,14 @@
 
 use agenthost_model::history::{self, History, Mode};
 use agenthost_model::{
-    InboxRow, IndexEntry, InstructionState, Message, MessageId, Seq, SessionId, SessionRow, Stored,
-    Timestamp,
+    InboxRow, IndexEntry, InstructionState, Message, MessageId, Schedule, Seq, SessionId,
+    SessionRow, Stored, Timestamp,
 };
-use redb::{ReadTransaction, ReadableTable};
+use redb::{ReadOnlyTable, ReadTransaction, ReadableTable, TableError};
 
 use crate::codec::decode;
 use crate::error::{Result, storage};
-use crate::log;
+use crate::log::{self, Bytes};
 use crate::record::{self, Inbox, SessionRecord};
 use crate::tables::*;
 
@@ -83,6 +83,13 @@ pub trait Snapshot: Send {
     fn claimed(&self) -> Result<Vec<SessionId>>;
     /// Sessions with pending input.
     fn with_pending(&self) -> Result<Vec<SessionId>>;
+    /// The session's schedules (its durable wake-ups), in schedule id order; none for a session
+    /// that does not exist.
+    fn schedules(&self, id: &SessionId) -> Result<Vec<Schedule>>;
+    /// Every schedule of every session, by session and then schedule id: what the runtime arms
+    /// its timers from when it starts. One read of the whole table (one range scan, one query),
+    /// however many sessions hold schedules.
+    fn all_schedules(&self) -> Result<Vec<(SessionId, Schedule)>>;
 
     /// The session with its active history: reads only from the latest compaction on, so the
     /// cost follows the active history, not the log.
@@ -150,6 +157,18 @@ impl RedbSnapshot {
         value
             .map(|v| decode("session record", v.value()))
             .transpose()
+    }
+
+    /// The schedules table, `None` in a store of a format before 6 opened read-only: opening
+    /// for writing creates it, a read-only open never writes.
+    fn schedules_table(
+        &self,
+    ) -> Result<Option<ReadOnlyTable<(&'static str, &'static str), Bytes>>> {
+        match self.txn.open_table(SCHEDULES) {
+            Ok(table) => Ok(Some(table)),
+            Err(TableError::TableDoesNotExist(_)) => Ok(None),
+            Err(e) => Err(storage(e)),
+        }
     }
 
     /// Sessions of the working set whose row passes `keep`, in key order.
@@ -302,6 +321,41 @@ impl Snapshot for RedbSnapshot {
     fn with_pending(&self) -> Result<Vec<SessionId>> {
         self.working(|row| row.pending > 0)
     }
+
+    fn schedules(&self, id: &SessionId) -> Result<Vec<Schedule>> {
+        let Some(table) = self.schedules_table()? else {
+            return Ok(Vec::new());
+        };
+        let s = id.as_str();
+        let mut out = Vec::new();
+        // A session's rows are one contiguous range: from its smallest key to the next session.
+        for entry in table.range((s, "")..).map_err(storage)? {
+            let (key, value) = entry.map_err(storage)?;
+            if key.value().0 != s {
+                break;
+            }
+            out.push(decode("schedule", value.value())?);
+        }
+        Ok(out)
+    }
+
+    fn all_schedules(&self) -> Result<Vec<(SessionId, Schedule)>> {
+        let Some(table) = self.schedules_table()? else {
+            return Ok(Vec::new());
+        };
+        let mut out: Vec<(SessionId, Schedule)> = Vec::new();
+        for entry in table.iter().map_err(storage)? {
+            let (key, value) = entry.map_err(storage)?;
+            let (session, _) = key.value();
+            // Consecutive rows share their session: parse its id once, share the copy.
+            let id = match out.last() {
+                Some((last, _)) if last.as_str() == session => last.clone(),
+                _ => session_key(session)?,
+            };
+            out.push((id, decode("schedule", value.value())?));
+        }
+        Ok(out)
+    }
 }
 
 #[cfg(test)]
@@ -342,6 +396,9 @@ impl RedbSnapshot {
                 Ok(())
             },
         )?;
+        for (s, schedule) in self.all_schedules()? {
+            p.schedules.insert((s, schedule.id.clone()), schedule);
+        }
         Ok(p)
     }
 

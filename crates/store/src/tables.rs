@@ -27,6 +27,10 @@ pub(crate) const INDEX: TableDefinition<'_, &str, &[u8]> = TableDefinition::new(
 /// `session` → [`agenthost_model::InstructionState`].
 pub(crate) const INSTRUCTIONS: TableDefinition<'_, &str, &[u8]> =
     TableDefinition::new("instructions");
+/// `(session, schedule id)` → [`agenthost_model::Schedule`]: each session's schedules (format 6;
+/// a store of an older format gains the table when it is opened for writing).
+pub(crate) const SCHEDULES: TableDefinition<'_, (&str, &str), &[u8]> =
+    TableDefinition::new("schedules");
 /// `session` → (): every session that holds a claim or has pending input, and maybe some that
 /// no longer do, so recovery finds its work without scanning sessions. A session joins when its
 /// work starts and is not in the set yet; sessions that went idle are pruned when the front is

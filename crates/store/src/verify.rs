@@ -1,7 +1,8 @@
 //! Verification through the [`Snapshot`] trait alone, so it checks any backend the same way:
 //! session by session, the log must be gap-free and replay through the model's projector into
-//! exactly what the snapshot reads back (row, messages, pending inputs, instruction state and
-//! every index entry of the session). Memory follows the largest session, not the store.
+//! exactly what the snapshot reads back (row, messages, pending inputs, instruction state,
+//! schedules and every index entry of the session). Memory follows the largest session, not the
+//! store.
 
 use agenthost_model::{Projections, Seq, SessionId, Stored};
 
@@ -92,6 +93,14 @@ pub fn session(
     let instructions = replayed.instructions.get(id).cloned().unwrap_or_default();
     if snap.instructions(id)? != instructions {
         differ("the instruction state differs from a replay".into());
+    }
+    let schedules = snap.schedules(id)?;
+    if !schedules.iter().eq(replayed.schedules.values()) {
+        differ(format!(
+            "schedules differ from a replay ({} stored, {} replayed)",
+            schedules.len(),
+            replayed.schedules.len()
+        ));
     }
     for (message, entry) in &replayed.index {
         if snap.index(message)?.as_ref() != Some(entry) {

@@ -13,4 +13,5 @@ mod mcp;
 mod model;
 mod postgres;
 mod recovery;
+mod schedules;
 mod supervision;

@@ -553,3 +553,51 @@ async fn an_approval_is_decided_through_the_node_that_does_not_own_the_session()
     }
     assert_eq!(wire.calls().len(), 1);
 }
+
+/// A schedule whose owner is killed before it fires is fired once by the node that takes the
+/// session over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_whose_owner_died_fires_once_on_the_new_owner() {
+    use super::wire::{Wire, calls_tools_named_in_the_prompt, last_user};
+    if pg_url().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let schema = format!("e2esched{}", std::process::id());
+    let wire = Wire::start(calls_tools_named_in_the_prompt(&[]), &[]).await;
+    let provider = format!("{}/v1", wire.url);
+    let mut nodes = start_nodes(2, d, &schema, &provider, "http://127.0.0.1:9/unused");
+    let http: Vec<Http> = nodes.iter().map(|n| Http::new(&n.cached_url())).collect();
+    until_holdings(&http[0], "the partitions spread over two nodes", |held| {
+        held.len() == 2 && held.values().all(|p| !p.is_empty())
+    })
+    .await;
+    let s = http[0].session("default").await;
+    let set = http[0]
+        .post(
+            &format!("/api/session/{s}/schedules"),
+            Some(json!({"text": "after the takeover", "after_ms": 2500})),
+        )
+        .await;
+    assert!(set["data"]["id"].is_string(), "{set}");
+    nodes[0].sigkill();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !wire
+        .requests()
+        .iter()
+        .any(|r| last_user(r) == "after the takeover")
+    {
+        assert!(Instant::now() < deadline, "the schedule never fired");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    idle(&http[1], &s).await;
+    let messages = http[1].get(&format!("/api/session/{s}/messages")).await;
+    let users = messages["data"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|m| m["type"] == "user")
+        .count();
+    assert_eq!(users, 1, "{messages}");
+}

@@ -160,6 +160,42 @@ async fn a_trusted_read_only_call_a_sigkill_cut_runs_again_with_the_same_key() {
     assert_eq!(slow["read_only"], true, "{slow}");
     assert_eq!(slow["reruns"], true, "{slow}");
     assert_eq!(servers["data"][0]["transport"], "stdio");
+
+    // An interrupt during a call cancels it on the server.
+    let s = http.session("default").await;
+    http.post(
+        &format!("/api/session/{s}/prompt"),
+        Some(json!({"text": "call files_slow {\"ms\": 30000}"})),
+    )
+    .await;
+    let deadline = Instant::now() + LIMIT;
+    while journal(d).len() < 3 {
+        assert!(Instant::now() < deadline, "the call never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let interrupted = http
+        .post(&format!("/api/session/{s}/interrupt"), None)
+        .await;
+    assert_eq!(interrupted["data"]["interrupted"], true, "{interrupted}");
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let servers = http.get("/api/mcp").await;
+        let cancelled = servers["data"][0]["stderr"]
+            .as_array()
+            .is_some_and(|lines| {
+                lines
+                    .iter()
+                    .any(|l| l.as_str().is_some_and(|l| l.contains("slow cancelled")))
+            });
+        if cancelled {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not cancelled on the server: {servers}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

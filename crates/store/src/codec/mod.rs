@@ -1,8 +1,9 @@
 //! The on-disk record format, owned here and nowhere else.
 //!
 //! **Records are the store's own, versioned types.** The store never encodes a model type: each
-//! persisted model type (events, messages, the session record, index entries, instruction state)
-//! implements [`Record`], which converts it to its record in the current format (`v5`) and back.
+//! persisted model type (events, messages, the session record, index entries, instruction state,
+//! schedules) implements [`Record`], which converts it to its record in the current format
+//! (`v6`) and back.
 //! A record mirrors its model type field for field as that type was when its format shipped,
 //! and never changes after; the conversions are written out by hand, so that a change to a model
 //! type fails to compile here instead of silently changing the bytes on disk.
@@ -15,7 +16,7 @@
 //!   `testdata/` (the golden-file test in `tests/` fails until all of that is done). A variant
 //!   appended to an enum is the cheapest change: bincode encodes a variant by its position, so
 //!   the older records decode with the new types as they are, and the upgrade is nothing more
-//!   (formats 4 and 5 are format 3 so extended, see `v5`).
+//!   (formats 4, 5 and 6 are format 3 so extended, see `v5` and `v6`).
 //!
 //! Every value stored is `[FORMAT_VERSION as u16 little-endian][bincode 2 standard encoding]`,
 //! or, in the event log, a [`run`] of such records. bincode is named nowhere else in the crate.
@@ -27,22 +28,24 @@
 
 mod v3;
 mod v5;
+mod v6;
 
-use agenthost_model::{IndexEntry, InstructionState, Message, Stored};
+use agenthost_model::{IndexEntry, InstructionState, Message, Schedule, Stored};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::{Error, Result};
 use crate::record::SessionRecord;
 
-/// The store format this build writes: 5, format 3 (the first that shipped; versions 1 and 2
-/// never did) with variants appended: one event in format 4, and in format 5 the events, tool
-/// state and message part of approvals. A later format adds its upgrade from this one, and its
-/// own golden file.
-pub const FORMAT_VERSION: u16 = 5;
+/// The store format this build writes: 6, format 3 (the first that shipped; versions 1 and 2
+/// never did) with variants appended: one event in format 4, in format 5 the events, tool state
+/// and message part of approvals, and in format 6 the events of schedules (and the schedule
+/// record they hold, which the schedules projection stores). A later format adds its upgrade
+/// from this one, and its own golden file.
+pub const FORMAT_VERSION: u16 = 6;
 
-/// The oldest format this build opens: every format-3 or format-4 value decodes with format 5's
-/// records (see `v5`), and opening such a store rewrites only its version.
+/// The oldest format this build opens: every format-3, format-4 or format-5 value decodes with
+/// format 6's records (see `v6`), and opening such a store rewrites only its version.
 pub const OLDEST_READABLE: u16 = 3;
 
 /// The largest record decoded; larger length prefixes are treated as corruption.
@@ -64,16 +67,30 @@ pub(crate) trait Record: Sized + 'static {
 }
 
 impl Record for Stored {
-    type Stored<'a> = v5::Stored<'a>;
+    type Stored<'a> = v6::Stored<'a>;
 
-    fn to_stored(&self) -> v5::Stored<'_> {
+    fn to_stored(&self) -> v6::Stored<'_> {
         self.into()
     }
 
-    fn from_stored(stored: v5::Stored<'static>) -> Result<Self, agenthost_model::Error> {
+    fn from_stored(stored: v6::Stored<'static>) -> Result<Self, agenthost_model::Error> {
         stored.try_into()
     }
 }
+
+impl Record for Schedule {
+    type Stored<'a> = v6::Schedule<'a>;
+
+    fn to_stored(&self) -> v6::Schedule<'_> {
+        self.into()
+    }
+
+    fn from_stored(stored: v6::Schedule<'static>) -> Result<Self, agenthost_model::Error> {
+        stored.try_into()
+    }
+}
+
+// Format 5's record, unchanged in format 6.
 
 impl Record for Message {
     type Stored<'a> = v5::Message<'a>;
@@ -87,7 +104,7 @@ impl Record for Message {
     }
 }
 
-// The records below are format 3's, unchanged in formats 4 and 5.
+// The records below are format 3's, unchanged in formats 4, 5 and 6.
 
 impl Record for SessionRecord {
     type Stored<'a> = v3::SessionRecord<'a>;

@@ -4,10 +4,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use agenthost_model::message::Claim;
 use agenthost_model::{
-    Approval, AssistantMessage, CompactionState, Decision, Delivery, Event, FailureKind,
+    Approval, AssistantMessage, CatchUp, CompactionState, Decision, Delivery, Event, FailureKind,
     FileAttachment, Finish, IndexEntry, InstructionState, InterruptReason, Message, MessageId,
-    Part, Prompt, Seq, SessionId, SessionRow, StepError, Stored, Timestamp, ToolPart, ToolState,
-    Usage, Verdict,
+    Part, Prompt, Schedule, ScheduleId, Seq, SessionId, SessionRow, StepError, Stored, Timestamp,
+    ToolPart, ToolState, Usage, Verdict, When,
 };
 
 use super::*;
@@ -91,6 +91,10 @@ fn sid(s: &str) -> SessionId {
     SessionId::parse(&format!("ses_{s}")).expect("valid session id")
 }
 
+fn sch(s: &str) -> ScheduleId {
+    ScheduleId::parse(&format!("sch_{s}")).expect("valid schedule id")
+}
+
 /// Every field non-zero, so that a field dropped or swapped by a conversion shows.
 fn usage(n: u64) -> Usage {
     Usage {
@@ -135,8 +139,69 @@ const VERDICTS: [Verdict; 4] = [
     Verdict::Cancelled,
 ];
 
+/// Every `When` with every `CatchUp`, each field set apart from the others.
+fn schedules() -> Vec<Schedule> {
+    vec![
+        Schedule {
+            id: sch("daily"),
+            prompt: prompt_with_files(),
+            delivery: Delivery::Queue,
+            when: When::Cron {
+                expr: "0 9 * * 1-5".into(),
+                tz: Some("Europe/Paris".into()),
+            },
+            catch_up: CatchUp::Once,
+            next: Timestamp(1_700_003_600_000),
+        },
+        Schedule {
+            id: sch("hourly"),
+            prompt: Prompt::text("check the queue"),
+            delivery: Delivery::Steer,
+            when: When::Cron {
+                expr: "0 * * * *".into(),
+                tz: None,
+            },
+            catch_up: CatchUp::Skip,
+            next: Timestamp(1_700_000_360_000),
+        },
+        Schedule {
+            id: sch("later"),
+            prompt: Prompt::text("remind me"),
+            delivery: Delivery::Steer,
+            when: When::Once,
+            catch_up: CatchUp::Once,
+            next: Timestamp(1_700_000_900_000),
+        },
+        Schedule {
+            id: sch("missed"),
+            prompt: Prompt::text("only if on time"),
+            delivery: Delivery::Queue,
+            when: When::Once,
+            catch_up: CatchUp::Skip,
+            next: Timestamp(1),
+        },
+    ]
+}
+
+/// The shape of a schedule. No wildcard: a new variant fails to compile here until it has a
+/// sample in [`schedules`].
+fn schedule_shape(schedule: &Schedule) -> (&'static str, &'static str) {
+    let when = match &schedule.when {
+        When::Once => "once",
+        When::Cron { tz: Some(_), .. } => "cron in a zone",
+        When::Cron { tz: None, .. } => "cron in UTC",
+    };
+    let catch_up = match schedule.catch_up {
+        CatchUp::Once => "catch up once",
+        CatchUp::Skip => "skip",
+    };
+    (when, catch_up)
+}
+const SCHEDULE_SHAPES: usize = 4;
+
 /// Each variant of every enum an event holds, at least once. The samples format 4 can express
-/// come first, in the order of [`FORMAT_4_EVENTS`]; add new ones at the end.
+/// come first, in the order of [`FORMAT_4_EVENTS`], then those format 5 can, in the order of
+/// [`FORMAT_5_EVENTS`]; add new ones at the end.
 fn events() -> Vec<Event> {
     let a = mid("a");
     let mut events = vec![
@@ -307,6 +372,27 @@ fn events() -> Vec<Event> {
         id: a.clone(),
         call_id: "c4".into(),
     });
+    // Format 6 from here on.
+    events.extend(
+        schedules()
+            .into_iter()
+            .map(|schedule| Event::ScheduleSet { schedule }),
+    );
+    events.extend([
+        Event::ScheduleFired {
+            id: sch("daily"),
+            at: Timestamp(1_700_003_600_000),
+            next: Some(Timestamp(1_700_090_000_000)),
+            admitted: true,
+        },
+        Event::ScheduleFired {
+            id: sch("missed"),
+            at: Timestamp(1),
+            next: None,
+            admitted: false,
+        },
+        Event::ScheduleCancelled { id: sch("hourly") },
+    ]);
     events
 }
 
@@ -341,9 +427,12 @@ fn variant(event: &Event) -> usize {
         Event::ApprovalRequested { .. } => 24,
         Event::ApprovalDecided { .. } => 25,
         Event::ToolStarted { .. } => 26,
+        Event::ScheduleSet { .. } => 27,
+        Event::ScheduleFired { .. } => 28,
+        Event::ScheduleCancelled { .. } => 29,
     }
 }
-const EVENT_VARIANTS: usize = 27;
+const EVENT_VARIANTS: usize = 30;
 
 fn assistant(parts: Vec<Part>, settled: bool) -> AssistantMessage {
     AssistantMessage {
@@ -363,7 +452,8 @@ fn assistant(parts: Vec<Part>, settled: bool) -> AssistantMessage {
 }
 
 /// Every message variant, compaction state, part, tool state and verdict. The samples format 4
-/// can express come first, in the order of [`FORMAT_4_MESSAGES`]; add new ones at the end.
+/// can express come first, in the order of [`FORMAT_4_MESSAGES`], then those format 5 can, in
+/// the order of [`FORMAT_5_MESSAGES`]; add new ones at the end.
 fn messages() -> Vec<Message> {
     let tool = |call_id: &str, state| {
         Part::Tool(ToolPart {
@@ -613,6 +703,17 @@ fn every_record_shape_round_trips() {
         round_trip("index entry", &entry);
     }
 
+    let schedules = schedules();
+    let covered: BTreeSet<_> = schedules.iter().map(schedule_shape).collect();
+    assert_eq!(
+        covered.len(),
+        SCHEDULE_SHAPES,
+        "a sample of every schedule shape"
+    );
+    for schedule in &schedules {
+        round_trip("schedule", schedule);
+    }
+
     round_trip("instruction state", &InstructionState::default());
     round_trip(
         "instruction state",
@@ -694,37 +795,144 @@ const FORMAT_4_MESSAGES: [&str; 7] = [
     "040003056d73675f631e010208746f6f206c6f6e67fb2c01",
 ];
 
-/// Format 5 appends variants only: every format-4 value decodes with format 5's records to what
-/// the format-4 build encoded, and format 5 writes the same bytes after its own version. The
-/// same holds of format 3 (format 4 appended one event variant), which the golden stores show.
-#[test]
-fn format_4_records_decode_unchanged() {
+/// Every value of format `version` (`events` and `messages`, in hex, the first samples of
+/// [`events`] and [`messages`]) decodes with this build's records to what that format's build
+/// encoded, and this build writes the same bytes after its own version.
+fn older_records_decode_unchanged(version: u16, old_events: &[&str], old_messages: &[&str]) {
     let (events, messages) = (events(), messages());
-    assert!(events.len() > FORMAT_4_EVENTS.len() && messages.len() > FORMAT_4_MESSAGES.len());
-    for (n, (event, hex)) in events.into_iter().zip(FORMAT_4_EVENTS).enumerate() {
+    assert!(events.len() > old_events.len() && messages.len() >= old_messages.len());
+    for (n, (event, hex)) in events.into_iter().zip(old_events).enumerate() {
         let stored = Stored {
             seq: Seq(n as u64),
             time: Timestamp(1_700_000_000_000 + n as u64),
             event,
         };
         let old = unhex(hex);
-        assert_eq!(old[..2], 4u16.to_le_bytes(), "a format-4 record");
+        assert_eq!(old[..2], version.to_le_bytes(), "a format-{version} record");
         assert_eq!(
             decode::<Stored>("event", &old).expect("decodes"),
             stored,
-            "event sample {n}"
+            "format {version}: event sample {n}"
         );
-        assert_eq!(encode(&stored)[2..], old[2..], "event sample {n}");
+        assert_eq!(
+            encode(&stored)[2..],
+            old[2..],
+            "format {version}: event sample {n}"
+        );
     }
-    for (n, (message, hex)) in messages.into_iter().zip(FORMAT_4_MESSAGES).enumerate() {
+    for (n, (message, hex)) in messages.into_iter().zip(old_messages).enumerate() {
         let old = unhex(hex);
+        assert_eq!(old[..2], version.to_le_bytes(), "a format-{version} record");
         assert_eq!(
             decode::<Message>("message", &old).expect("decodes"),
             message,
-            "message sample {n}"
+            "format {version}: message sample {n}"
         );
-        assert_eq!(encode(&message)[2..], old[2..], "message sample {n}");
+        assert_eq!(
+            encode(&message)[2..],
+            old[2..],
+            "format {version}: message sample {n}"
+        );
     }
+}
+
+/// Formats 5 and 6 append variants only: every format-4 value decodes unchanged. The same holds
+/// of format 3 (format 4 appended one event variant), which the golden stores show.
+#[test]
+fn format_4_records_decode_unchanged() {
+    older_records_decode_unchanged(4, &FORMAT_4_EVENTS, &FORMAT_4_MESSAGES);
+}
+
+/// The values of [`events`] (each as a [`Stored`] at seq `n`) and [`messages`] that format 5
+/// can express, as the format-5 build (commit 23e1838) encoded them, in hex.
+const FORMAT_5_EVENTS: [&str; 43] = [
+    "050000fd0068e5cf8b010000000764656661756c7401046d6f636b010741207469746c65",
+    "050001fd0168e5cf8b010000000764656661756c740000",
+    "050002fd0268e5cf8b01000001066d73675f703100046c6f6f6b020a746578742f706c61696e1b64\
+     6174613a746578742f706c61696e3b6261736536342c61476b3d010668692e74787409696d616765\
+     2f706e671d68747470733a2f2f6578616d706c652e696e76616c69642f612e706e6700",
+    "050003fd0368e5cf8b01000018066d73675f703201056c6174657200",
+    "050004fd0468e5cf8b01000002066d73675f7031",
+    "050005fd0568e5cf8b01000003076d73675f73797302056167656e740942652062726965662e0770\
+     726f6a656374000942652062726965662e",
+    "050006fd0668e5cf8b0100000401",
+    "050007fd0768e5cf8b01000005",
+    "050008fd0868e5cf8b0100000604626f6f6d01",
+    "050009fd0968e5cf8b0100000803",
+    "05000afd0a68e5cf8b01000009056d73675f61070764656661756c74046d6f636b",
+    "05000bfd0b68e5cf8b0100000a056d73675f610568656c6c6f01",
+    "05000cfd0c68e5cf8b0100000b056d73675f6103686d6d010373696700",
+    "05000dfd0d68e5cf8b0100000b056d73675f6103686d6d0001",
+    "05000efd0e68e5cf8b0100000c056d73675f61026331066c6f6f6b7570077b2271223a317d",
+    "05000ffd0f68e5cf8b0100000d056d73675f6102633105666f756e6401",
+    "050010fd1068e5cf8b0100000e056d73675f610263320c6e6f207375636820746f6f6c",
+    "050011fd1168e5cf8b01000011056d73675f6102fbdc05021350726f76696465722077656e742077\
+     726f6e67",
+    "050012fd1268e5cf8b01000012056d73675f6301",
+    "050013fd1368e5cf8b01000013056d73675f630c7468657920736169642068690c141516171819",
+    "050014fd1468e5cf8b01000014056d73675f6308746f6f206c6f6e67",
+    "050015fd1568e5cf8b010000151e1f20212223",
+    "050016fd1668e5cf8b01000016056d73675f6128292a2b2c2d",
+    "050017fd1768e5cf8b01000017056d73675f61026331107468652077686f6c65206f7574707574",
+    "050018fd1868e5cf8b0100000700",
+    "050019fd1968e5cf8b0100000701",
+    "05001afd1a68e5cf8b0100000f056d73675f61000a0b0c0d0e0f",
+    "05001bfd1b68e5cf8b0100000f056d73675f61010a0b0c0d0e0f",
+    "05001cfd1c68e5cf8b0100000f056d73675f61020a0b0c0d0e0f",
+    "05001dfd1d68e5cf8b0100000f056d73675f61030a0b0c0d0e0f",
+    "05001efd1e68e5cf8b0100000f056d73675f61040570617573650a0b0c0d0e0f",
+    "05001ffd1f68e5cf8b01000010056d73675f61001241626f727465642077656e742077726f6e67",
+    "050020fd2068e5cf8b01000010056d73675f6101145265737461727465642077656e742077726f6e\
+     67",
+    "050021fd2168e5cf8b01000010056d73675f61021350726f76696465722077656e742077726f6e67",
+    "050022fd2268e5cf8b01000010056d73675f61031a436f6e746578744f766572666c6f772077656e\
+     742077726f6e67",
+    "050023fd2368e5cf8b01000010056d73675f610413496e7465726e616c2077656e742077726f6e67",
+    "050024fd2468e5cf8b01000019056d73675f61026334037061790b7368613235363a34613166fdc0\
+     8feecf8b010000",
+    "050025fd2568e5cf8b0100001a056d73675f61026334000105616c6963650115417070726f766564\
+     20666f72206120726561736f6e",
+    "050026fd2668e5cf8b0100001a056d73675f61026334010105616c696365011344656e6965642066\
+     6f72206120726561736f6e",
+    "050027fd2768e5cf8b0100001a056d73675f61026334020105616c69636501144578706972656420\
+     666f72206120726561736f6e",
+    "050028fd2868e5cf8b0100001a056d73675f61026334030105616c696365011643616e63656c6c65\
+     6420666f72206120726561736f6e",
+    "050029fd2968e5cf8b0100001a056d73675f61026335020000",
+    "05002afd2a68e5cf8b0100001b056d73675f61026334",
+];
+
+const FORMAT_5_MESSAGES: [&str; 8] = [
+    "050000066d73675f7031020101046c6f6f6b020a746578742f706c61696e1b646174613a74657874\
+     2f706c61696e3b6261736536342c61476b3d010668692e74787409696d6167652f706e671d687474\
+     70733a2f2f6578616d706c652e696e76616c69642f612e706e670005",
+    "050002076d73675f737973030942652062726965662e06",
+    "050001056d73675f6109020764656661756c74046d6f636b000000323334353637046400",
+    "050001056d73675f6109020764656661756c74046d6f636b060103686d6d0103736967000102686d\
+     000100084c6f6f6b696e672e0002026331066c6f6f6b7570027b7d0002026332066c6f6f6b757002\
+     7b7d0105666f756e640102026333066c6f6f6b7570027b7d02026e6f010405706175736501031a43\
+     6f6e746578744f766572666c6f772077656e742077726f6e67323334353637046401c8",
+    "050003056d73675f631e0100fb2c01",
+    "050003056d73675f631e01010c74686579207361696420686914fb2c01",
+    "050003056d73675f631e010208746f6f206c6f6e67fb2c01",
+    "050001056d73675f6109020764656661756c74046d6f636b0c02026331066c6f6f6b7570027b7d03\
+     03026331097368613235363a6331fdc08feecf8b0100000002026332066c6f6f6b7570027b7d0303\
+     026332097368613235363a6332fdc08feecf8b01000001000000fa02026430066c6f6f6b7570027b\
+     7d02026e6f03026430097368613235363a6430fdc08feecf8b01000001000105616c696365011541\
+     7070726f76656420666f72206120726561736f6efb040102026431066c6f6f6b7570027b7d02026e\
+     6f03026431097368613235363a6431fdc08feecf8b01000001010105616c696365011344656e6965\
+     6420666f72206120726561736f6efb050102026432066c6f6f6b7570027b7d02026e6f0302643209\
+     7368613235363a6432fdc08feecf8b01000001020105616c69636501144578706972656420666f72\
+     206120726561736f6efb060102026433066c6f6f6b7570027b7d02026e6f03026433097368613235\
+     363a6433fdc08feecf8b01000001030105616c696365011643616e63656c6c656420666f72206120\
+     726561736f6efb0701010405706175736501031a436f6e746578744f766572666c6f772077656e74\
+     2077726f6e67323334353637046401c8",
+];
+
+/// Format 6 appends variants only: every format-5 value decodes unchanged.
+#[test]
+fn format_5_records_decode_unchanged() {
+    older_records_decode_unchanged(5, &FORMAT_5_EVENTS, &FORMAT_5_MESSAGES);
 }
 
 /// Format 5's variants come after format 4's: its events after the 25 of format 4, its tool
@@ -806,6 +1014,77 @@ fn format_5_variants_are_appended() {
     assert_eq!(approval[at + 1], 3, "Approval after Text, Reasoning, Tool");
 }
 
+/// Format 6's event variants come after format 5's (the 24 of format 3, `PromptDeferred` of
+/// format 4, the three of format 5), and a schedule is its fields in order, `When` and
+/// `CatchUp` by their variants' positions.
+#[test]
+fn format_6_variants_are_appended() {
+    let at_zero = |event: Event| {
+        encode(&Stored {
+            seq: Seq(0),
+            time: Timestamp(0),
+            event,
+        })
+    };
+    let schedule = Schedule {
+        id: sch("a"),
+        prompt: Prompt::text("p"),
+        delivery: Delivery::Queue,
+        when: When::Once,
+        catch_up: CatchUp::Skip,
+        next: Timestamp(5),
+    };
+    // The id (its length, "sch_a"), the prompt (its text's length, "p", no files), the
+    // delivery, `When::Once`, `CatchUp::Skip`, the next time.
+    let fields = [&[5][..], b"sch_a", &[1], b"p", &[0], &[1], &[0], &[1], &[5]].concat();
+    let set = at_zero(Event::ScheduleSet {
+        schedule: schedule.clone(),
+    });
+    // The version, the seq, the time, then the event's variant.
+    assert_eq!(set[..5], [6, 0, 0, 0, 28]);
+    assert_eq!(set[5..], fields[..]);
+    assert_eq!(encode(&schedule), [&[6, 0][..], &fields].concat());
+    let cron = encode(&Schedule {
+        when: When::Cron {
+            expr: "* * * * *".into(),
+            tz: None,
+        },
+        catch_up: CatchUp::Once,
+        ..schedule
+    });
+    // After the id, the prompt and the delivery: `When::Cron`, its expression, no zone, then
+    // `CatchUp::Once`.
+    assert_eq!(cron[2 + 6 + 3 + 1..][..3], [1, 9, b'*']);
+    assert_eq!(cron[2 + 6 + 3 + 1 + 1 + 10..][..2], [0, 0]);
+    let fired = at_zero(Event::ScheduleFired {
+        id: sch("a"),
+        at: Timestamp(5),
+        next: Some(Timestamp(7)),
+        admitted: true,
+    });
+    assert_eq!(
+        fired[2..],
+        [&[0, 0, 29, 5][..], b"sch_a", &[5, 1, 7, 1]].concat()[..]
+    );
+    let cancelled = at_zero(Event::ScheduleCancelled { id: sch("a") });
+    assert_eq!(cancelled[2..], [&[0, 0, 30, 5][..], b"sch_a"].concat()[..]);
+}
+
+#[test]
+fn an_invalid_schedule_id_in_a_record_is_corrupt() {
+    let bytes = encode(&schedules()[0]);
+    let at = bytes
+        .windows(4)
+        .position(|w| w == b"sch_")
+        .expect("the id is in the record");
+    let mut bad = bytes;
+    bad[at..at + 4].copy_from_slice(b"msg_");
+    assert!(matches!(
+        decode::<Schedule>("schedule", &bad),
+        Err(Error::Corrupt { reason, .. }) if reason.contains("invalid schedule id")
+    ));
+}
+
 #[test]
 fn an_invalid_id_in_a_record_is_corrupt() {
     let bytes = encode(&Stored {
@@ -870,6 +1149,7 @@ proptest::proptest! {
         let _ = decode::<Stored>("event", &raw);
         let _ = decode::<Message>("message", &raw);
         let _ = decode::<IndexEntry>("index entry", &raw);
+        let _ = decode::<Schedule>("schedule", &raw);
         let _ = records("event", &raw);
         // With a valid version header, the body is all the decoder sees.
         let mut versioned = FORMAT_VERSION.to_le_bytes().to_vec();
@@ -877,5 +1157,6 @@ proptest::proptest! {
         let _ = decode::<Stored>("event", &versioned);
         let _ = decode::<crate::record::SessionRecord>("session record", &versioned);
         let _ = decode::<InstructionState>("instruction state", &versioned);
+        let _ = decode::<Schedule>("schedule", &versioned);
     }
 }

@@ -4,7 +4,8 @@
 //! variants in the same order, the same fields in the same order with the same encodings, so
 //! bincode writes exactly the bytes of `testdata/golden-v3.redb`. Never change a type here; a
 //! new shape is a new format (see the module docs of `codec`). The records a later format
-//! extended (the events, and the messages with their parts) are that format's now (`v5`).
+//! extended (the events, and the messages with their parts) are that format's now (`v5`, and
+//! for the events `v6`).
 //!
 //! Strings are `Cow`s: encoding borrows them from the model value, decoding owns them, so
 //! neither copies a string twice. The conversions destructure every struct and match every

@@ -1,7 +1,8 @@
 //! The PostgreSQL backend: several `agenthost serve` nodes over one shared database.
 //!
 //! The database holds everything shared: the event log, the projections (session records,
-//! messages, the message-id index, instruction state), node membership and partition leases.
+//! messages, the message-id index, instruction state, schedules), node membership and partition
+//! leases.
 //! Values are the records of `codec`, exactly as the embedded store writes them.
 //!
 //! - **Partitions and leases** (`lease`). Sessions hash into a fixed number of partitions
@@ -44,7 +45,9 @@ use crate::error::{Error, Result};
 use crate::ops::{Op, Outcome};
 use crate::{Admission, Config, NewSession, Receipt, Snapshot, Stats, Store, lock};
 
-/// The schema of the tables, created on first open. Changing it is a format change.
+/// The schema of the tables, created on first open. Changing it is a format change; a table
+/// added with a new format (`schedules`, format 6) is created when missing, so an older schema
+/// gains it when a build of that format opens it, and the schema version stays.
 const SCHEMA_VERSION: &str = "1";
 
 /// How to reach the database and take part in the cluster.
@@ -257,6 +260,11 @@ fn init(client: &mut Client, config: &PgConfig) -> Result<()> {
          CREATE TABLE IF NOT EXISTS instructions (
              session text COLLATE \"C\" PRIMARY KEY,
              state bytea NOT NULL);
+         CREATE TABLE IF NOT EXISTS schedules (
+             session text COLLATE \"C\" NOT NULL,
+             id text COLLATE \"C\" NOT NULL,
+             schedule bytea NOT NULL,
+             PRIMARY KEY (session, id));
          CREATE TABLE IF NOT EXISTS leases (
              part int PRIMARY KEY,
              owner text,

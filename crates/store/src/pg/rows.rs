@@ -6,8 +6,8 @@
 use std::collections::HashMap;
 
 use agenthost_model::{
-    InboxRow, IndexEntry, InstructionState, Message, MessageId, Projection, Seq, SessionId,
-    SessionRow, Stored,
+    InboxRow, IndexEntry, InstructionState, Message, MessageId, Projection, Schedule, ScheduleId,
+    Seq, SessionId, SessionRow, Stored,
 };
 use tokio_postgres::Transaction;
 
@@ -30,6 +30,8 @@ pub(crate) struct Changes {
     pub(crate) inputs: HashMap<(SessionId, Seq), InboxRow>,
     pub(crate) index: HashMap<MessageId, IndexEntry>,
     pub(crate) instructions: HashMap<SessionId, InstructionState>,
+    /// `None`: the schedule is removed.
+    pub(crate) schedules: HashMap<(SessionId, ScheduleId), Option<Schedule>>,
     pub(crate) events: Vec<(SessionId, Stored)>,
 }
 
@@ -40,6 +42,7 @@ impl Changes {
         self.inputs.extend(other.inputs);
         self.index.extend(other.index);
         self.instructions.extend(other.instructions);
+        self.schedules.extend(other.schedules);
         self.events.extend(other.events);
     }
 }
@@ -301,6 +304,23 @@ impl<'a> Batch<'a> {
         Ok(state)
     }
 
+    /// A schedule as the batch has it: its own change first, else the database's row (schedules
+    /// change seldom, so the cache does not hold them).
+    fn schedule(&mut self, session: &SessionId, id: &ScheduleId) -> Result<Option<Schedule>> {
+        if let Some(schedule) = self.changes.schedules.get(&(session.clone(), id.clone())) {
+            return Ok(schedule.clone());
+        }
+        let row = wait(self.txn.query_opt(
+            &self.statements.get(
+                self.txn,
+                "SELECT schedule FROM schedules WHERE session = $1 AND id = $2",
+            )?,
+            &[&session.as_str(), &id.as_str()],
+        ))
+        .map_err(db)?;
+        row.map(|r| decode("schedule", r.get(0))).transpose()
+    }
+
     /// Takes in an operation that succeeded.
     pub(crate) fn accept(&mut self, op: Changes) {
         self.changes.absorb(op);
@@ -454,6 +474,27 @@ impl Projection for Overlay<'_, '_> {
         self.changes.instructions.insert(session.clone(), state);
         Ok(())
     }
+
+    fn schedule(&mut self, session: &SessionId, id: &ScheduleId) -> Result<Option<Schedule>> {
+        match self.changes.schedules.get(&(session.clone(), id.clone())) {
+            Some(schedule) => Ok(schedule.clone()),
+            None => self.batch.schedule(session, id),
+        }
+    }
+
+    fn put_schedule(&mut self, session: &SessionId, schedule: Schedule) -> Result<()> {
+        self.changes
+            .schedules
+            .insert((session.clone(), schedule.id.clone()), Some(schedule));
+        Ok(())
+    }
+
+    fn remove_schedule(&mut self, session: &SessionId, id: &ScheduleId) -> Result<()> {
+        self.changes
+            .schedules
+            .insert((session.clone(), id.clone()), None);
+        Ok(())
+    }
 }
 
 /// Encoded rows, ready for the bulk statements of a commit.
@@ -476,6 +517,12 @@ pub(crate) struct Encoded {
     pub(crate) index_entries: Vec<Vec<u8>>,
     pub(crate) instruction_sessions: Vec<String>,
     pub(crate) instruction_states: Vec<Vec<u8>>,
+    pub(crate) schedule_sessions: Vec<String>,
+    pub(crate) schedule_ids: Vec<String>,
+    pub(crate) schedule_bodies: Vec<Vec<u8>>,
+    /// Schedules removed.
+    pub(crate) gone_sessions: Vec<String>,
+    pub(crate) gone_ids: Vec<String>,
 }
 
 impl Encoded {
@@ -508,6 +555,19 @@ impl Encoded {
         for (session, state) in &changes.instructions {
             out.instruction_sessions.push(session.as_str().to_owned());
             out.instruction_states.push(crate::codec::encode(state));
+        }
+        for ((session, id), schedule) in &changes.schedules {
+            match schedule {
+                Some(schedule) => {
+                    out.schedule_sessions.push(session.as_str().to_owned());
+                    out.schedule_ids.push(id.as_str().to_owned());
+                    out.schedule_bodies.push(crate::codec::encode(schedule));
+                }
+                None => {
+                    out.gone_sessions.push(session.as_str().to_owned());
+                    out.gone_ids.push(id.as_str().to_owned());
+                }
+            }
         }
         out
     }

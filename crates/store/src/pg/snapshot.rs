@@ -6,8 +6,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use agenthost_model::{
-    InboxRow, IndexEntry, InstructionState, Message, MessageId, Seq, SessionId, SessionRow, Stored,
-    Timestamp,
+    InboxRow, IndexEntry, InstructionState, Message, MessageId, Schedule, Seq, SessionId,
+    SessionRow, Stored, Timestamp,
 };
 use tokio_postgres::Client;
 use tokio_postgres::types::ToSql;
@@ -330,5 +330,33 @@ impl Snapshot for PgSnapshot {
 
     fn with_pending(&self) -> Result<Vec<SessionId>> {
         self.ids("SELECT id FROM sessions WHERE pending ORDER BY id")
+    }
+
+    fn schedules(&self, id: &SessionId) -> Result<Vec<Schedule>> {
+        self.query(
+            "SELECT schedule FROM schedules WHERE session = $1 ORDER BY id",
+            &[&id.as_str()],
+        )?
+        .iter()
+        .map(|r| decode("schedule", r.get(0)))
+        .collect()
+    }
+
+    fn all_schedules(&self) -> Result<Vec<(SessionId, Schedule)>> {
+        let rows = self.query(
+            "SELECT session, schedule FROM schedules ORDER BY session, id",
+            &[],
+        )?;
+        let mut out: Vec<(SessionId, Schedule)> = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let session: &str = row.get(0);
+            // Consecutive rows share their session: parse its id once, share the copy.
+            let id = match out.last() {
+                Some((last, _)) if last.as_str() == session => last.clone(),
+                _ => session_id(session)?,
+            };
+            out.push((id, decode("schedule", row.get(1))?));
+        }
+        Ok(out)
     }
 }

@@ -309,8 +309,14 @@ const UPSERT_INDEX: &str = "INSERT INTO message_index (id, session, entry)
 const UPSERT_INSTRUCTIONS: &str = "INSERT INTO instructions (session, state)
      SELECT * FROM UNNEST($1::text[], $2::bytea[])
      ON CONFLICT (session) DO UPDATE SET state = excluded.state";
+const UPSERT_SCHEDULES: &str = "INSERT INTO schedules (session, id, schedule)
+     SELECT * FROM UNNEST($1::text[], $2::text[], $3::bytea[])
+     ON CONFLICT (session, id) DO UPDATE SET schedule = excluded.schedule";
+const DELETE_SCHEDULES: &str = "DELETE FROM schedules
+     WHERE (session, id) IN (SELECT * FROM UNNEST($1::text[], $2::text[]))";
 
-/// Writes a batch's rows with one statement per table, all sent at once.
+/// Writes a batch's rows with one statement per table, all sent at once (schedules, which few
+/// batches change, with two more: one for the rows set, one for those removed).
 fn write(
     txn: &tokio_postgres::Transaction<'_>,
     statements: &Statements,
@@ -339,17 +345,48 @@ fn write(
         [&e.index_ids, &e.index_sessions, &e.index_entries];
     let instruction_params: [&(dyn ToSql + Sync); 2] =
         [&e.instruction_sessions, &e.instruction_states];
-    let (events, sessions, messages, index, instructions) = wait(futures::future::join5(
-        txn.execute(&events, &event_params),
-        txn.execute(&sessions, &session_params),
-        txn.execute(&messages, &message_params),
-        txn.execute(&index, &index_params),
-        txn.execute(&instructions, &instruction_params),
-    ));
+    let schedule_params: [&(dyn ToSql + Sync); 3] =
+        [&e.schedule_sessions, &e.schedule_ids, &e.schedule_bodies];
+    let gone_params: [&(dyn ToSql + Sync); 2] = [&e.gone_sessions, &e.gone_ids];
+    let schedules = if e.schedule_ids.is_empty() && e.gone_ids.is_empty() {
+        None
+    } else {
+        Some((
+            statements.get(txn, UPSERT_SCHEDULES)?,
+            statements.get(txn, DELETE_SCHEDULES)?,
+        ))
+    };
+    let schedules = async {
+        match &schedules {
+            Some((set, removed)) => {
+                let (set, removed) = futures::future::join(
+                    txn.execute(set, &schedule_params),
+                    txn.execute(removed, &gone_params),
+                )
+                .await;
+                set.and(removed).map(|_| ())
+            }
+            None => Ok(()),
+        }
+    };
+    let ((events, sessions, messages, index, instructions), schedules) =
+        wait(futures::future::join(
+            futures::future::join5(
+                txn.execute(&events, &event_params),
+                txn.execute(&sessions, &session_params),
+                txn.execute(&messages, &message_params),
+                txn.execute(&index, &index_params),
+                txn.execute(&instructions, &instruction_params),
+            ),
+            schedules,
+        ));
     for result in [&events, &sessions, &messages, &instructions] {
         if let Err(err) = result {
             return Err(conflict(err));
         }
+    }
+    if let Err(err) = &schedules {
+        return Err(conflict(err));
     }
     match index {
         Ok(n) if n as usize == e.index_ids.len() => Ok(()),

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 
 use agenthost_model::promotion::Boundary;
 use agenthost_model::{
-    Delivery, Event, FileAttachment, Finish, Prompt, Seq, Timestamp, Usage, Verdict,
+    CatchUp, Delivery, Event, FileAttachment, Finish, Prompt, Schedule, ScheduleId, Seq, Timestamp,
+    Usage, Verdict, When,
 };
 
 use super::*;
@@ -201,6 +202,77 @@ pub(super) async fn scenario(store: &RedbStore) {
             reason: agenthost_model::InterruptReason::User,
         },
     ]);
+    store.append(s.clone(), events).await.expect("appended");
+
+    // Format 6's records: schedules set, fired (admitting, and skipped for the last time) and
+    // cancelled; the daily one stays, moved on to its next time.
+    let sch = |name: &str| ScheduleId::parse(&format!("sch_{name}")).expect("valid schedule id");
+    let (daily, once, weekly) = (sch("daily"), sch("once"), sch("weekly"));
+    let (first, then) = (Timestamp(1_700_031_600_000), Timestamp(1_700_118_000_000));
+    let schedule =
+        |id: &ScheduleId, prompt: Prompt, delivery, when, catch_up, next| Event::ScheduleSet {
+            schedule: Schedule {
+                id: id.clone(),
+                prompt,
+                delivery,
+                when,
+                catch_up,
+                next,
+            },
+        };
+    let stand_up = Prompt::text("what is on today?");
+    let events = vec![
+        schedule(
+            &daily,
+            stand_up.clone(),
+            Delivery::Queue,
+            When::Cron {
+                expr: "0 9 * * 1-5".into(),
+                tz: Some("Europe/Paris".into()),
+            },
+            CatchUp::Once,
+            first,
+        ),
+        schedule(
+            &once,
+            Prompt::text("remind me"),
+            Delivery::Steer,
+            When::Once,
+            CatchUp::Skip,
+            Timestamp(1_700_000_300_000),
+        ),
+        schedule(
+            &weekly,
+            Prompt::text("weekly report"),
+            Delivery::Queue,
+            When::Cron {
+                expr: "0 8 * * 1".into(),
+                tz: None,
+            },
+            CatchUp::Once,
+            Timestamp(1_700_380_800_000),
+        ),
+        // A firing admits its input in the same commit.
+        Event::PromptAdmitted {
+            id: daily.firing(first),
+            delivery: Delivery::Queue,
+            prompt: stand_up,
+            wake: true,
+        },
+        Event::ScheduleFired {
+            id: daily,
+            at: first,
+            next: Some(then),
+            admitted: true,
+        },
+        Event::ScheduleFired {
+            id: once,
+            at: Timestamp(1_700_000_300_000),
+            next: None,
+            admitted: false,
+        },
+        Event::ScheduleCancelled { id: weekly },
+    ];
     store.append(s, events).await.expect("appended");
 }
 
@@ -250,6 +322,9 @@ async fn golden_store_opens_with_identical_content() {
         let meta = txn.open_table(tables::META).expect("meta");
         let stored = meta.get(tables::FORMAT_KEY).expect("get").expect("version");
         assert_eq!(stored.value(), FORMAT_VERSION.to_le_bytes().as_slice());
+        // And it gained the tables of the formats after its own: format 6's schedules.
+        txn.open_table(tables::SCHEDULES)
+            .expect("opening created the schedules table");
     }
     let expected = std::fs::read_to_string(&expected).expect("expected rendering exists");
 

@@ -378,6 +378,84 @@ fn a_partition_count_mismatch_stops_the_start() {
     drop_schema(&schema);
 }
 
+/// A schema of an older readable format (before 6, without the schedules table) is upgraded
+/// when a node of this build opens it: the table is created, the format rewritten, and what
+/// the schema held reads as it was. A newer format is refused, naming both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_format_gains_the_schedules_table_and_a_newer_one_is_refused() {
+    if !available() {
+        return;
+    }
+    use agenthost_model::{
+        CatchUp, Delivery, Event, Prompt, Schedule, ScheduleId, Timestamp, When,
+    };
+    let schema = schema();
+    let store = open(&schema, "node-a");
+    let s = session_on(&store, "older").await;
+    store
+        .admit(admission(&s, "o", 0, Delivery::Steer))
+        .await
+        .expect("admitted");
+    let log = |store: &PgStore| {
+        store
+            .snapshot()
+            .expect("snapshot")
+            .events(&s, agenthost_model::Seq::ZERO, 100)
+            .expect("events")
+    };
+    let before = log(&store);
+    store.close();
+    // As a format-5 build left it.
+    sql(&format!(
+        "DROP TABLE {schema}.schedules; UPDATE {schema}.meta SET value = '5' WHERE key = 'format'"
+    ));
+    let store = open(&schema, "node-a");
+    assert_eq!(log(&store), before);
+    sql(&format!(
+        "DO $$ BEGIN IF (SELECT value FROM {schema}.meta WHERE key = 'format') <> '{}' THEN \
+         RAISE EXCEPTION 'the format was not rewritten'; END IF; END $$",
+        crate::FORMAT_VERSION
+    ));
+    let schedule = Schedule {
+        id: ScheduleId::parse("sch_upgraded").expect("id"),
+        prompt: Prompt::text("hello"),
+        delivery: Delivery::Queue,
+        when: When::Once,
+        catch_up: CatchUp::Once,
+        next: Timestamp(1_000),
+    };
+    store
+        .append(
+            s.clone(),
+            vec![Event::ScheduleSet {
+                schedule: schedule.clone(),
+            }],
+        )
+        .await
+        .expect("a schedule is set in the table the upgrade created");
+    let snap = store.snapshot().expect("snapshot");
+    assert_eq!(snap.schedules(&s).expect("schedules"), [schedule]);
+    drop(snap);
+    store.close();
+    sql(&format!(
+        "UPDATE {schema}.meta SET value = '{}' WHERE key = 'format'",
+        crate::FORMAT_VERSION + 1
+    ));
+    // On a thread of its own: a store that fails to open drops its runtime, which a runtime's
+    // worker may not do.
+    let pg = config(&schema, "node-a");
+    let refused = std::thread::spawn(move || PgStore::open(Config::new("unused"), pg))
+        .join()
+        .expect("the open returns")
+        .expect_err("a newer format is refused");
+    assert!(
+        matches!(refused, crate::Error::FormatVersion { found, supported }
+            if found == crate::FORMAT_VERSION + 1 && supported == crate::FORMAT_VERSION),
+        "{refused:?}"
+    );
+    drop_schema(&schema);
+}
+
 /// A TCP proxy in front of the database that can cut every connection and refuse new ones
 /// (the database gone: restarted, or the network between) and let them through again.
 struct Proxy {

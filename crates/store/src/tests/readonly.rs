@@ -32,6 +32,29 @@ async fn a_read_only_open_reads_and_verifies_without_writing() {
     );
 }
 
+/// A store of a format before 6 has no schedules table, and a read-only open does not create
+/// one: it reads as a store without schedules.
+#[test]
+fn a_read_only_open_of_an_older_format_reads_no_schedules() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store.redb");
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/golden-v5.redb");
+    std::fs::copy(golden, &path).expect("copy");
+    let before = std::fs::read(&path).expect("bytes");
+    let store = ReadOnlyStore::open(&path).expect("opens read-only");
+    let snap = store.snapshot().expect("snapshot");
+    assert_eq!(snap.schedules(&sid("golden")).expect("schedules"), []);
+    assert_eq!(snap.all_schedules().expect("all schedules"), []);
+    let verified = crate::verify(&*snap).expect("readable");
+    assert!(verified.ok(), "{:#?}", verified.differences);
+    drop(snap);
+    drop(store);
+    assert!(
+        std::fs::read(&path).expect("bytes") == before,
+        "a read-only open wrote"
+    );
+}
+
 #[tokio::test]
 async fn a_store_held_by_a_writer_is_refused_as_locked() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -106,4 +129,33 @@ async fn verification_names_what_differs_from_a_replay() {
     );
     // Reading the damaged store still works.
     assert!(snap.session(&sid("golden")).expect("read").is_some());
+}
+
+#[tokio::test]
+async fn verification_compares_each_sessions_schedules() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = closed_store(dir.path()).await;
+    {
+        let store = ReadOnlyStore::open(&path).expect("opens");
+        let snap = store.snapshot().expect("snapshot");
+        let all = snap.all_schedules().expect("all schedules");
+        assert_eq!(all.len(), 1, "the golden scenario keeps one schedule");
+        assert_eq!(snap.schedules(&sid("golden")).expect("schedules").len(), 1);
+    }
+    // Damage the projection behind the store's back: drop the schedule row.
+    {
+        let db = redb::Database::create(&path).expect("raw open");
+        let txn = db.begin_write().expect("txn");
+        {
+            let mut schedules = txn.open_table(tables::SCHEDULES).expect("schedules");
+            schedules.retain(|_, _| false).expect("removed");
+        }
+        txn.commit().expect("commit");
+    }
+    let store = ReadOnlyStore::open(&path).expect("opens");
+    let verified = crate::verify(&*store.snapshot().expect("snapshot")).expect("readable");
+    assert_eq!(
+        verified.differences,
+        ["ses_golden: schedules differ from a replay (0 stored, 1 replayed)"]
+    );
 }
