@@ -269,6 +269,9 @@ pub struct Limits {
     pub history_cache: usize,
     /// Schedules one session may have at once.
     pub schedules_per_session: usize,
+    /// How late a firing may be and still count as on time; a later one was missed while no
+    /// process ran, and its schedule's catch-up rule decides.
+    pub schedule_grace: Duration,
 }
 
 impl Default for Limits {
@@ -284,6 +287,7 @@ impl Default for Limits {
             shutdown_timeout: Duration::from_secs(15),
             history_cache: 64 * 1024 * 1024,
             schedules_per_session: 100,
+            schedule_grace: Duration::from_millis(crate::schedules::GRACE_MS),
         }
     }
 }

@@ -12,8 +12,8 @@ use agenthost_model::{CatchUp, Schedule, ScheduleId, SessionId, Timestamp, When}
 use chrono::TimeZone as _;
 use tokio::sync::Notify;
 
-/// A firing at most this late counts as on time (a busy machine, a slow start); one later was
-/// missed, and the schedule's `catch_up` decides.
+/// By default, a firing at most this late counts as on time (a busy machine, a slow start); one
+/// later was missed, and the schedule's `catch_up` decides (`limits.schedule_grace`).
 pub const GRACE_MS: u64 = 60_000;
 
 /// A five-field cron expression in a time zone, checked.
@@ -77,16 +77,20 @@ pub(crate) struct Firing {
     pub next: Option<Timestamp>,
 }
 
-/// The firing of `schedule` at `now`, or `None` while it is not due. A firing more than
-/// [`GRACE_MS`] late was missed (no process ran): `CatchUp::Once` admits it once, `Skip` does
-/// not; either way the next firing is the first after `now`, so however many were missed, at
-/// most one is admitted.
-pub(crate) fn firing(schedule: &Schedule, now: Timestamp) -> Result<Option<Firing>, String> {
+/// The firing of `schedule` at `now`, or `None` while it is not due. A firing more than `grace`
+/// (ms) late was missed (no process ran): `CatchUp::Once` admits it once, `Skip` does not;
+/// either way the next firing is the first after `now`, so however many were missed, at most
+/// one is admitted.
+pub(crate) fn firing(
+    schedule: &Schedule,
+    now: Timestamp,
+    grace: u64,
+) -> Result<Option<Firing>, String> {
     if schedule.next > now {
         return Ok(None);
     }
     let late = now.0 - schedule.next.0;
-    let admit = late <= GRACE_MS || schedule.catch_up == CatchUp::Once;
+    let admit = late <= grace || schedule.catch_up == CatchUp::Once;
     let next = next_after(&schedule.when, now.max(schedule.next))?;
     Ok(Some(Firing {
         at: schedule.next,
@@ -263,9 +267,9 @@ mod tests {
     #[test]
     fn a_due_firing_admits_once_and_moves_on_to_the_first_time_after_now() {
         let once = schedule(When::Once, T, CatchUp::Once);
-        assert_eq!(firing(&once, Timestamp(T - 1)), Ok(None));
+        assert_eq!(firing(&once, Timestamp(T - 1), GRACE_MS), Ok(None));
         assert_eq!(
-            firing(&once, Timestamp(T + 5)),
+            firing(&once, Timestamp(T + 5), GRACE_MS),
             Ok(Some(Firing {
                 at: Timestamp(T),
                 admit: true,
@@ -274,7 +278,7 @@ mod tests {
         );
         let cron = schedule(every_minute(), T, CatchUp::Once);
         assert_eq!(
-            firing(&cron, Timestamp(T + 1)),
+            firing(&cron, Timestamp(T + 1), GRACE_MS),
             Ok(Some(Firing {
                 at: Timestamp(T),
                 admit: true,
@@ -289,7 +293,7 @@ mod tests {
         let now = Timestamp(T + 60 * MINUTE + 10);
         let once = schedule(every_minute(), T, CatchUp::Once);
         assert_eq!(
-            firing(&once, now),
+            firing(&once, now, GRACE_MS),
             Ok(Some(Firing {
                 at: Timestamp(T),
                 admit: true,
@@ -298,7 +302,7 @@ mod tests {
         );
         let skip = schedule(every_minute(), T, CatchUp::Skip);
         assert_eq!(
-            firing(&skip, now),
+            firing(&skip, now, GRACE_MS),
             Ok(Some(Firing {
                 at: Timestamp(T),
                 admit: false,
@@ -308,13 +312,13 @@ mod tests {
         // Late within the grace: on time, whatever the catch-up.
         let late = schedule(When::Once, T, CatchUp::Skip);
         assert!(
-            firing(&late, Timestamp(T + GRACE_MS))
+            firing(&late, Timestamp(T + GRACE_MS), GRACE_MS)
                 .expect("ok")
                 .expect("due")
                 .admit
         );
         assert!(
-            !firing(&late, Timestamp(T + GRACE_MS + 1))
+            !firing(&late, Timestamp(T + GRACE_MS + 1), GRACE_MS)
                 .expect("ok")
                 .expect("due")
                 .admit

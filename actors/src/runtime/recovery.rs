@@ -319,10 +319,14 @@ fn admitted_last(runtime: &Runtime) -> Result<Vec<(SessionId, Seq)>> {
             continue;
         }
         let newest = snap.events(&session, row.last_seq, 1)?;
-        if newest
-            .first()
-            .is_some_and(|e| matches!(e.event, agenthost_model::Event::PromptAdmitted { .. }))
-            && asked_for_a_wake(&*snap, &session)?
+        // An admission is last, or a schedule's firing that admitted in the same commit.
+        if newest.first().is_some_and(|e| {
+            matches!(
+                e.event,
+                agenthost_model::Event::PromptAdmitted { .. }
+                    | agenthost_model::Event::ScheduleFired { admitted: true, .. }
+            )
+        }) && asked_for_a_wake(&*snap, &session)?
         {
             found.push((session, row.last_seq));
         }

@@ -285,7 +285,8 @@ async fn fire(runtime: &Runtime, key: &Key) -> Result<()> {
         return Ok(());
     };
     let now = agenthost_store::system_clock();
-    let Some(firing) = firing(&schedule, now).map_err(Error::Invalid)? else {
+    let grace = runtime.shared.limits.schedule_grace.as_millis() as u64;
+    let Some(firing) = firing(&schedule, now, grace).map_err(Error::Invalid)? else {
         // Not due yet (armed early by a stale time): armed for when it is.
         runtime.shared.schedules.arm(key.clone(), schedule.next);
         return Ok(());

@@ -282,6 +282,7 @@ struct Limits {
     pending_per_session: Option<u32>,
     waiters_per_session: Option<usize>,
     schedules_per_session: Option<usize>,
+    schedule_grace_ms: Option<u64>,
     tool_output_bytes: Option<usize>,
     history_cache_bytes: Option<usize>,
     call_timeout_ms: Option<u64>,
@@ -1364,6 +1365,7 @@ pub fn effective(name: &str, file: &File, settings: &Settings) -> serde_json::Va
             "pending_per_session": l.pending_per_session,
             "waiters_per_session": l.waiters_per_session,
             "schedules_per_session": l.schedules_per_session,
+            "schedule_grace_ms": ms(l.schedule_grace),
             "tool_output_bytes": l.tool_output,
             "history_cache_bytes": l.history_cache,
             "call_timeout_ms": ms(l.call_timeout),
@@ -1402,6 +1404,9 @@ fn limits(name: &str, file: &Limits) -> Result<(actors::Limits, Option<Duration>
     }
     if let Some(n) = file.schedules_per_session {
         limits.schedules_per_session = positive("schedules_per_session", n as u64)? as usize;
+    }
+    if let Some(ms) = file.schedule_grace_ms {
+        limits.schedule_grace = Duration::from_millis(ms);
     }
     if let Some(n) = file.tool_output_bytes {
         limits.tool_output = positive("tool_output_bytes", n as u64)? as usize;

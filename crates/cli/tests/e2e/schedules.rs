@@ -218,6 +218,51 @@ async fn a_sigkill_around_the_firing_admits_it_once() {
     }
 }
 
+/// A firing missed while no process ran (later than `schedule_grace_ms`, here 200 ms) is
+/// admitted once with `catch_up: "once"`, and not at all with `"skip"`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_firing_missed_during_downtime_is_caught_up_once_or_skipped() {
+    for (catch_up, admitted) in [("once", 1), ("skip", 0)] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let d = dir.path();
+        let wire = Wire::start(calls_tools_named_in_the_prompt(&[]), &[]).await;
+        let cfg = wire.config(d, &[], "schedule_grace_ms = 200");
+        let mut server = serve(d, "serve-1", &cfg);
+        let http = Http::new(&server.cached_url());
+        let s = http.session("default").await;
+        let (status, set) = schedule(
+            &http,
+            &s,
+            json!({"text": "missed", "after_ms": 300, "catch_up": catch_up}),
+        )
+        .await;
+        assert_eq!(status, 200, "{set}");
+        server.sigkill();
+        // Down well past the firing and its grace.
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        let server = serve(d, "serve-2", &cfg);
+        let http = Http::new(&server.cached_url());
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            let listed = http.get(&format!("/api/session/{s}/schedules")).await;
+            if listed["data"].as_array().is_some_and(Vec::is_empty) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{catch_up}: never fired: {listed}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let idle = http
+            .post(&format!("/api/session/{s}/wait?timeout_ms=15000"), None)
+            .await;
+        assert_eq!(idle["data"]["idle"], true);
+        assert_eq!(user_messages(&http, &s).await.len(), admitted, "{catch_up}");
+        assert_eq!(wire.requests().len(), admitted, "{catch_up}");
+    }
+}
+
 /// A cron schedule fires on each minute and stops when cancelled. Takes two minutes: only with
 /// `AGENTHOST_SOAK`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
