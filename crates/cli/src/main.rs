@@ -25,6 +25,7 @@
 mod config;
 mod inspect;
 mod loadtest;
+mod mcp;
 mod mock;
 mod serve;
 mod telemetry;
@@ -70,6 +71,9 @@ enum Command {
     /// Check a configuration file.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Serve agenthost's MCP tools on stdio, driving the sessions of the server at --url: for
+    /// MCP clients that only start processes.
+    Mcp(mcp::Args),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
     Completions { shell: clap_complete::Shell },
     /// Print the manual page (roff) to stdout.
@@ -166,6 +170,7 @@ fn main() -> ExitCode {
             Command::MockProvider(args) => mock::run(args).await,
             Command::Loadtest(args) => loadtest::run(args).await,
             Command::Inspect(args) => inspect::run(args).await,
+            Command::Mcp(args) => mcp::run(args).await,
             Command::Config(ConfigCommand::Check { file }) => check_config(file),
             Command::Completions { shell } => {
                 let mut command = <Cli as clap::CommandFactory>::command();

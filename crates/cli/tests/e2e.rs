@@ -19,6 +19,8 @@ mod cluster;
 mod laws;
 #[path = "e2e/mcp.rs"]
 mod mcp;
+#[path = "e2e/mcp_server.rs"]
+mod mcp_server;
 #[path = "e2e/schedules.rs"]
 mod schedules;
 #[path = "e2e/wire.rs"]

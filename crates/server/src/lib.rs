@@ -24,6 +24,7 @@ mod events;
 pub mod extract;
 pub mod forward;
 mod listen;
+pub mod mcp;
 pub mod metrics;
 pub mod openapi;
 pub mod tools;
@@ -208,6 +209,47 @@ impl Api {
             ))
     }
 
+    /// `/mcp`: agenthost as a streamable-HTTP MCP server, behind the token as `/api` is. Its
+    /// tools call this node's own API at `addr` with the caller's token (see [`mcp`]). Requests
+    /// whose `Host` is not a loopback name or the bound address are refused, so a web page cannot
+    /// reach it by rebinding a name to this machine.
+    fn mcp_router(&self, addr: std::net::SocketAddr) -> Router {
+        use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+        use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+        let ip = match addr.ip() {
+            ip if ip.is_unspecified() && ip.is_ipv4() => std::net::Ipv4Addr::LOCALHOST.into(),
+            ip if ip.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
+            ip => ip,
+        };
+        let base = format!("http://{}", std::net::SocketAddr::new(ip, addr.port()));
+        let client = match agenthost_api::Client::new(&base) {
+            Ok(client) => client,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot serve /mcp");
+                return Router::new();
+            }
+        };
+        let handler = mcp::Handler::with_callers_token(client);
+        let mut hosts = vec!["localhost".to_owned(), "127.0.0.1".into(), "::1".into()];
+        if !addr.ip().is_unspecified() {
+            hosts.push(addr.ip().to_string());
+        }
+        let mut config = StreamableHttpServerConfig::default().with_allowed_hosts(hosts);
+        if addr.ip().is_unspecified() {
+            // Any address of the machine may be asked: the token guards it, as it guards /api.
+            config = config.disable_allowed_hosts();
+        }
+        config.cancellation_token = self.shared.closing.child_token();
+        let service = StreamableHttpService::new(
+            move || Ok(handler.clone()),
+            std::sync::Arc::new(LocalSessionManager::default()),
+            config,
+        );
+        Router::new().route_service("/mcp", service).route_layer(
+            axum::middleware::from_fn_with_state(self.shared.clone(), auth::require),
+        )
+    }
+
     /// Serves until `shutdown` resolves, then shuts down gracefully and boundedly: SSE streams
     /// end, the runtime shuts down (drains are interrupted and keep their claims, the store is
     /// flushed), background tasks are awaited, and in-flight requests get up to
@@ -217,7 +259,10 @@ impl Api {
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
-        let router = self.router();
+        let router = match listener.local_addr() {
+            Ok(addr) => self.router().merge(self.mcp_router(addr)),
+            Err(_) => self.router(),
+        };
         let shared = self.shared.clone();
         let stop = CancellationToken::new();
         let limits = listen::Limits {
