@@ -211,17 +211,22 @@ async fn start_held(d: &Drain, held: &[Held]) -> Result<bool> {
                 .is_some_and(|x| x.verdict == Verdict::Approved)
         })
         .collect();
-    let mut events: Vec<Event> = held
+    // One still undecided belongs to an exchange that moved on without it (the one that waits is
+    // never recovered): it is withdrawn, so no call is left without a result.
+    let undecided: Vec<Held> = held
         .iter()
-        .filter_map(|h| {
-            let refusal = h.decision.as_ref()?.refusal()?;
-            Some(Event::ToolFailed {
-                id: h.message.clone(),
-                call_id: h.tool.call_id.clone(),
-                error: refusal,
-            })
-        })
+        .filter(|h| h.decision.is_none())
+        .cloned()
         .collect();
+    let mut events = owed::withdraw(&undecided, "the exchange moved on");
+    events.extend(held.iter().filter_map(|h| {
+        let refusal = h.decision.as_ref()?.refusal()?;
+        Some(Event::ToolFailed {
+            id: h.message.clone(),
+            call_id: h.tool.call_id.clone(),
+            error: refusal,
+        })
+    }));
     events.extend(approved.iter().map(|h| Event::ToolStarted {
         id: h.message.clone(),
         call_id: h.tool.call_id.clone(),

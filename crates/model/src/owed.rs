@@ -728,18 +728,18 @@ mod tests {
                 return;
             }
             let left = leftovers(&state.session_messages(&session));
-            let tools = match reason {
-                InterruptReason::User => &left.tools[..],
-                InterruptReason::Shutdown => &[],
+            let (tools, held) = match reason {
+                InterruptReason::User => (&left.tools[..], &left.held[..]),
+                InterruptReason::Shutdown => (&[][..], &[][..]),
             };
-            let mut events: Vec<Event> = tools
-                .iter()
-                .map(|(id, t)| Event::ToolFailed {
-                    id: id.clone(),
-                    call_id: t.call_id.clone(),
-                    error: "interrupted".into(),
-                })
-                .collect();
+            // A user's interrupt withdraws the approvals the step asked for, as it fails the
+            // tools it cut; a shutdown leaves both to the next process.
+            let mut events = withdraw(held, INTERRUPTED_TOOL);
+            events.extend(tools.iter().map(|(id, t)| Event::ToolFailed {
+                id: id.clone(),
+                call_id: t.call_id.clone(),
+                error: "interrupted".into(),
+            }));
             events.extend(left.steps.iter().map(|id| Event::StepFailed {
                 id: id.clone(),
                 error: StepError {
@@ -790,11 +790,15 @@ mod tests {
             self.recover(&self.replay());
         }
 
-        /// Starts or refuses the held calls as decided, as the runtime's drain does.
+        /// Starts or refuses the held calls as decided, as the runtime's drain does; one still
+        /// undecided (an exchange that moved on without it) is withdrawn.
         fn start_held(&mut self, held: &[Held]) {
             for h in held {
                 let (id, call_id) = (h.message.clone(), h.tool.call_id.clone());
-                let decision = h.decision.as_ref().expect("decided");
+                let Some(decision) = h.decision.as_ref() else {
+                    self.push(withdraw(std::slice::from_ref(h), "the exchange moved on"));
+                    continue;
+                };
                 match decision.refusal() {
                     Some(error) => self.push([Event::ToolFailed { id, call_id, error }]),
                     None => self.push([
@@ -1091,6 +1095,29 @@ mod tests {
             }
         }
         log
+    }
+
+    /// Found by the property below: a user's interrupt of a step that asked for an approval,
+    /// then a crash of the next drain.
+    #[test]
+    fn an_interrupted_ask_then_a_crash_leaves_nothing_waiting() {
+        let ops = [
+            Op::Admit(Delivery::Steer),
+            Op::Admit(Delivery::Steer),
+            Op::Admit(Delivery::Steer),
+            Op::Cut(Shape::Asks, 9, InterruptReason::User),
+            Op::Admit(Delivery::Steer),
+            Op::Crash(Shape::Asks, 2),
+        ];
+        let log = build(&ops);
+        let state = log.replay();
+        let messages = state.session_messages(&session());
+        let undecided = leftovers(&messages)
+            .held
+            .iter()
+            .filter(|h| h.decision.is_none())
+            .count();
+        assert_eq!(undecided, 0, "{:#?}", log.events);
     }
 
     proptest! {
