@@ -6,7 +6,7 @@
 //! - `event: synced`, `data: {"last_seq": …}` once, when the replay is complete, followed by
 //!   a `status` frame with the session's state at that moment;
 //! - `event: delta`, `data:` a [`wire::Delta`] (ephemeral; no `id`);
-//! - `event: status`, `data: {"type": "running"|"idle"}` (ephemeral; no `id`);
+//! - `event: status`, `data: {"type": "running"|"idle"|"waiting"}` (ephemeral; no `id`);
 //! - `event: error`, `data:` an error body, if reading the store failed (the stream then ends).
 //!
 //! Deltas are paced ([`Pace`]): at most one write of deltas alone per `delta_interval`, so a

@@ -19,6 +19,7 @@
 
 mod api;
 pub mod auth;
+mod console;
 mod error;
 mod events;
 pub mod extract;
@@ -191,6 +192,8 @@ impl Api {
         }
         Router::new()
             .route("/openapi.json", axum::routing::get(openapi::serve))
+            .route("/console", axum::routing::get(console::index))
+            .route("/console/{file}", axum::routing::get(console::asset))
             .merge(healthz)
             .merge(metrics)
             .with_state(self.shared.clone())

@@ -1949,3 +1949,37 @@ async fn metrics_and_health_can_require_the_token() {
         }
     }
 }
+
+/// The console is served from the binary with an ETag a browser revalidates against, without a
+/// token, and an unknown file is a 404 in our error shape.
+#[tokio::test]
+async fn the_console_is_served_with_an_etag_and_no_cache() {
+    let h = harness(vec![]).await;
+    let page = h.get("/console").await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(
+        page.headers[header::CONTENT_TYPE]
+            .to_str()
+            .is_ok_and(|t| t.starts_with("text/html"))
+    );
+    assert_eq!(page.headers[header::CACHE_CONTROL], "no-cache");
+    let etag = page.headers[header::ETAG].clone();
+    let mut again = request(Method::GET, "/console", None);
+    again
+        .headers_mut()
+        .insert(header::IF_NONE_MATCH, etag.clone());
+    let again = h.send(again).await;
+    assert_eq!(again.status, StatusCode::NOT_MODIFIED);
+    assert_eq!(again.headers[header::ETAG], etag);
+    for (file, kind) in [("app.js", "text/javascript"), ("style.css", "text/css")] {
+        let reply = h.get(&format!("/console/{file}")).await;
+        assert_eq!(reply.status, StatusCode::OK, "{file}");
+        assert!(
+            reply.headers[header::CONTENT_TYPE]
+                .to_str()
+                .is_ok_and(|t| t.starts_with(kind))
+        );
+    }
+    let missing = h.get("/console/secrets.txt").await;
+    assert_error(&missing, 404, "not_found");
+}

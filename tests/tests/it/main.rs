@@ -4,6 +4,7 @@
 mod agent_loop;
 mod approvals;
 mod compaction;
+mod console;
 mod crash_matrix;
 mod generate;
 mod harness;
