@@ -905,3 +905,70 @@ async fn a_server_that_never_answers_times_out_over(http2: bool) {
             .expect("the server saw the close");
     }
 }
+
+/// A provider that sends one endless event-stream line: the call fails once the line passes
+/// the frame bound, and the connection is cut there, so no more than about the bound is read
+/// off the network (the server counts what it could write before the client went away).
+#[tokio::test]
+async fn an_endless_line_fails_the_call_and_cuts_the_connection_at_the_bound() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let written = Arc::new(AtomicUsize::new(0));
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let counted = written.clone();
+    tokio::spawn(async move {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            return;
+        };
+        let mut head = Vec::new();
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let mut chunk = [0u8; 4096];
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => head.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let _ = stream
+            .write_all(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                  transfer-encoding: chunked\r\n\r\n",
+            )
+            .await;
+        let line = vec![b'x'; 64 * 1024];
+        let chunk = format!("{:x}\r\n", line.len());
+        // `data: ` and then x's for ever, never a line end: up to 256 MiB, or until cut.
+        let _ = stream.write_all(b"6\r\ndata: \r\n").await;
+        for _ in 0..4096 {
+            let wrote = async {
+                stream.write_all(chunk.as_bytes()).await?;
+                stream.write_all(&line).await?;
+                stream.write_all(b"\r\n").await
+            };
+            match tokio::time::timeout(Duration::from_secs(5), wrote).await {
+                Ok(Ok(())) => counted.fetch_add(line.len(), Ordering::SeqCst),
+                _ => break,
+            };
+        }
+        let _ = done_tx.send(());
+    });
+    let provider = client(format!("http://{addr}/v1"), Duration::from_secs(5));
+    let events = events(&provider, ask("hello")).await;
+    let failed = events.iter().any(|e| {
+        e.as_ref()
+            .is_err_and(|e| e.to_string().contains("event stream line"))
+    });
+    assert!(failed, "{events:?}");
+    tokio::time::timeout(Duration::from_secs(30), done_rx)
+        .await
+        .expect("the server stops writing")
+        .expect("done");
+    let written = written.load(Ordering::SeqCst);
+    // The bound, plus what the socket buffers hold on both sides.
+    assert!(
+        written < agenthost_llm::sse::MAX_FRAME + 16 * 1024 * 1024,
+        "{written} bytes were read off the network"
+    );
+}

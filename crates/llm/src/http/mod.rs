@@ -484,7 +484,12 @@ impl<W: Wire> State<W> {
                             self.received_any |= !bytes.is_empty();
                             self.wire.feed(&bytes, &mut self.scratch);
                             // After `[DONE]`, `message_stop` or an error nothing more is parsed.
+                            // A body that failed (an event stream line past its bound, a broken
+                            // event) is dropped, which closes its connection at once: reading its
+                            // rest to reuse the connection could read an endless line for ever.
+                            let failed = self.scratch.iter().any(Result::is_err);
                             match self.wire.is_done() {
+                                true if failed => drop(body),
                                 true => body.chunks.finish(),
                                 false => self.phase = Phase::Body(body),
                             }
