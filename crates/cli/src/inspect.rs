@@ -50,16 +50,17 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         .map(SessionId::parse)
         .transpose()
         .usage()?;
-    let (text, verified) = match tokio::task::spawn_blocking(move || inspect(&path, &args, session))
-        .await
-    {
-        Ok(done) => done?,
+    // Quietly: a panic inside redb is reported here, once, not printed with a backtrace first.
+    let read = move || agenthost_store::quietly(|| inspect(&path, &args, session));
+    let (text, verified) = match tokio::task::spawn_blocking(read).await {
+        Ok(Ok(done)) => done?,
         // redb may panic on a page it cannot make sense of: that is a damaged file, not a bug
         // of the check.
-        Err(e) if e.is_panic() => {
+        Ok(Err(panic)) => {
             return Err(Failure::Check(anyhow!(
-                "the store file is damaged: reading it failed ({e}); `agenthost inspect --verify` \
-                 checks the file itself"
+                "the store file is damaged: reading it failed ({}); `agenthost inspect --verify` \
+                 checks the file itself",
+                agenthost_store::panic_message(&*panic)
             )));
         }
         Err(e) => return Err(Failure::Runtime(anyhow!("inspect stopped: {e}"))),
@@ -99,13 +100,20 @@ fn inspect(
                     .context(format!("cannot open {}", path.display())),
             ));
         }
-        Err(e) if args.verify && !matches!(e, agenthost_store::Error::FormatVersion { .. }) => {
-            // Unreadable as a store: say what the file check finds.
-            return Err(Failure::Check(anyhow!(
-                "cannot read {} as a store ({e}); the file check says: {}",
-                path.display(),
-                describe(&file_check(path)?)
-            )));
+        Err(e) if !matches!(e, agenthost_store::Error::FormatVersion { .. }) => {
+            // Unreadable as a store: what the file check finds decides whether that is damage
+            // (a check failure) or something else (a missing file, a permission).
+            let integrity = file_check(path)?;
+            if args.verify || integrity != Integrity::Intact {
+                return Err(Failure::Check(anyhow!(
+                    "cannot read {} as a store ({e}); the file check says: {}",
+                    path.display(),
+                    describe(&integrity)
+                )));
+            }
+            return Err(Failure::Runtime(
+                anyhow::Error::new(e).context(format!("cannot open {}", path.display())),
+            ));
         }
         Err(e) => {
             return Err(Failure::Runtime(

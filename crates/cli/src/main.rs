@@ -149,6 +149,14 @@ impl<T, E: Into<anyhow::Error>> Classify<T> for Result<T, E> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // A panic the store catches and reports (redb on a damaged file) is said once, by the error
+    // that reports it: no message and backtrace from inside redb before it.
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !agenthost_store::panic_is_reported() {
+            default(info);
+        }
+    }));
     // `serve` installs its subscriber once its configuration (and `[telemetry]`) is known.
     let _logs = match &cli.command {
         Command::Serve(_) => None,

@@ -1303,7 +1303,8 @@ async fn slow_and_greedy_clients_are_cut_off() {
 }
 
 /// A store file damaged on disk (bytes flipped all through its middle): `inspect --verify`
-/// reports the damage with exit 3, and never panics.
+/// and plain `inspect` report the damage with exit 3, `serve` refuses it with exit 1, each in
+/// a clear line and never with a panic report from inside redb.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspect_verify_reports_a_damaged_file() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -1338,14 +1339,28 @@ async fn inspect_verify_reports_a_damaged_file() {
         format!("{out}{err}").contains("damaged") || out.contains("VERIFICATION FAILED"),
         "{out}\n{err}"
     );
-    let (status, _, err) = run(&["inspect", "--data-dir", &data]);
-    assert_ne!(status.code(), Some(101), "inspect panicked: {err}");
-    // The server refuses to start on it, saying so and naming the file.
+    assert_no_panic(&err);
+    let (status, out, err) = run(&["inspect", "--data-dir", &data]);
+    assert_eq!(status.code(), Some(3), "{out}\n{err}");
+    assert!(err.contains("damaged"), "{err}");
+    assert_no_panic(&err);
+    // The server refuses to start on it, saying so in one line and naming the file.
     let (status, _, err) = run(&["serve", "--data-dir", &data, "--bind", "127.0.0.1:0"]);
     assert_eq!(status.code(), Some(1), "{err}");
     assert!(
         err.contains("damaged") && err.contains("store.redb"),
         "{err}"
+    );
+    assert_no_panic(&err);
+}
+
+/// What a damaged file makes redb do inside never reaches the operator as a panic report.
+fn assert_no_panic(err: &str) {
+    assert!(
+        !err.contains("panicked")
+            && !err.contains("stack backtrace")
+            && !err.contains("RUST_BACKTRACE"),
+        "a panic report on stderr:\n{err}"
     );
 }
 

@@ -441,9 +441,7 @@ fn opener(config: &Config) -> slot::Opener {
         .map_err(|e| cannot(e.into()))?;
         // redb may panic on a file damaged in a way its checks do not cover: that is a damaged
         // file, said as such, not a crash.
-        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            builder.create_with_backend(storage)
-        }));
+        let opened = quietly(|| builder.create_with_backend(storage));
         match opened {
             Ok(opened) => opened.map_err(|e| cannot(e.into())),
             Err(panic) => Err(damaged(&panic_message(&*panic))),
@@ -451,8 +449,29 @@ fn opener(config: &Config) -> slot::Opener {
     })
 }
 
+thread_local! {
+    /// Inside [`quietly`]: a panic here is caught and reported as what it means (a damaged
+    /// file), so a panic hook has nothing to add.
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f`, catching a panic (redb may panic on a file damaged in a way its checks do not
+/// cover); while it runs, [`panic_is_reported`] is true on this thread, so a binary's panic hook
+/// can leave the caught panic to the error that reports it instead of printing a backtrace.
+pub fn quietly<T>(f: impl FnOnce() -> T) -> std::thread::Result<T> {
+    let outer = QUIET.replace(true);
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    QUIET.set(outer);
+    result
+}
+
+/// Whether a panic on this thread now is one [`quietly`] catches and reports.
+pub fn panic_is_reported() -> bool {
+    QUIET.get()
+}
+
 /// What a caught panic said.
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<String>()
         .cloned()

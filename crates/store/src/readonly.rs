@@ -33,7 +33,7 @@ pub fn check_integrity(path: &Path, scratch: &Path) -> Result<Integrity> {
             copy.display()
         ))
     })?;
-    let checked = std::panic::catch_unwind(|| -> std::result::Result<bool, String> {
+    let checked = crate::quietly(|| -> std::result::Result<bool, String> {
         let mut db = redb::Database::open(&copy).map_err(|e| e.to_string())?;
         db.check_integrity().map_err(|e| e.to_string())
     });
@@ -62,13 +62,19 @@ impl ReadOnlyStore {
     /// another format version ([`Error::FormatVersion`]), and anything that is not an agenthost
     /// store.
     pub fn open(path: &Path) -> Result<ReadOnlyStore> {
-        let db = redb::Builder::new()
-            .open_read_only(path)
-            .map_err(|e| match e {
-                DatabaseError::DatabaseAlreadyOpen => Error::Locked,
-                DatabaseError::RepairAborted => Error::NeedsRecovery,
-                other => Error::Storage(format!("cannot open {}: {other}", path.display())),
-            })?;
+        // redb may panic on a file damaged in a way its checks do not cover: a damaged file.
+        let damaged = |reason: String| Error::Corrupt {
+            what: format!("file {}", path.display()),
+            reason,
+        };
+        let opened = crate::quietly(|| redb::Builder::new().open_read_only(path))
+            .map_err(|panic| damaged(crate::panic_message(&*panic)))?;
+        let db = opened.map_err(|e| match e {
+            DatabaseError::DatabaseAlreadyOpen => Error::Locked,
+            DatabaseError::RepairAborted => Error::NeedsRecovery,
+            DatabaseError::Storage(redb::StorageError::Corrupted(reason)) => damaged(reason),
+            other => Error::Storage(format!("cannot open {}: {other}", path.display())),
+        })?;
         let store = ReadOnlyStore { db };
         store.check_version()?;
         Ok(store)
