@@ -7,7 +7,9 @@
 //! session or message ids, and a tool the model named but nobody registered counts as
 //! `unknown`.
 
-use agenthost_model::Event;
+use std::sync::Arc;
+
+use agenthost_model::{Event, InterruptReason, SessionId};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -38,6 +40,78 @@ pub struct Metrics {
     pub passivations: Counter,
     /// Sessions the runtime settled and resumed after a crash or a takeover.
     pub recoveries: Counter,
+    /// Pending inputs and claims, kept in memory from the commits (see [`Held`]).
+    pub(crate) held: Arc<Held>,
+}
+
+/// What the store holds of pending inputs and claims, kept in memory so that a scrape reads
+/// no store: seeded from the store where the recovery sweep reads it anyway (at start and at a
+/// takeover), then moved by every committed event exactly as the projector moves a session's
+/// row (`prompt_admitted` +1 and `prompt_promoted` −1 pending; `execution_started` claims, a
+/// settled or user-interrupted execution releases).
+#[derive(Debug, Default)]
+pub(crate) struct Held {
+    pending: crate::IdMap<SessionId, u32>,
+    claimed: crate::IdMap<SessionId, ()>,
+}
+
+impl Held {
+    fn committed(&self, session: &SessionId, event: &Event) {
+        match event {
+            Event::PromptAdmitted { .. } => *self.pending.entry(session.clone()).or_default() += 1,
+            Event::PromptPromoted { .. } => {
+                let emptied = self.pending.get_mut(session).is_some_and(|mut n| {
+                    *n = n.saturating_sub(1);
+                    *n == 0
+                });
+                if emptied {
+                    self.pending.remove_if(session, |_, n| *n == 0);
+                }
+            }
+            Event::ExecutionStarted { .. } => {
+                self.claimed.insert(session.clone(), ());
+            }
+            Event::ExecutionSucceeded
+            | Event::ExecutionFailed { .. }
+            | Event::ExecutionInterrupted {
+                reason: InterruptReason::User,
+            } => {
+                self.claimed.remove(session);
+            }
+            _ => {}
+        }
+    }
+
+    /// What the store says of one session now (a read of the recovery sweep).
+    pub(crate) fn seed(&self, session: &SessionId, pending: u32, claimed: bool) {
+        if pending == 0 {
+            self.pending.remove(session);
+        } else {
+            self.pending.insert(session.clone(), pending);
+        }
+        if claimed {
+            self.claimed.insert(session.clone(), ());
+        } else {
+            self.claimed.remove(session);
+        }
+    }
+
+    /// A claim the store holds (a session without pending input, read by the recovery sweep).
+    pub(crate) fn seed_claim(&self, session: &SessionId) {
+        self.claimed.insert(session.clone(), ());
+    }
+
+    /// Pending inputs and claimed sessions among the sessions `owns` accepts.
+    pub(crate) fn count(&self, owns: impl Fn(&SessionId) -> bool) -> (u64, u64) {
+        let pending = self
+            .pending
+            .iter()
+            .filter(|e| owns(e.key()))
+            .map(|e| u64::from(*e.value()))
+            .sum();
+        let claimed = self.claimed.iter().filter(|e| owns(e.key())).count();
+        (pending, claimed as u64)
+    }
 }
 
 /// The `kind` label: an event's wire name.
@@ -64,7 +138,8 @@ pub struct ToolCall {
 
 impl Metrics {
     /// Counts one committed event (called from the store's commit hook).
-    pub(crate) fn committed(&self, event: &Event) {
+    pub(crate) fn committed(&self, session: &SessionId, event: &Event) {
+        self.held.committed(session, event);
         self.events
             .get_or_create(&Kind { kind: event.kind() })
             .inc();

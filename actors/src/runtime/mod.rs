@@ -124,7 +124,7 @@ impl Runtime {
                 hook(events);
             }
             for (session, stored) in events {
-                counted.committed(&stored.event);
+                counted.committed(session, &stored.event);
                 // The commit hook runs on the store's committer thread: copy an event only for
                 // a listener.
                 if commits.listening(session) {
@@ -485,6 +485,13 @@ impl Runtime {
     /// Whether `session` has a drain in progress in this process.
     pub fn is_active(&self, session: &SessionId) -> bool {
         self.shared.active.contains_key(session)
+    }
+
+    /// Inputs admitted and not yet promoted, and sessions holding a claim, of the sessions this
+    /// node owns: from memory (seeded by the recovery sweep's read, then moved by every commit),
+    /// never a store read.
+    pub fn held(&self) -> (u64, u64) {
+        self.shared.metrics.held.count(|session| self.owns(session))
     }
 
     /// Session actors alive right now (passivated sessions are not counted).

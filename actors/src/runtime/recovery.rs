@@ -25,10 +25,8 @@ const RECOVERY_WAIT: Duration = Duration::from_secs(60);
 /// owed recovery are known, each of them until it is recovered: until then `wait_idle` on them
 /// waits (a session owed recovery is not idle).
 pub(crate) async fn sweep(runtime: &Runtime, config: &Recovery, listing: Option<Listing>) {
-    if config.mode == RecoveryMode::Off {
-        return;
-    }
-    // Store reads, one per pending session: on the blocking pool.
+    // Store reads, one per pending session: on the blocking pool. They also seed the in-memory
+    // counts of pending inputs and claims, whatever the mode.
     let found = match blocking(runtime, candidates).await {
         Ok(found) => found,
         Err(e) => {
@@ -36,7 +34,7 @@ pub(crate) async fn sweep(runtime: &Runtime, config: &Recovery, listing: Option<
             return;
         }
     };
-    if found.is_empty() {
+    if found.is_empty() || config.mode == RecoveryMode::Off {
         return;
     }
     if config.mode == RecoveryMode::Pause {
@@ -160,16 +158,29 @@ impl Sweeps {
     }
 }
 
-/// Sessions this node owns that hold a claim or pending input that asked for a wake.
+/// Sessions this node owns that hold a claim or pending input that asked for a wake. What it
+/// reads of the sessions this node owns seeds the in-memory counts `/metrics` shows.
 fn candidates(runtime: &Runtime) -> Result<BTreeSet<SessionId>> {
     let snap = runtime.snapshot()?;
-    let mut found: BTreeSet<SessionId> = snap.claimed()?.into_iter().collect();
+    let claimed: BTreeSet<SessionId> = snap.claimed()?.into_iter().collect();
+    let mut found = claimed.clone();
+    let held = &runtime.shared.metrics.held;
     for session in snap.with_pending()? {
+        if !runtime.owns(&session) {
+            continue;
+        }
+        let pending = snap.session(&session)?.map_or(0, |row| row.pending);
+        held.seed(&session, pending, claimed.contains(&session));
         if !found.contains(&session) && asked_for_a_wake(&*snap, &session)? {
             found.insert(session);
         }
     }
     found.retain(|s| runtime.owns(s));
+    for session in &found {
+        if claimed.contains(session) {
+            held.seed_claim(session);
+        }
+    }
     Ok(found)
 }
 

@@ -114,12 +114,12 @@ impl Metrics {
         );
         r.register(
             "agenthost_inputs_pending",
-            "Inputs admitted and not yet promoted, in the store",
+            "Inputs admitted and not yet promoted, of the sessions this node owns",
             metrics.pending.clone(),
         );
         r.register(
             "agenthost_sessions_claimed",
-            "Sessions holding a claim (a drain running, or one a crash left to recover), in the store",
+            "Sessions of this node holding a claim (a drain running, or one a crash left to recover)",
             metrics.claimed.clone(),
         );
         let m = runtime.metrics();
@@ -228,6 +228,11 @@ impl Metrics {
             "Rows moved by maintenance",
             stats.maintenance_rows.clone(),
         );
+        r.register(
+            "agenthost_store_snapshots",
+            "Read views of the store opened (API reads, drains, sweeps; never a scrape)",
+            stats.snapshots.clone(),
+        );
 
         r.register(
             "agenthost_sse_streams",
@@ -252,28 +257,15 @@ impl Metrics {
         }
     }
 
-    /// Reads the store's pending inputs and claims (from its working set, not a scan).
-    async fn read_store(&self, runtime: &Runtime) {
-        let counts = crate::read(runtime, |snap| {
-            let mut pending = 0;
-            for id in snap.with_pending()? {
-                pending += snap.session(&id)?.map_or(0, |row| row.pending);
-            }
-            Ok((pending, snap.claimed()?.len()))
-        })
-        .await;
-        // A store that cannot be read leaves the last values; its health says why.
-        if let Ok((pending, claimed)) = counts {
-            self.pending.set(pending as i64);
-            self.claimed.set(claimed as i64);
-        }
-    }
-
     fn render(&self, runtime: &Runtime) -> String {
         self.live.set(runtime.live() as i64);
         self.active.set(runtime.active().len() as i64);
         self.waiting.set(runtime.drains_waiting() as i64);
         self.approvals.set(runtime.waiting() as i64);
+        // From memory: a scrape reads no store.
+        let (pending, claimed) = runtime.held();
+        self.pending.set(pending as i64);
+        self.claimed.set(claimed as i64);
         self.health.set(match runtime.store().health() {
             agenthost_store::Health::Ok => 0,
             agenthost_store::Health::DiskFull(_) => 1,
@@ -360,7 +352,6 @@ fn resident_bytes() -> Option<i64> {
 #[utoipa::path(get, path = "/metrics", operation_id = "metrics", tag = "meta",
     responses((status = 200, description = "OpenMetrics text format 1.0.0", content_type = "application/openmetrics-text", body = String)))]
 pub(crate) async fn render(State(shared): State<Arc<Shared>>) -> Response {
-    shared.metrics.read_store(&shared.runtime).await;
     let text = shared.metrics.render(&shared.runtime);
     ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response()
 }

@@ -332,6 +332,88 @@ async fn metrics_count_exactly_what_happened() {
     server.abort();
 }
 
+/// A scrape reads no store: its gauges of pending inputs and claims come from memory, seeded
+/// by the start's recovery read and moved by every commit, so they hold across a restart too.
+#[tokio::test]
+async fn a_scrape_reads_no_store() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("store.redb");
+    let start = |path: std::path::PathBuf| async move {
+        let config =
+            Config::new(path).with_provider("scripted", Arc::new(Scripted::new([text("ok")])));
+        let runtime = Runtime::start(config).await.expect("runtime starts");
+        runtime.recovered().await;
+        Api::new(runtime, Options::default())
+    };
+    let get = |router: Router| async move {
+        let reply = router
+            .oneshot(request(Method::GET, "/metrics", None))
+            .await
+            .expect("infallible");
+        let body = axum::body::to_bytes(reply.into_body(), usize::MAX)
+            .await
+            .expect("body");
+        samples(&String::from_utf8_lossy(&body))
+    };
+    let api = start(path.clone()).await;
+    let router = api.router();
+    let created = router
+        .clone()
+        .oneshot(request(Method::POST, "/api/session", None))
+        .await
+        .expect("infallible");
+    let body = axum::body::to_bytes(created.into_body(), usize::MAX)
+        .await
+        .expect("body");
+    let created: Value = serde_json::from_slice(&body).expect("JSON");
+    let session = created["data"]["id"].as_str().expect("id").to_owned();
+    for text in ["one", "two"] {
+        let prompt = format!(r#"{{"text":"{text}","resume":false}}"#);
+        let reply = router
+            .clone()
+            .oneshot(request(
+                Method::POST,
+                &format!("/api/session/{session}/prompt"),
+                Some(&prompt),
+            ))
+            .await
+            .expect("infallible");
+        assert_eq!(reply.status(), StatusCode::OK);
+    }
+    let first = get(router.clone()).await;
+    assert_eq!(first.get("agenthost_inputs_pending"), Some(&2.0));
+    let reads = |m: &std::collections::HashMap<String, f64>| {
+        *m.get("agenthost_store_snapshots_total")
+            .expect("the read counter")
+    };
+    let mut before = reads(&first);
+    for _ in 0..20 {
+        let again = get(router.clone()).await;
+        assert_eq!(reads(&again), before, "a scrape read the store");
+        before = reads(&again);
+    }
+    drop(router);
+    api.runtime().shutdown().await;
+
+    // After a restart, the start's one read seeds what the store holds.
+    let router = start(path).await.router();
+    let metrics = get(router.clone()).await;
+    assert_eq!(metrics.get("agenthost_inputs_pending"), Some(&2.0));
+    assert_eq!(metrics.get("agenthost_sessions_claimed"), Some(&0.0));
+    let reply = router
+        .clone()
+        .oneshot(request(
+            Method::POST,
+            &format!("/api/session/{session}/resume?wait=true"),
+            None,
+        ))
+        .await
+        .expect("infallible");
+    assert_eq!(reply.status(), StatusCode::OK);
+    let metrics = get(router).await;
+    assert_eq!(metrics.get("agenthost_inputs_pending"), Some(&0.0));
+}
+
 #[tokio::test]
 async fn create_and_get_sessions() {
     let h = harness(vec![]).await;

@@ -572,6 +572,7 @@ impl Store for RedbStore {
     }
 
     fn snapshot(&self) -> Result<Box<dyn Snapshot>> {
+        self.stats.snapshots.inc();
         Ok(Box::new(self.redb_snapshot()?))
     }
 

@@ -123,6 +123,8 @@ pub struct Stats {
     pub maintenance_runs: Counter,
     pub maintenance_rows: Counter,
     pub maintenance_micros: Counter,
+    /// Read views opened ([`crate::Store::snapshot`]): reads of the API, drains and sweeps.
+    pub snapshots: Counter,
 }
 
 impl Default for Stats {
@@ -141,6 +143,7 @@ impl Default for Stats {
             maintenance_runs: Counter::default(),
             maintenance_rows: Counter::default(),
             maintenance_micros: Counter::default(),
+            snapshots: Counter::default(),
         }
     }
 }

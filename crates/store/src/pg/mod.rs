@@ -475,6 +475,7 @@ impl Store for PgStore {
     }
 
     fn snapshot(&self) -> Result<Box<dyn Snapshot>> {
+        self.stats.snapshots.inc();
         Ok(Box::new(snapshot::PgSnapshot::begin(self.pool.clone())?))
     }
 
