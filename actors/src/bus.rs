@@ -73,6 +73,22 @@ impl DeltaKind {
 /// so a watched session that is keeping up holds a few slots, not this many.
 const SESSION_CAPACITY: usize = 128;
 
+/// What a subscriber of one session may fall behind by in bytes (about: an item's text and
+/// fixed size, see [`weight`]): a reader that does not read holds no more than this alive,
+/// however large the session's events. An item alone in the queue is always taken, so one
+/// event larger than this does not make a reader that keeps up lag.
+pub const SESSION_BYTES: usize = 1024 * 1024;
+
+/// About how many bytes an item keeps alive.
+fn weight(item: &Item) -> usize {
+    std::mem::size_of::<(SessionId, Live)>()
+        + match &item.1 {
+            Live::Event(stored) => stored.event.weight(),
+            Live::Delta { delta, .. } => delta.len(),
+            Live::Status(_) => 0,
+        }
+}
+
 /// Slots a queue keeps when its reader caught up; a larger burst's are given back.
 const KEPT_SLOTS: usize = 16;
 
@@ -231,6 +247,8 @@ struct Queue {
 #[derive(Debug, Default)]
 struct QueueState {
     items: VecDeque<Item>,
+    /// About how many bytes `items` keep alive ([`weight`]).
+    bytes: usize,
     /// Items dropped because the queue was full, not yet reported to the reader.
     missed: u64,
     /// The reader waiting for an item.
@@ -269,11 +287,28 @@ impl Subscriber {
         if !self.open() {
             return false;
         }
+        let weight = weight(item);
         let mut state = self.queue.lock();
-        if state.items.len() >= SESSION_CAPACITY {
+        let full = state.items.len() >= SESSION_CAPACITY
+            || (!state.items.is_empty() && state.bytes + weight > SESSION_BYTES);
+        if full || state.missed > 0 {
+            // Behind: what follows a loss is dropped with it (the reader resyncs from the
+            // store), and nothing more is held for it.
             state.missed += 1;
+            if state.bytes > 0 {
+                let dropped = std::mem::take(&mut state.items);
+                state.missed += dropped.len() as u64;
+                state.bytes = 0;
+                let waker = state.waker.take();
+                drop(state);
+                drop(dropped);
+                if let Some(waker) = waker {
+                    waker.wake();
+                }
+            }
             return true;
         }
+        state.bytes += weight;
         state.items.push_back(item.clone());
         let wake = !(state.quiet && is_delta(item) && state.items.len() < QUIET_LIMIT);
         let waker = if wake {
@@ -378,9 +413,11 @@ impl Subscription {
         if state.missed > 0 {
             let lost = std::mem::take(&mut state.missed) + state.items.len() as u64;
             state.items = VecDeque::new();
+            state.bytes = 0;
             return Next::Lost(lost);
         }
         if let Some(item) = state.items.pop_front() {
+            state.bytes = state.bytes.saturating_sub(weight(&item));
             if state.items.is_empty() && state.items.capacity() > KEPT_SLOTS {
                 // A burst is over: give its slots back.
                 state.items = VecDeque::new();
@@ -439,6 +476,29 @@ mod tests {
             assert_eq!(item.0, a);
             assert_eq!(running(&item), n % 2 == 1);
         }
+    }
+
+    #[tokio::test]
+    async fn a_queue_is_bounded_in_bytes_and_frees_them_when_its_reader_falls_behind() {
+        let bus = Bus::new(16);
+        let a = session(1);
+        let mut slow = bus.subscribe_session(&a);
+        // One item larger than the bound alone is taken: a reader that keeps up never lags.
+        bus.publish(&a, delta(&"x".repeat(2 * SESSION_BYTES)));
+        assert!(slow.recv().await.is_ok());
+        // Far fewer items than the queue's slots, but more bytes than it may hold.
+        let each = SESSION_BYTES / 4;
+        for _ in 0..6 {
+            bus.publish(&a, delta(&"x".repeat(each)));
+        }
+        let (queued, bytes) = {
+            let state = slow.queue.lock();
+            (state.items.len(), state.bytes)
+        };
+        assert_eq!((queued, bytes), (0, 0), "dropped at once, not when read");
+        assert!(matches!(slow.recv().await, Err(RecvError::Lagged(6))));
+        bus.publish(&a, status(1));
+        assert!(running(&slow.recv().await.expect("after the loss")));
     }
 
     #[tokio::test]

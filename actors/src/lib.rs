@@ -39,7 +39,7 @@ pub mod tools;
 pub(crate) type IdMap<K, V> = dashmap::DashMap<K, V, foldhash::fast::RandomState>;
 
 pub use approvals::{Decide, PendingApproval, digest};
-pub use bus::{Activity, DeltaKind, Live, Subscription};
+pub use bus::{Activity, DeltaKind, Live, SESSION_BYTES, Subscription};
 pub use config::{
     Agent, Compaction, Config, DEFAULT_APPROVAL_TTL, Limits, Model, OnNewInput, Price, Recovery,
     RecoveryMode, Supervision,

@@ -53,7 +53,7 @@ export type Frame =
   | { kind: "synced"; data: Synced }
   | { kind: "delta"; data: Delta }
   | { kind: "status"; data: Status }
-  /** The server could not read the store; it ends the stream after this (and `events` reconnects). */
+  /** The server could not read the store, or this client fell too far behind; it ends the stream after this (and `events` reconnects). */
   | { kind: "error"; data: ErrorBody };
 
 /** An error answer of the API: the HTTP status and the `{error: {type, message}}` envelope. */

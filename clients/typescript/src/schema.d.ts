@@ -1975,7 +1975,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Server-sent events: durable events (`event: <type>`, `id: <seq>`, data: Event), then `synced` (data: Synced) and the current `status`, then live durable events, `delta` (data: Delta) and `status` (data: Status) */
+            /** @description Server-sent events: durable events (`event: <type>`, `id: <seq>`, data: Event), then `synced` (data: Synced) and the current `status`, then live durable events, `delta` (data: Delta) and `status` (data: Status); a final `error` (data: ErrorBody) when the store cannot be read or the client fell too far behind */
             200: {
                 headers: {
                     [name: string]: unknown;

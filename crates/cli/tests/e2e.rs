@@ -23,6 +23,8 @@ mod mcp;
 mod mcp_server;
 #[path = "e2e/schedules.rs"]
 mod schedules;
+#[path = "e2e/security.rs"]
+mod security;
 #[path = "e2e/wire.rs"]
 mod wire;
 

@@ -199,6 +199,38 @@ pub enum Event {
 }
 
 impl Event {
+    /// About how many bytes the event holds: its fixed size plus its text (prompts, outputs,
+    /// summaries, errors), which is what can make one event large. For bounding what a queue of
+    /// events holds in bytes rather than in events.
+    pub fn weight(&self) -> usize {
+        let text = match self {
+            Event::PromptAdmitted { prompt, .. } => prompt.size(),
+            Event::InstructionsUpdated { changed, text, .. } => {
+                text.len()
+                    + changed
+                        .iter()
+                        .map(|(k, v)| k.len() + v.len())
+                        .sum::<usize>()
+            }
+            Event::ExecutionFailed { error, .. }
+            | Event::ToolFailed { error, .. }
+            | Event::CompactionFailed { error, .. } => error.len(),
+            Event::TextEnded { text, .. } => text.len(),
+            Event::ReasoningEnded { text, metadata, .. } => {
+                text.len() + metadata.as_ref().map_or(0, String::len)
+            }
+            Event::ToolCalled { input, name, .. } => input.len() + name.len(),
+            Event::ToolSucceeded { output, .. } | Event::ToolOutput { output, .. } => output.len(),
+            Event::CompactionEnded { summary, .. } => summary.len(),
+            Event::ApprovalDecided { by, reason, .. } => {
+                by.as_ref().map_or(0, String::len) + reason.as_ref().map_or(0, String::len)
+            }
+            Event::ScheduleSet { schedule } => schedule.prompt.size(),
+            _ => 0,
+        };
+        std::mem::size_of::<Event>() + text
+    }
+
     /// The message (or admitted input) the event is about, if any.
     pub fn message_id(&self) -> Option<&MessageId> {
         match self {

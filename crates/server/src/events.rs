@@ -24,18 +24,29 @@
 //!
 //! The stream is a state machine polled by the response body, not a spawned task: when the
 //! client goes away the body is dropped and with it the bus subscription.
+//!
+//! **Bounded in bytes.** What one stream holds for a client that does not read is bounded in
+//! bytes, not frames: the bus queues at most `SESSION_BYTES` for it (beyond that it has fallen
+//! behind: it gets a final `error` frame, type `unavailable`, and ends, and the client resumes
+//! from the store with `Last-Event-ID`); it renders at most [`AHEAD`] beyond what the
+//! connection took; the connection takes a frame in slices of at most [`SLICE`] bytes into a
+//! bounded write buffer; and a durable event's frame is rendered once for every stream that
+//! sends it at the same time ([`Renders`]), so a large event watched by many streams is one
+//! copy, not one per stream.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use agenthost_actors::Live;
 use agenthost_model::{Seq, SessionId, Stored};
 use axum::extract::State;
-use axum::http::HeaderMap;
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use futures::Stream;
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 
@@ -52,6 +63,18 @@ const PAGE: usize = 64;
 /// buffer), however long the history.
 const AHEAD: usize = 64 * 1024;
 
+/// The largest piece of a frame the connection takes at once: a large frame goes out in slices
+/// of one shared buffer, so the write buffer of a client that does not read stops filling at its
+/// bound instead of holding the whole frame.
+const SLICE: usize = 16 * 1024;
+
+/// Frames this large or larger are rendered once for all the streams sending them at the same
+/// time; smaller ones cost less to render than to look up.
+const SHARED_FRAME: usize = 4 * 1024;
+
+/// The keep-alive comment.
+const KEEP_ALIVE: &[u8] = b":\n\n";
+
 /// The event stream of one session.
 #[utoipa::path(get, path = "/api/session/{id}/events", operation_id = "streamEvents", tag = "session",
     params(
@@ -60,7 +83,7 @@ const AHEAD: usize = 64 * 1024;
         ("Last-Event-ID" = Option<u64>, Header, description = "Seq of the last event received; replay resumes after it (wins over `after`)"),
     ),
     responses(
-        (status = 200, description = "Server-sent events: durable events (`event: <type>`, `id: <seq>`, data: Event), then `synced` (data: Synced) and the current `status`, then live durable events, `delta` (data: Delta) and `status` (data: Status)", content_type = "text/event-stream", body = wire::Event),
+        (status = 200, description = "Server-sent events: durable events (`event: <type>`, `id: <seq>`, data: Event), then `synced` (data: Synced) and the current `status`, then live durable events, `delta` (data: Delta) and `status` (data: Status); a final `error` (data: ErrorBody) when the store cannot be read or the client fell too far behind", content_type = "text/event-stream", body = wire::Event),
         (status = 400, description = "Malformed id, `after` or `Last-Event-ID`", body = ErrorEnvelope),
         (status = 401, body = ErrorEnvelope),
         (status = 404, body = ErrorEnvelope),
@@ -72,7 +95,7 @@ pub(crate) async fn stream(
     SessionPath(session): SessionPath,
     Query(query): Query<wire::EventsQuery>,
     headers: HeaderMap,
-) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+) -> Result<Response, ApiError> {
     let after = match headers.get("last-event-id") {
         Some(value) => Some(
             value
@@ -110,10 +133,120 @@ pub(crate) async fn stream(
         done: false,
     };
     shared.counters.sse_opened();
-    let stream = futures::stream::unfold(feed, |mut feed| async move {
-        feed.next_frame().await.map(|event| (Ok(event), feed))
+    let frames = futures::stream::unfold(feed, |mut feed| async move {
+        feed.next_frame().await.map(|frame| (frame, feed))
     });
-    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(shared.options.keep_alive)))
+    let body = Sliced {
+        frames: Box::pin(frames),
+        current: Bytes::new(),
+        keep_alive: Box::pin(tokio::time::sleep(shared.options.keep_alive)),
+        interval: shared.options.keep_alive,
+    };
+    let mut response = axum::body::Body::from_stream(body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    Ok(response)
+}
+
+/// The response body of a stream: its frames in slices of at most [`SLICE`] bytes (of the
+/// frame's own buffer, not copies), and a keep-alive comment when nothing was sent for
+/// `interval`.
+struct Sliced {
+    frames: Pin<Box<dyn Stream<Item = Bytes> + Send>>,
+    /// What is left of the frame being sent.
+    current: Bytes,
+    keep_alive: Pin<Box<tokio::time::Sleep>>,
+    interval: Duration,
+}
+
+impl Stream for Sliced {
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if this.current.is_empty() {
+            match this.frames.as_mut().poll_next(cx) {
+                Poll::Ready(Some(frame)) => this.current = frame,
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => {
+                    if this.keep_alive.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    let next = tokio::time::Instant::now() + this.interval;
+                    this.keep_alive.as_mut().reset(next);
+                    return Poll::Ready(Some(Ok(Bytes::from_static(KEEP_ALIVE))));
+                }
+            }
+        }
+        let next = tokio::time::Instant::now() + this.interval;
+        this.keep_alive.as_mut().reset(next);
+        let slice = this.current.split_to(this.current.len().min(SLICE));
+        Poll::Ready(Some(Ok(slice)))
+    }
+}
+
+/// Frames of durable events being sent, shared by the streams sending them: a large event
+/// watched by many streams (or replayed to many at once) is rendered and held once. Entries
+/// live as long as some stream holds their frame.
+#[derive(Debug, Default)]
+pub(crate) struct Renders {
+    frames: Mutex<HashMap<FrameKey, Weak<Vec<u8>>>>,
+}
+
+/// A durable event: its session and seq.
+type FrameKey = (SessionId, u64);
+
+impl Renders {
+    /// The frame of `stored`, rendered by `render` unless a stream already holds it.
+    fn frame(&self, session: &SessionId, stored: &Stored) -> Bytes {
+        let size = std::mem::size_of::<Stored>() + stored.event.weight();
+        if size < SHARED_FRAME {
+            return Bytes::from(render(stored));
+        }
+        let key = (session.clone(), stored.seq.0);
+        let mut frames = self.frames.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(shared) = frames.get(&key).and_then(Weak::upgrade) {
+            return Bytes::from_owner(ArcBytes(shared));
+        }
+        let rendered = Arc::new(render(stored));
+        // Forget the frames no stream holds any more, now and then: the map stays as large as
+        // the frames in flight.
+        if frames.len() >= 64 && frames.len().is_power_of_two() {
+            frames.retain(|_, frame| frame.strong_count() > 0);
+        }
+        frames.insert(key, Arc::downgrade(&rendered));
+        drop(frames);
+        Bytes::from_owner(ArcBytes(rendered))
+    }
+}
+
+/// A shared rendered frame as the owner of [`Bytes`].
+struct ArcBytes(Arc<Vec<u8>>);
+
+impl AsRef<[u8]> for ArcBytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// The SSE frame of a durable event.
+fn render(stored: &Stored) -> Vec<u8> {
+    let event = wire::Event::from(stored);
+    let json = serde_json::to_vec(&event)
+        .unwrap_or_else(|e| format!("{{\"error\":\"cannot serialize: {e}\"}}").into_bytes());
+    let mut frame = Vec::with_capacity(json.len() + 64);
+    frame.extend_from_slice(b"event: ");
+    frame.extend_from_slice(stored.event.kind().as_bytes());
+    frame.extend_from_slice(b"\nid: ");
+    frame.extend_from_slice(stored.seq.0.to_string().as_bytes());
+    frame.extend_from_slice(b"\ndata: ");
+    frame.extend_from_slice(&json);
+    frame.extend_from_slice(b"\n\n");
+    frame
 }
 
 /// The event streams open, in all and per session.
@@ -285,7 +418,7 @@ struct Frame {
 }
 
 enum Body {
-    Event(Event),
+    Frame(Bytes),
     /// Rendered when it leaves, so that deltas of one part held together leave as one frame.
     /// The first delta of a burst goes alone (`joinable` is false).
     Delta {
@@ -303,7 +436,7 @@ impl Drop for Feed {
 impl Feed {
     /// The next frame to write, paced by [`Pace`]. Frames returned without a pause in between
     /// leave in one write.
-    async fn next_frame(&mut self) -> Option<Event> {
+    async fn next_frame(&mut self) -> Option<Bytes> {
         loop {
             if !self.queue.is_empty() {
                 if !self.pace.releasing() && self.reading.is_none() {
@@ -320,7 +453,7 @@ impl Feed {
                     self.queued -= frame.bytes;
                     self.pace.popped(self.queue.is_empty());
                     return Some(match frame.body {
-                        Body::Event(event) => event,
+                        Body::Frame(frame) => frame,
                         Body::Delta { delta, .. } => {
                             self.deltas -= 1;
                             json_event("delta", &delta)
@@ -458,31 +591,47 @@ impl Feed {
         }
     }
 
+    /// The client fell further behind than its stream may hold: it gets a final frame saying
+    /// so after what is queued, and resumes from the store when it reconnects.
     fn lagged(&mut self, missed: u64) {
-        tracing::debug!(session_id = %self.session, missed, "event stream lagged; reading the store");
+        tracing::debug!(session_id = %self.session, missed, "event stream fell behind; closing it");
         self.shared.counters.sse_lagged();
-        self.reading = Some(Reading::CatchUp);
+        if self.done {
+            return;
+        }
+        let resume = self.last.map_or_else(
+            || "from the start".to_owned(),
+            |last| format!("after {last}"),
+        );
+        let body = wire::ErrorBody {
+            kind: crate::error::ErrorType::Unavailable,
+            message: format!(
+                "this stream fell more than {} KiB of events behind and is closed; reconnect \
+                 with Last-Event-ID to resume from the store ({resume})",
+                agenthost_actors::SESSION_BYTES / 1024
+            ),
+            decision: None,
+        };
+        self.queue.clear();
+        self.deltas = 0;
+        self.queued = 0;
+        self.enqueue(json_event("error", &body));
+        self.done = true;
     }
 
     /// Queues an ephemeral frame that is not a delta (it never waits, see `next_frame`).
-    fn enqueue(&mut self, event: Event) {
+    fn enqueue(&mut self, frame: Bytes) {
         self.queue.push_back(Frame {
-            body: Body::Event(event),
+            body: Body::Frame(frame),
             bytes: 0,
         });
     }
 
     fn push(&mut self, stored: &Stored) {
-        let event = wire::Event::from(stored);
-        let json = serde_json::to_string(&event)
-            .unwrap_or_else(|e| format!("{{\"error\":\"cannot serialize: {e}\"}}"));
-        let bytes = json.len();
-        let frame = Event::default()
-            .event(stored.event.kind())
-            .data(json)
-            .id(stored.seq.0.to_string());
+        let frame = self.shared.renders.frame(&self.session, stored);
+        let bytes = frame.len();
         self.queue.push_back(Frame {
-            body: Body::Event(frame),
+            body: Body::Frame(frame),
             bytes,
         });
         self.queued += bytes;
@@ -523,13 +672,12 @@ impl Feed {
     }
 }
 
-fn json_event<T: serde::Serialize>(name: &str, payload: &T) -> Event {
-    let event = Event::default().event(name);
-    match serde_json::to_string(payload) {
-        Ok(json) => event.data(json),
-        // Wire types serialize infallibly; keep the stream well-formed regardless.
-        Err(e) => event.data(format!("{{\"error\":\"cannot serialize: {e}\"}}")),
-    }
+/// The frame of an ephemeral event (no `id`).
+fn json_event<T: serde::Serialize>(name: &str, payload: &T) -> Bytes {
+    // Wire types serialize infallibly; keep the stream well-formed regardless.
+    let json = serde_json::to_string(payload)
+        .unwrap_or_else(|e| format!("{{\"error\":\"cannot serialize: {e}\"}}"));
+    Bytes::from(format!("event: {name}\ndata: {json}\n\n"))
 }
 
 #[cfg(test)]

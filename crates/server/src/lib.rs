@@ -129,6 +129,8 @@ pub(crate) struct Shared {
     pub metrics: metrics::Metrics,
     /// Event streams open per session, for `max_streams_per_session`.
     pub streams: events::Streams,
+    /// Frames of durable events being sent, rendered once for all the streams sending them.
+    pub renders: events::Renders,
     /// Forwards requests for sessions another node of the cluster owns (or why it cannot).
     pub forwarder: Result<reqwest::Client, String>,
 }
@@ -157,6 +159,7 @@ impl Api {
             counters,
             metrics,
             streams: Default::default(),
+            renders: Default::default(),
             forwarder: forward::client(),
         });
         Api { shared }

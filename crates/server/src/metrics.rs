@@ -241,7 +241,7 @@ impl Metrics {
         );
         r.register(
             "agenthost_sse_lagged",
-            "Times an event stream fell behind the bus and caught up from the store",
+            "Event streams closed because their client fell further behind than a stream may hold",
             counters.sse_lagged.clone(),
         );
         if let Some(mcp) = mcp {

@@ -1,0 +1,100 @@
+//! Hostile clients and hostile networks against the binary: what they cannot do, and what they
+//! cannot make the server spend.
+
+use super::*;
+
+/// `VmRSS` of a process, in bytes.
+fn resident(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|l| l.trim().strip_suffix("kB"))
+        .and_then(|l| l.trim().parse().ok())
+        .expect("VmRSS");
+    kib * 1024
+}
+
+/// An event stream whose client sends its request and never reads: a socket with a small
+/// receive buffer, so the server's writes stop at once.
+async fn unread_stream(addr: std::net::SocketAddr, session: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt as _;
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("receive buffer");
+    let mut stream = socket.connect(addr).await.expect("connect");
+    let head = format!(
+        "GET /api/session/{session}/events HTTP/1.1\r\nhost: 127.0.0.1\r\naccept: text/event-stream\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.expect("request");
+    stream
+}
+
+/// 500 event streams whose clients never read, on sessions that keep getting large input: what
+/// one stream may hold is bounded in bytes, so the server stays within 100 MiB of its idle
+/// size, and answers everyone else throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_event_streams_cannot_grow_the_server() {
+    const STREAMS: usize = 500;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let data = d.join("data");
+    let mut server = Proc::spawn(
+        "unread",
+        d,
+        &[
+            "serve",
+            "--data-dir",
+            data.to_str().expect("utf-8 path"),
+            "--bind",
+            "127.0.0.1:0",
+        ],
+    );
+    let url = server.url();
+    server.url = Some(url.clone());
+    let http = Http::new(&url);
+    let addr: std::net::SocketAddr = url
+        .trim_start_matches("http://")
+        .parse()
+        .expect("a socket address");
+    let pid = server.child.id();
+    let sessions = [http.session("default").await, http.session("default").await];
+    http.turn("warm up").await;
+    let idle = resident(pid);
+
+    let mut streams = Vec::with_capacity(STREAMS);
+    for i in 0..STREAMS {
+        streams.push(unread_stream(addr, &sessions[i % sessions.len()]).await);
+    }
+    // Large input into every watched session: each admission is a frame of about 512 KiB for
+    // each of its 250 streams.
+    let big = "x".repeat(512 * 1024);
+    for round in 0..6 {
+        for session in &sessions {
+            http.post(
+                &format!("/api/session/{session}/prompt"),
+                Some(json!({"text": format!("{round}{big}"), "resume": false})),
+            )
+            .await;
+        }
+    }
+    // The server still answers, and what it holds settles.
+    let mut peak = 0;
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(http.get("/healthz").await["status"], "ok");
+        peak = peak.max(resident(pid));
+    }
+    let grown = peak.saturating_sub(idle);
+    eprintln!(
+        "{STREAMS} unread streams: idle {} MiB, peak {} MiB, grown {} MiB",
+        idle >> 20,
+        peak >> 20,
+        grown >> 20
+    );
+    assert!(
+        grown < 100 << 20,
+        "{STREAMS} unread streams grew the server by {} MiB",
+        grown >> 20
+    );
+    drop(streams);
+}
