@@ -19,6 +19,10 @@ pub enum Error {
     PromptTooLarge { size: usize, limit: usize },
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// The store took nothing for a reason of its own (a full disk, an I/O error): `what` says
+    /// so for a client, `detail` is the store's own text (paths, addresses) for the log.
+    #[error("{what}: {detail}")]
+    StoreUnavailable { what: &'static str, detail: String },
     /// The session is running work this request cannot join; it may be sent again once idle.
     #[error("session busy: {0}")]
     Busy(String),
@@ -79,12 +83,31 @@ impl From<agenthost_store::Error> for Error {
             S::PromptConflict { id, reason } => Error::PromptConflict { id, reason },
             S::Invalid(e) => Error::from(e),
             S::Closed => Error::ShuttingDown,
-            full @ S::Full { .. } => Error::Unavailable(full.to_string()),
+            full @ S::Full { .. } => Error::StoreUnavailable {
+                what: "the session holds as many pending inputs as it may; retry once it has \
+                       answered some",
+                detail: full.to_string(),
+            },
             // Nothing was written: the caller may retry once the disk is back.
-            io @ (S::DiskFull(_) | S::Io(_) | S::Stopped(_)) => Error::Unavailable(io.to_string()),
+            io @ (S::DiskFull(_) | S::Io(_) | S::Stopped(_)) => Error::StoreUnavailable {
+                what: match io {
+                    S::DiskFull(_) => {
+                        "the disk of the store is full: writes are refused until there is space"
+                    }
+                    S::Stopped(_) => {
+                        "the store stopped accepting writes after an I/O error; check the disk \
+                         and restart"
+                    }
+                    _ => "a write to the store failed; nothing was written, retry",
+                },
+                detail: io.to_string(),
+            },
             // Another node holds the session (or nobody does until a takeover): nothing was
             // written, and a retry through any node reaches the owner.
-            moved @ S::NotOwner { .. } => Error::Unavailable(moved.to_string()),
+            moved @ S::NotOwner { .. } => Error::StoreUnavailable {
+                what: "another node owns this session now (a takeover may be under way); retry",
+                detail: moved.to_string(),
+            },
             other => Error::Storage(other.to_string()),
         }
     }

@@ -205,23 +205,29 @@ pub(crate) async fn healthz(State(shared): AppState) -> Response {
             (StatusCode::SERVICE_UNAVAILABLE, "shutting_down", None)
         }
         agenthost_store::Health::Ok => (StatusCode::OK, "ok", None),
-        agenthost_store::Health::DiskFull(reason) => (StatusCode::OK, "disk_full", Some(reason)),
-        agenthost_store::Health::Failed(reason) => (
+        // What the state means for a client; the store's own error text (paths, addresses) is
+        // in the log, where the store reported it when it happened.
+        agenthost_store::Health::DiskFull(_) => (
+            StatusCode::OK,
+            "disk_full",
+            Some("the disk of the store is full: writes are refused until there is space"),
+        ),
+        agenthost_store::Health::Failed(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
             "store_failed",
-            Some(reason),
+            Some("a write to the store failed: writes are refused until a restart (see the log)"),
         ),
-        agenthost_store::Health::Unreachable(reason) => (
+        agenthost_store::Health::Unreachable(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
             "store_unreachable",
-            Some(reason),
+            Some("the database cannot be reached: reads and writes resume once it is back"),
         ),
     };
     json_response(
         status,
         &wire::Health {
             status: state.into(),
-            reason,
+            reason: reason.map(str::to_owned),
         },
     )
 }

@@ -14,22 +14,38 @@ pub fn status(kind: ErrorType) -> StatusCode {
     StatusCode::from_u16(kind.status()).expect("invariant: error types carry valid statuses")
 }
 
-/// A failed request: its type (which decides the status) and a message for humans.
+/// A failed request: its type (which decides the status), a message for the client, and what
+/// only the log may hold (`detail`: store, database and other nodes' text, addresses).
+///
+/// Every error answer carries an `x-request-id`, and the log line of the failure names it: the
+/// body says what the client can act on, the log says why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{kind:?}: {message}")]
 pub struct ApiError {
     kind: ErrorType,
     message: String,
+    detail: Option<String>,
     /// With `approval_decided`: the first decision.
     decision: Option<Box<crate::wire::ApprovalDecision>>,
 }
 
 impl ApiError {
+    /// An error whose message is written for the client (it names nothing internal).
     pub fn new(kind: ErrorType, message: impl Into<String>) -> Self {
         ApiError {
             kind,
             message: message.into(),
+            detail: None,
             decision: None,
+        }
+    }
+
+    /// An error whose cause names internals: the client gets `message`, the log gets `detail`
+    /// under the request id.
+    pub fn hidden(kind: ErrorType, message: impl Into<String>, detail: impl Into<String>) -> Self {
+        ApiError {
+            detail: Some(detail.into()),
+            ..ApiError::new(kind, message)
         }
     }
 
@@ -45,9 +61,32 @@ impl ApiError {
         self.kind
     }
 
+    /// What the client is told.
     pub fn message(&self) -> &str {
         &self.message
     }
+}
+
+/// What a client is told of a runtime error that is not its own doing: what happened and what
+/// to do, never the text of the store, the database, a provider or another node.
+fn public(error: &Error) -> Option<String> {
+    Some(match error {
+        Error::Unavailable(_) => {
+            "the server cannot take this request right now (its store or a limit); retry shortly"
+                .into()
+        }
+        Error::StoreUnavailable { what, .. } => (*what).to_owned(),
+        Error::Provider(e) => format!(
+            "the model provider failed ({}); retry later or check the provider",
+            e.kind().as_str()
+        ),
+        Error::Halted { session, .. } => format!(
+            "session {session} is halted (recovery gave up, or it failed too often); \
+             `POST /api/session/{session}/resume` runs it again"
+        ),
+        Error::Storage(_) | Error::Panicked(_) | Error::Config(_) => "the server failed".into(),
+        _ => return None,
+    })
 }
 
 impl From<Error> for ApiError {
@@ -72,6 +111,7 @@ impl From<Error> for ApiError {
             Error::Provider(_) => ErrorType::ProviderError,
             Error::ContextOverflow(_) => ErrorType::ContextOverflow,
             Error::Unavailable(_)
+            | Error::StoreUnavailable { .. }
             | Error::ShuttingDown
             | Error::Timeout { .. }
             | Error::ActorDied(_)
@@ -81,7 +121,10 @@ impl From<Error> for ApiError {
             // server's problem, not the request's.
             Error::Storage(_) | Error::Panicked(_) | Error::Config(_) => ErrorType::Internal,
         };
-        ApiError::new(kind, error.to_string())
+        match public(&error) {
+            Some(message) => ApiError::hidden(kind, message, error.to_string()),
+            None => ApiError::new(kind, error.to_string()),
+        }
     }
 }
 
@@ -105,22 +148,26 @@ impl From<agenthost_model::Error> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = status(self.kind);
-        // A 500's detail (a storage error, panic text) names internals: it goes to the log
-        // under a request id, and the client gets the id.
-        let mut request_id = None;
-        let message = if self.kind == ErrorType::Internal {
-            let id = format!("req_{}", ulid::Ulid::new());
-            tracing::error!(request_id = %id, error = %self.message, "request failed");
-            let message =
-                format!("the server failed; its log has the details under request id {id}");
-            request_id = Some(id);
-            message
+        // Every error answer has a request id, and the log line of the failure names it: the
+        // detail (a storage error, panic text, another node's address) stays in the log.
+        let id = format!("req_{}", ulid::Ulid::new());
+        let detail = self.detail.as_deref().unwrap_or(&self.message);
+        let code = status.as_u16();
+        if self.kind == ErrorType::Internal {
+            tracing::error!(request_id = %id, status = code, error = %detail, "request failed");
+        } else if status.is_server_error() {
+            tracing::warn!(request_id = %id, status = code, error = %detail, "request failed");
         } else {
-            if status.is_server_error() {
-                tracing::warn!(status = status.as_u16(), error = %self.message, "request failed");
-            }
+            tracing::debug!(request_id = %id, status = code, error = %detail, "request refused");
+        }
+        let message = if self.kind == ErrorType::Internal {
+            format!("the server failed; its log has the details under request id {id}")
+        } else if self.detail.is_some() {
+            format!("{} (request id {id})", self.message)
+        } else {
             self.message
         };
+        let request_id = Some(id);
         let body = ErrorEnvelope {
             error: ErrorBody {
                 kind: self.kind,

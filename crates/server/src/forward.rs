@@ -55,8 +55,8 @@ fn session_in(path: &str) -> Option<SessionId> {
     SessionId::parse(id).ok()
 }
 
-fn unavailable(message: String) -> Response {
-    let mut response = ApiError::new(ErrorType::Unavailable, message).into_response();
+fn unavailable(error: ApiError) -> Response {
+    let mut response = error.into_response();
     response
         .headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -87,16 +87,17 @@ pub(crate) async fn route(
     if ownership.owns(&session) {
         return next.run(request).await;
     }
-    if let Some(by) = request.headers().get(FORWARDED) {
-        let by = String::from_utf8_lossy(by.as_bytes()).into_owned();
-        return unavailable(format!(
-            "session {session} moved while the request was forwarded (by {by}); retry"
+    if request.headers().contains_key(FORWARDED) {
+        return unavailable(ApiError::new(
+            ErrorType::Unavailable,
+            format!("session {session} moved while the request was forwarded; retry"),
         ));
     }
     match ownership.owner(&session) {
         Some(node) => proxy(&shared, ownership.node(), &node.url, request).await,
-        None => unavailable(format!(
-            "no node holds session {session} right now (a takeover is under way); retry"
+        None => unavailable(ApiError::new(
+            ErrorType::Unavailable,
+            format!("no node holds session {session} right now (a takeover is under way); retry"),
         )),
     }
 }
@@ -148,7 +149,13 @@ async fn proxy(shared: &Shared, me: &str, base: &str, request: Request) -> Respo
     }
     let forwarder = match &shared.forwarder {
         Ok(client) => client,
-        Err(e) => return unavailable(format!("this node cannot forward: {e}")),
+        Err(e) => {
+            return unavailable(ApiError::hidden(
+                ErrorType::Unavailable,
+                "this node cannot reach the node that owns the session; retry",
+                format!("this node cannot forward: {e}"),
+            ));
+        }
     };
     let sent = forwarder
         .request(parts.method, &target)
@@ -160,8 +167,10 @@ async fn proxy(shared: &Shared, me: &str, base: &str, request: Request) -> Respo
         Ok(answer) => answer,
         Err(e) => {
             tracing::warn!(target_url = %target, error = %e, "forwarding failed");
-            return unavailable(format!(
-                "the node owning this session ({base}) did not answer: {e}; retry"
+            return unavailable(ApiError::hidden(
+                ErrorType::Unavailable,
+                "the node that owns the session did not answer; retry",
+                format!("the node owning this session ({base}) did not answer: {e}"),
             ));
         }
     };

@@ -141,6 +141,27 @@ fn assert_error(reply: &Reply, status: u16, kind: &str) {
         "application/json",
         "errors are JSON"
     );
+    assert!(
+        reply
+            .headers
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|id| id.starts_with("req_")),
+        "every error answer names its request id: {:?}",
+        reply.headers
+    );
+}
+
+/// An error answer that names nothing internal: none of `secrets`, no OS error text.
+fn assert_clean(reply: &Reply, secrets: &[&str]) {
+    let body = reply.json.to_string();
+    for secret in secrets.iter().chain(&["os error", "No space left"]) {
+        assert!(
+            !body.contains(secret),
+            "{} answer shows {secret:?}: {body}",
+            reply.status
+        );
+    }
 }
 
 fn text(reply: &str) -> Script {
@@ -911,7 +932,11 @@ async fn a_wait_after_an_accepted_resume_waits_for_its_drain() {
 
 #[tokio::test]
 async fn provider_failure_is_a_bad_gateway() {
-    let auth = LlmError::new(ErrorKind::Authentication, "bad key");
+    // What the provider said (an address, a key's prefix) stays in the log.
+    let auth = LlmError::new(
+        ErrorKind::Authentication,
+        "bad key sk-live-7f3a at https://10.9.8.7:8443/v1",
+    );
     let h = harness(vec![
         Script::new().error(auth.clone()),
         Script::new().error(auth),
@@ -922,6 +947,10 @@ async fn provider_failure_is_a_bad_gateway() {
         .post(&format!("/api/session/{s}/resume?wait=true"), None)
         .await;
     assert_error(&reply, 502, "provider_error");
+    let secrets = ["sk-live", "10.9.8.7", "bad key"];
+    assert_clean(&reply, &secrets);
+    let message = reply.json["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("authentication"), "{message}");
     let reply = h
         .post(
             &format!("/api/session/{s}/generate"),
@@ -929,6 +958,7 @@ async fn provider_failure_is_a_bad_gateway() {
         )
         .await;
     assert_error(&reply, 502, "provider_error");
+    assert_clean(&reply, &secrets);
 }
 
 #[tokio::test]
@@ -1716,19 +1746,24 @@ async fn storage_faults_answer_503_and_healthz_tells() {
         StatusCode::OK
     );
 
+    // The store's own text names its file: only the log may hold it.
+    let path = h._dir.path().to_str().expect("utf-8 path").to_owned();
+    let secrets = [path.as_str(), "store.redb"];
     faults.fail_writes(Fault::NoSpace);
     let refused = h.post(&uri, Some(&prompt("refused"))).await;
     assert_error(&refused, 503, "unavailable");
     assert!(
         refused.json["error"]["message"]
             .as_str()
-            .is_some_and(|m| m.contains("disk is full")),
+            .is_some_and(|m| m.contains("is full")),
         "{}",
         refused.json
     );
+    assert_clean(&refused, &secrets);
     let health = h.get("/healthz").await;
     assert_eq!(health.status, StatusCode::OK);
     assert_eq!(health.json["status"], "disk_full", "{}", health.json);
+    assert_clean(&health, &secrets);
     let inbox = h.get(&format!("/api/session/{s}/inbox")).await;
     assert_eq!(inbox.status, StatusCode::OK, "reads go on: {}", inbox.json);
     assert_eq!(inbox.json["data"].as_array().map(Vec::len), Some(1));
@@ -1752,6 +1787,7 @@ async fn storage_faults_answer_503_and_healthz_tells() {
     faults.clear();
     let stopped = h.post(&uri, Some(&prompt("after"))).await;
     assert_error(&stopped, 503, "unavailable");
+    assert_clean(&stopped, &secrets);
     assert!(
         stopped.json["error"]["message"]
             .as_str()
@@ -1762,6 +1798,7 @@ async fn storage_faults_answer_503_and_healthz_tells() {
     let health = h.get("/healthz").await;
     assert_eq!(health.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(health.json["status"], "store_failed", "{}", health.json);
+    assert_clean(&health, &secrets);
     assert!(
         health.json["reason"]
             .as_str()
