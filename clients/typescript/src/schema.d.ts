@@ -944,7 +944,7 @@ export interface components {
          * @description The `type` of an error body. Stable: clients branch on it.
          * @enum {string}
          */
-        ErrorType: "session_not_found" | "prompt_conflict" | "session_busy" | "invalid_request" | "approval_decided" | "digest_mismatch" | "schedule_conflict" | "payload_too_large" | "unsupported_media_type" | "request_timeout" | "context_overflow" | "unauthorized" | "not_found" | "method_not_allowed" | "provider_error" | "unavailable" | "internal";
+        ErrorType: "session_not_found" | "prompt_conflict" | "session_busy" | "invalid_request" | "approval_decided" | "digest_mismatch" | "schedule_conflict" | "payload_too_large" | "unsupported_media_type" | "request_timeout" | "context_overflow" | "unauthorized" | "forbidden" | "not_found" | "method_not_allowed" | "provider_error" | "unavailable" | "internal";
         /**
          * @description A durable event as the SSE stream sends it (`event: <type>`, `id: <seq>`, this as `data`).
          *     The `type` is the model's stable event name (`Event::kind()`).

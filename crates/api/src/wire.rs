@@ -52,6 +52,9 @@ pub enum ErrorType {
     ContextOverflow,
     /// 401: a token is configured and the request lacks it or has another one.
     Unauthorized,
+    /// 403: the token's role does not allow the route, or the request's `Host` is not a name
+    /// this server answers to (a page that rebinds its name to this machine).
+    Forbidden,
     /// 404: no such route.
     NotFound,
     /// 405: the route exists, the method does not.
@@ -82,6 +85,7 @@ impl ErrorType {
             ErrorType::RequestTimeout => 408,
             ErrorType::ContextOverflow => 422,
             ErrorType::Unauthorized => 401,
+            ErrorType::Forbidden => 403,
             ErrorType::MethodNotAllowed => 405,
             ErrorType::ProviderError => 502,
             ErrorType::Unavailable => 503,
@@ -104,6 +108,7 @@ impl ErrorType {
             ErrorType::RequestTimeout => "request_timeout",
             ErrorType::ContextOverflow => "context_overflow",
             ErrorType::Unauthorized => "unauthorized",
+            ErrorType::Forbidden => "forbidden",
             ErrorType::NotFound => "not_found",
             ErrorType::MethodNotAllowed => "method_not_allowed",
             ErrorType::ProviderError => "provider_error",

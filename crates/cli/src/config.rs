@@ -175,6 +175,8 @@ struct Server {
     max_streams_per_session: Option<usize>,
     /// The shortest time between two writes of deltas alone on an event stream.
     delta_interval_ms: Option<u64>,
+    /// Names requests may give in `Host` besides IP literals and `localhost`.
+    allowed_hosts: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -328,6 +330,7 @@ pub struct Settings {
     pub delta_interval: Option<Duration>,
     pub protect_metrics: bool,
     pub protect_healthz: bool,
+    pub allowed_hosts: Vec<String>,
     /// Check the whole store file when opening it.
     pub check_on_start: bool,
     /// The embedded store's page cache, in MiB.
@@ -426,6 +429,7 @@ pub fn resolve(
         delta_interval: file.server.delta_interval_ms.map(Duration::from_millis),
         protect_metrics: file.server.protect_metrics.unwrap_or(false),
         protect_healthz: file.server.protect_healthz.unwrap_or(false),
+        allowed_hosts: file.server.allowed_hosts.clone().unwrap_or_default(),
         check_on_start: file.store.check_on_start.unwrap_or(true),
         cache_mib,
         commit_linger,
@@ -491,6 +495,26 @@ fn server(
         }
     }
 
+    for host in server.allowed_hosts.iter().flatten() {
+        let name = host.strip_prefix("*.").unwrap_or(host);
+        let valid = !name.is_empty()
+            && name.len() <= 253
+            && name.split('.').all(|label| {
+                !label.is_empty()
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            });
+        if !valid {
+            return Err(invalid(
+                "server.allowed_hosts",
+                format!(
+                    "{host:?} is not a host name (a name like agents.example.com, or *.example.com \
+                     for the names under it; no port, no scheme)"
+                ),
+            ));
+        }
+    }
     Ok((bind, token_env, token))
 }
 
@@ -1316,6 +1340,7 @@ pub fn effective(name: &str, file: &File, settings: &Settings) -> serde_json::Va
             "delta_interval_ms": ms(settings.delta_interval.unwrap_or(server.delta_interval)),
             "protect_metrics": settings.protect_metrics,
             "protect_healthz": settings.protect_healthz,
+            "allowed_hosts": settings.allowed_hosts,
         },
         "store": store,
         "telemetry": settings.telemetry.as_ref().map(|t| json!({
@@ -1735,6 +1760,14 @@ auto = false
             ("[server]\nport = 1", "unknown field `port`"),
             ("[server]\nbind = \"localhost\"", "`server.bind`"),
             ("[server]\ntoken_env = \"MISSING\"", "MISSING is not set"),
+            (
+                "[server]\nallowed_hosts = [\"agents.example.com:443\"]",
+                "`server.allowed_hosts`",
+            ),
+            (
+                "[server]\nallowed_hosts = [\"http://x\"]",
+                "is not a host name",
+            ),
             (
                 "[store]\nkind = \"postgres\"",
                 "`store.url_env`: environment variable AGENTHOST_PG_URL is not set",

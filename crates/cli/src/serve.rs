@@ -131,6 +131,7 @@ pub async fn run(args: Args, log_json: bool) -> Result<(), Failure> {
         token: settings.token.clone(),
         protect_metrics: settings.protect_metrics,
         protect_healthz: settings.protect_healthz,
+        allowed_hosts: settings.allowed_hosts.clone(),
         providers: Some(providers),
         ..Options::default()
     };

@@ -101,6 +101,73 @@ fn check(token: Option<&Token>, headers: &axum::http::HeaderMap) -> Result<(), A
     }
 }
 
+/// Middleware of every route: refuses a request whose `Host` names this server by a name it
+/// does not answer to, so that a web page which rebinds its own name to this machine (DNS
+/// rebinding) is refused although the browser thinks it same-origin. Answered: IP literals (a
+/// page served from an address cannot rebind it), `localhost` and `*.localhost` (browsers pin
+/// them to loopback), and `allowed_hosts`. A request without `Host` comes from no browser and
+/// passes. Checked without a token always; with one, when `allowed_hosts` lists names.
+pub(crate) async fn host(State(shared): State<Arc<Shared>>, req: Request, next: Next) -> Response {
+    let options = &shared.options;
+    if options.token.is_some() && options.allowed_hosts.is_empty() {
+        return next.run(req).await;
+    }
+    let named = req
+        .headers()
+        .get(header::HOST)
+        .map(|v| v.as_bytes().to_vec())
+        .or_else(|| {
+            req.uri()
+                .authority()
+                .map(|a| a.as_str().as_bytes().to_vec())
+        });
+    match named {
+        Some(host) if !host_allowed(&host, &options.allowed_hosts) => ApiError::new(
+            ErrorType::Forbidden,
+            "the Host of this request is not a name this server answers to (add it to \
+             [server] allowed_hosts)",
+        )
+        .into_response(),
+        _ => next.run(req).await,
+    }
+}
+
+/// Whether `host` (a `Host` header: a name or address, maybe with a port) is one this server
+/// answers to: an IP literal, `localhost` or a name under it, or one of `allowed` (exact, or
+/// `*.example.com` for the names under `example.com`), compared without case.
+fn host_allowed(host: &[u8], allowed: &[String]) -> bool {
+    let Ok(host) = std::str::from_utf8(host) else {
+        return false;
+    };
+    let host = host.trim();
+    // `[::1]:8080`, `[::1]`, `127.0.0.1:8080`, `name:8080`, `name`.
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        match rest.split_once(']') {
+            Some((v6, _)) => return v6.parse::<std::net::Ipv6Addr>().is_ok(),
+            None => return false,
+        }
+    } else {
+        host.rsplit_once(':').map_or(host, |(name, _)| name)
+    };
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    if name.is_empty() {
+        return false;
+    }
+    if name.parse::<std::net::Ipv4Addr>().is_ok()
+        || name == "localhost"
+        || name.ends_with(".localhost")
+    {
+        return true;
+    }
+    allowed.iter().any(|pattern| {
+        let pattern = pattern.trim_end_matches('.').to_ascii_lowercase();
+        match pattern.strip_prefix("*.") {
+            Some(domain) => name.len() > domain.len() + 1 && name.ends_with(&format!(".{domain}")),
+            None => name == pattern,
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,6 +202,41 @@ mod tests {
         assert!(check(None, &headers(None)).is_ok());
         assert!(Token::new("  ").is_none());
         assert_eq!(format!("{token:?}"), "Token([redacted])");
+    }
+
+    #[test]
+    fn hosts_a_rebinding_page_cannot_use_are_answered() {
+        let allowed = vec!["agents.example.com".to_owned(), "*.internal".to_owned()];
+        for ok in [
+            "127.0.0.1",
+            "127.0.0.1:4096",
+            "[::1]:4096",
+            "[::1]",
+            "10.0.0.7:80",
+            "localhost",
+            "LOCALHOST:4096",
+            "app.localhost:4096",
+            "agents.example.com",
+            "Agents.Example.com.:443",
+            "node1.internal:4096",
+        ] {
+            assert!(host_allowed(ok.as_bytes(), &allowed), "{ok}");
+        }
+        for refused in [
+            "attacker.example",
+            "attacker.example:4096",
+            "localhost.attacker.example",
+            "127.0.0.1.nip.io",
+            "example.com",
+            "internal",
+            "evil-agents.example.com",
+            "[not-an-address]",
+            "",
+            ":4096",
+        ] {
+            assert!(!host_allowed(refused.as_bytes(), &allowed), "{refused}");
+        }
+        assert!(!host_allowed(&[0xff, 0xfe], &allowed));
     }
 
     #[test]

@@ -60,6 +60,10 @@ pub const DEFAULT_BIND: &str = "127.0.0.1:4096";
 pub struct Options {
     /// When set, every `/api` route needs `Authorization: Bearer <token>`.
     pub token: Option<Token>,
+    /// Names (`agents.example.com`, `*.example.com`) besides IP literals and `localhost` that
+    /// requests may name in `Host`. Without a token every request's `Host` is checked; with
+    /// one, only when this lists names (see [`auth`]).
+    pub allowed_hosts: Vec<String>,
     /// Largest request body in bytes; larger bodies get `payload_too_large`. The default leaves
     /// room for a maximal prompt (1 MiB) even when JSON escaping doubles it.
     pub body_limit: usize,
@@ -97,6 +101,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             token: None,
+            allowed_hosts: Vec::new(),
             body_limit: 4 * 1024 * 1024,
             keep_alive: Duration::from_secs(15),
             delta_interval: Duration::from_millis(10),
@@ -203,6 +208,10 @@ impl Api {
             .merge(api)
             .fallback(api::not_found)
             .method_not_allowed_fallback(api::method_not_allowed)
+            .layer(axum::middleware::from_fn_with_state(
+                self.shared.clone(),
+                auth::host,
+            ))
             .layer(DefaultBodyLimit::max(self.shared.options.body_limit))
             .layer(axum::Extension(extract::BodyTimeout(
                 self.shared.options.body_timeout,
@@ -215,10 +224,9 @@ impl Api {
             ))
     }
 
-    /// `/mcp`: agenthost as a streamable-HTTP MCP server, behind the token as `/api` is. Its
-    /// tools call this node's own API at `addr` with the caller's token (see [`mcp`]). Requests
-    /// whose `Host` is not a loopback name or the bound address are refused, so a web page cannot
-    /// reach it by rebinding a name to this machine.
+    /// `/mcp`: agenthost as a streamable-HTTP MCP server, behind the token and the `Host` check
+    /// as `/api` is. Its tools call this node's own API at `addr` with the caller's token (see
+    /// [`mcp`]).
     fn mcp_router(&self, addr: std::net::SocketAddr) -> Router {
         use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
         use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
@@ -236,15 +244,9 @@ impl Api {
             }
         };
         let handler = mcp::Handler::with_callers_token(client);
-        let mut hosts = vec!["localhost".to_owned(), "127.0.0.1".into(), "::1".into()];
-        if !addr.ip().is_unspecified() {
-            hosts.push(addr.ip().to_string());
-        }
-        let mut config = StreamableHttpServerConfig::default().with_allowed_hosts(hosts);
-        if addr.ip().is_unspecified() {
-            // Any address of the machine may be asked: the token guards it, as it guards /api.
-            config = config.disable_allowed_hosts();
-        }
+        // `Host` is checked for /mcp as for every route (`auth::host`), so rmcp's own check,
+        // which knows neither `allowed_hosts` nor IP literals, is off.
+        let mut config = StreamableHttpServerConfig::default().disable_allowed_hosts();
         config.cancellation_token = self.shared.closing.child_token();
         let service = StreamableHttpService::new(
             move || Ok(handler.clone()),
@@ -266,7 +268,9 @@ impl Api {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let router = match listener.local_addr() {
-            Ok(addr) => self.router().merge(self.mcp_router(addr)),
+            Ok(addr) => self.router().merge(self.mcp_router(addr).layer(
+                axum::middleware::from_fn_with_state(self.shared.clone(), auth::host),
+            )),
             Err(_) => self.router(),
         };
         let shared = self.shared.clone();

@@ -98,3 +98,94 @@ async fn unread_event_streams_cannot_grow_the_server() {
     );
     drop(streams);
 }
+
+/// One request over a fresh connection with the `Host` given: the status and the body.
+async fn with_host(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    host: &str,
+) -> (u16, String) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let body = if method == "POST" { "{}" } else { "" };
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.expect("request");
+    let mut answer = Vec::new();
+    tokio::time::timeout(LIMIT, stream.read_to_end(&mut answer))
+        .await
+        .expect("answered in time")
+        .expect("read");
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status line");
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    (status, body)
+}
+
+/// DNS rebinding: a web page whose name now resolves to this machine sends requests the browser
+/// thinks same-origin, naming the page's host. Without a token, a request naming a host the
+/// server does not answer to is refused (403 `forbidden`) on every route, `/mcp` and the
+/// console included; addresses, `localhost` and `[server] allowed_hosts` are answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebinding_page_is_refused_by_its_host() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let server = serve_with(
+        d,
+        "rebind",
+        "allowed_hosts = [\"agents.test\", \"*.corp.test\"]",
+    );
+    let url = server.url();
+    let addr: std::net::SocketAddr = url
+        .trim_start_matches("http://")
+        .parse()
+        .expect("a socket address");
+    let port = addr.port();
+    for (method, path) in [
+        ("GET", "/api/session"),
+        ("POST", "/api/session"),
+        ("GET", "/console"),
+        ("GET", "/healthz"),
+        ("POST", "/mcp"),
+    ] {
+        for host in [
+            "attacker.example",
+            &format!("attacker.example:{port}"),
+            "localhost.attacker.example",
+        ] {
+            let (status, body) = with_host(addr, method, path, host).await;
+            assert_eq!(status, 403, "{method} {path} with Host {host}: {body}");
+            let json: Value = serde_json::from_str(&body).expect("a JSON error");
+            assert_eq!(json["error"]["type"], "forbidden", "{body}");
+        }
+    }
+    // Nothing was created by the refused POSTs.
+    let (_, listed) = with_host(addr, "GET", "/api/session", "127.0.0.1").await;
+    let listed: Value = serde_json::from_str(&listed).expect("JSON");
+    assert_eq!(
+        listed["data"]["sessions"].as_array().map(Vec::len),
+        Some(0),
+        "{listed}"
+    );
+    for host in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        "[::1]".to_owned(),
+        "agents.test".to_owned(),
+        format!("build.corp.test:{port}"),
+    ] {
+        let (status, body) = with_host(addr, "GET", "/api/session", &host).await;
+        assert_eq!(status, 200, "Host {host}: {body}");
+    }
+}
