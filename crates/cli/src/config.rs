@@ -17,6 +17,8 @@ use std::time::Duration;
 
 use agenthost_actors as actors;
 use agenthost_llm as llm;
+use agenthost_server::auth::{NamedToken, Role};
+use agenthost_server::forward::ClusterSecret;
 use agenthost_server::{DEFAULT_BIND, Token, tools};
 use serde::Deserialize;
 
@@ -146,6 +148,8 @@ enum StoreKind {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Cluster {
+    /// The variable holding the cluster's shared secret.
+    secret_env: Option<String>,
     node_id: Option<String>,
     advertise_url: Option<String>,
     partitions: Option<u32>,
@@ -177,6 +181,88 @@ struct Server {
     delta_interval_ms: Option<u64>,
     /// Names requests may give in `Host` besides IP literals and `localhost`.
     allowed_hosts: Option<Vec<String>>,
+    /// Named tokens with roles, from the environment.
+    #[serde(default)]
+    tokens: BTreeMap<String, TokenSection>,
+    /// A file of named tokens with roles, read again when it changes.
+    tokens_file: Option<PathBuf>,
+}
+
+/// `[server.tokens.NAME]`: a token from the environment, with its role.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenSection {
+    role: String,
+    token_env: String,
+}
+
+/// A tokens file: `[tokens.NAME] role = "read" | "write" | "admin"`, `token = "…"`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokensFile {
+    #[serde(default)]
+    tokens: BTreeMap<String, FileToken>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileToken {
+    role: String,
+    token: String,
+}
+
+/// A token's name: what approvals record and logs show.
+fn valid_token_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'@'))
+}
+
+fn role(text: &str) -> Result<Role, String> {
+    Role::parse(text).ok_or_else(|| format!("{text:?} is not a role (read, write or admin)"))
+}
+
+/// Reads and checks a tokens file: every name valid, every role known, every token non-empty,
+/// and no name or token used twice (with `taken`, the names of the configuration's own).
+pub fn read_tokens_file(path: &Path, taken: &[NamedToken]) -> Result<Vec<NamedToken>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let file: TokensFile =
+        toml::from_str(&text).map_err(|e| format!("{}: {}", path.display(), e.message()))?;
+    let mut list: Vec<NamedToken> = Vec::new();
+    for (name, entry) in file.tokens {
+        let at = |reason: String| format!("{}: tokens.{name}: {reason}", path.display());
+        if !valid_token_name(&name) {
+            return Err(at(
+                "a name is 1 to 64 letters, digits, `-`, `_`, `.` or `@`".into(),
+            ));
+        }
+        let role = role(&entry.role).map_err(at)?;
+        let token = Token::new(entry.token).ok_or_else(|| at("the token is empty".into()))?;
+        list.push(NamedToken { name, role, token });
+    }
+    unique(taken.iter().chain(&list)).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(list)
+}
+
+/// No two tokens with one name or one value.
+fn unique<'a>(tokens: impl Iterator<Item = &'a NamedToken> + Clone) -> Result<(), String> {
+    for (i, a) in tokens.clone().enumerate() {
+        for b in tokens.clone().skip(i + 1) {
+            if a.name == b.name {
+                return Err(format!("two tokens are named {:?}", a.name));
+            }
+            if a.token == b.token {
+                return Err(format!(
+                    "tokens {:?} and {:?} are the same token",
+                    a.name, b.name
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 #[derive(Debug, Deserialize)]
@@ -331,6 +417,12 @@ pub struct Settings {
     pub protect_metrics: bool,
     pub protect_healthz: bool,
     pub allowed_hosts: Vec<String>,
+    /// Named tokens with roles from the environment (`[server.tokens.NAME]`).
+    pub tokens: Vec<NamedToken>,
+    /// The file of named tokens, read at start and again whenever it changes.
+    pub tokens_file: Option<PathBuf>,
+    /// The cluster's shared secret (PostgreSQL store only).
+    pub cluster_secret: Option<ClusterSecret>,
     /// Check the whole store file when opening it.
     pub check_on_start: bool,
     /// The embedded store's page cache, in MiB.
@@ -402,6 +494,8 @@ pub fn resolve(
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Settings, Error> {
     let (bind, token_env, token) = server(name, &file.server, env)?;
+    let named = named_tokens(name, &file.server, token.as_ref(), env)?;
+    let cluster_secret = cluster_secret(name, &file.store, &file.cluster, env)?;
     let (providers, kinds) = providers(name, &file.providers, env)?;
     let builtin_mock = file.providers.is_empty();
     let models = models(name, &file.models, &providers, &kinds, builtin_mock)?;
@@ -430,6 +524,9 @@ pub fn resolve(
         protect_metrics: file.server.protect_metrics.unwrap_or(false),
         protect_healthz: file.server.protect_healthz.unwrap_or(false),
         allowed_hosts: file.server.allowed_hosts.clone().unwrap_or_default(),
+        tokens: named,
+        tokens_file: file.server.tokens_file.clone(),
+        cluster_secret,
         check_on_start: file.store.check_on_start.unwrap_or(true),
         cache_mib,
         commit_linger,
@@ -517,6 +614,102 @@ fn server(
     }
     Ok((bind, token_env, token))
 }
+
+/// `[server.tokens.NAME]` from the environment, and a first read of `[server] tokens_file`
+/// (so that a broken file stops the start).
+fn named_tokens(
+    name: &str,
+    server: &Server,
+    single: Option<&Token>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Vec<NamedToken>, Error> {
+    let invalid = invalid_in(name);
+    let mut list = Vec::new();
+    for (token_name, section) in &server.tokens {
+        let key = format!("server.tokens.{token_name}");
+        if !valid_token_name(token_name) {
+            return Err(invalid(
+                &key,
+                "a name is 1 to 64 letters, digits, `-`, `_`, `.` or `@`".into(),
+            ));
+        }
+        let role = role(&section.role).map_err(|r| invalid(&format!("{key}.role"), r))?;
+        let token = env(&section.token_env)
+            .and_then(Token::new)
+            .ok_or_else(|| {
+                invalid(
+                    &format!("{key}.token_env"),
+                    format!(
+                        "environment variable {} is not set (or empty)",
+                        section.token_env
+                    ),
+                )
+            })?;
+        list.push(NamedToken {
+            name: token_name.clone(),
+            role,
+            token,
+        });
+    }
+    unique(list.iter()).map_err(|e| invalid("server.tokens", e))?;
+    if let Some(single) = single
+        && list.iter().any(|t| &t.token == single)
+    {
+        return Err(invalid(
+            "server.tokens",
+            "a named token is the same as the [server] token_env token".into(),
+        ));
+    }
+    if let Some(path) = &server.tokens_file {
+        read_tokens_file(path, &list).map_err(|e| invalid("server.tokens_file", e))?;
+    }
+    Ok(list)
+}
+
+/// `[cluster] secret_env`: the cluster's shared secret, for the PostgreSQL store. Named
+/// explicitly, it must be set; the default variable may be unset (the node then neither
+/// forwards nor accepts forwarded requests).
+fn cluster_secret(
+    name: &str,
+    store: &StoreSection,
+    cluster: &Cluster,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<ClusterSecret>, Error> {
+    let invalid = invalid_in(name);
+    if store.kind != Some(StoreKind::Postgres) {
+        if cluster.secret_env.is_some() {
+            return Err(invalid(
+                "cluster.secret_env",
+                "applies only to the PostgreSQL store: set [store] kind = \"postgres\"".into(),
+            ));
+        }
+        return Ok(None);
+    }
+    let var = cluster
+        .secret_env
+        .as_deref()
+        .unwrap_or(DEFAULT_CLUSTER_SECRET_ENV);
+    match env(var).filter(|v| !v.trim().is_empty()) {
+        None if cluster.secret_env.is_some() => Err(invalid(
+            "cluster.secret_env",
+            format!("environment variable {var} is not set (or empty)"),
+        )),
+        None => Ok(None),
+        Some(secret) => ClusterSecret::new(&secret).map(Some).ok_or_else(|| {
+            invalid(
+                "cluster.secret_env",
+                format!(
+                    "the secret in {var} is shorter than {} bytes",
+                    ClusterSecret::MIN_LEN
+                ),
+            )
+        }),
+    }
+}
+
+/// The environment variable holding the cluster's secret unless `[cluster] secret_env` names
+/// another.
+pub const DEFAULT_CLUSTER_SECRET_ENV: &str = "AGENTHOST_CLUSTER_SECRET";
 
 /// Built providers by name.
 type Providers = BTreeMap<String, Arc<dyn llm::Provider>>;
@@ -1318,6 +1511,10 @@ pub fn effective(name: &str, file: &File, settings: &Settings) -> serde_json::Va
                 "advertise_url": if pg.advertise_url.is_empty() { "(http:// and the listen address)" } else { &pg.advertise_url },
                 "partitions": pg.partitions,
                 "lease_ttl_ms": ms(pg.lease_ttl),
+                "secret": secret(
+                    file.cluster.secret_env.as_deref().unwrap_or(DEFAULT_CLUSTER_SECRET_ENV),
+                    settings.cluster_secret.is_some(),
+                ),
             })
         }
     };
@@ -1341,6 +1538,12 @@ pub fn effective(name: &str, file: &File, settings: &Settings) -> serde_json::Va
             "protect_metrics": settings.protect_metrics,
             "protect_healthz": settings.protect_healthz,
             "allowed_hosts": settings.allowed_hosts,
+            "tokens": file.server.tokens.iter().map(|(name, t)| json!({
+                "name": name,
+                "role": t.role,
+                "token": secret(&t.token_env, true),
+            })).collect::<Vec<_>>(),
+            "tokens_file": settings.tokens_file,
         },
         "store": store,
         "telemetry": settings.telemetry.as_ref().map(|t| json!({
@@ -1767,6 +1970,34 @@ auto = false
             (
                 "[server]\nallowed_hosts = [\"http://x\"]",
                 "is not a host name",
+            ),
+            (
+                "[server.tokens.ci]\nrole = \"boss\"\ntoken_env = \"KEY\"",
+                "`server.tokens.ci.role`: \"boss\" is not a role",
+            ),
+            (
+                "[server.tokens.ci]\nrole = \"read\"\ntoken_env = \"MISSING\"",
+                "`server.tokens.ci.token_env`: environment variable MISSING is not set",
+            ),
+            (
+                "[server.tokens.\"a b\"]\nrole = \"read\"\ntoken_env = \"KEY\"",
+                "`server.tokens.a b`",
+            ),
+            (
+                "[server]\ntokens_file = \"/nonexistent/tokens.toml\"",
+                "`server.tokens_file`: cannot read /nonexistent/tokens.toml",
+            ),
+            (
+                "[cluster]\nsecret_env = \"KEY\"",
+                "`cluster.secret_env`: applies only to the PostgreSQL store",
+            ),
+            (
+                "[store]\nkind = \"postgres\"\nurl_env = \"KEY\"\n[cluster]\nsecret_env = \"MISSING\"",
+                "`cluster.secret_env`: environment variable MISSING is not set",
+            ),
+            (
+                "[store]\nkind = \"postgres\"\nurl_env = \"KEY\"\n[cluster]\nsecret_env = \"KEY\"",
+                "shorter than 16 bytes",
             ),
             (
                 "[store]\nkind = \"postgres\"",

@@ -4,10 +4,12 @@
 //! Order matters: configuration errors (exit 2) are found before anything touches the data
 //! directory or the network; a non-loopback bind without a token is refused the same way.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use agenthost_actors::{Extensions, Runtime, Tools};
+use agenthost_server::auth::{NamedToken, Tokens};
 use agenthost_server::{Api, Options, metrics};
 use anyhow::{Context, anyhow};
 use clap::Parser;
@@ -42,7 +44,9 @@ pub fn settings(args: &Args) -> Result<Settings, Failure> {
         settings.bind = config::parse_bind(bind)
             .map_err(|reason| Failure::Usage(anyhow!("--bind: {reason}")))?;
     }
-    if !settings.bind.ip().is_loopback() && settings.token.is_none() {
+    let tokens =
+        settings.token.is_some() || !settings.tokens.is_empty() || settings.tokens_file.is_some();
+    if !settings.bind.ip().is_loopback() && !tokens {
         return Err(Failure::Usage(anyhow!(
             "refusing to listen on {} without a token: anyone who can reach it could drive \
              your sessions. Set {} (or name another variable in [server] token_env), or bind a \
@@ -126,9 +130,36 @@ pub async fn run(args: Args, log_json: bool) -> Result<(), Failure> {
             settings.mcp.clone(),
         ))),
     };
+    // Named tokens: the configuration's own, and the file's, read again whenever it changes.
+    let tokens = match (&settings.tokens_file, settings.tokens.is_empty()) {
+        (None, true) => None,
+        (file, _) => {
+            let mut list = settings.tokens.clone();
+            if let Some(path) = file {
+                list.extend(
+                    config::read_tokens_file(path, &settings.tokens)
+                        .map_err(|e| Failure::Usage(anyhow!("[server] tokens_file: {e}")))?,
+                );
+            }
+            let tokens = Arc::new(Tokens::new(list));
+            if let Some(path) = file.clone() {
+                tokio::spawn(reload_tokens(path, settings.tokens.clone(), tokens.clone()));
+            }
+            Some(tokens)
+        }
+    };
+    if settings.postgres.is_some() && settings.cluster_secret.is_none() {
+        tracing::warn!(
+            "no cluster secret ({} unset): this node neither forwards requests for sessions \
+             other nodes own nor accepts forwarded ones",
+            config::DEFAULT_CLUSTER_SECRET_ENV
+        );
+    }
     let mut options = Options {
         mcp,
         token: settings.token.clone(),
+        tokens,
+        cluster_secret: settings.cluster_secret.clone(),
         protect_metrics: settings.protect_metrics,
         protect_healthz: settings.protect_healthz,
         allowed_hosts: settings.allowed_hosts.clone(),
@@ -160,7 +191,7 @@ pub async fn run(args: Args, log_json: bool) -> Result<(), Failure> {
     tracing::info!(
         %addr,
         data_dir = %settings.data_dir.display(),
-        auth = settings.token.is_some(),
+        auth = settings.token.is_some() || !settings.tokens.is_empty() || settings.tokens_file.is_some(),
         "serving"
     );
     // The one line on stdout: scripts and tests read the address from it.
@@ -171,4 +202,42 @@ pub async fn run(args: Args, log_json: bool) -> Result<(), Failure> {
         .runtime()?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// How often the tokens file is looked at for a change.
+const TOKENS_POLL: Duration = Duration::from_secs(2);
+
+/// Reads the tokens file again whenever it changes (its modification time or size): requests
+/// from then on are checked against the new list. A file that cannot be read or is invalid
+/// leaves the tokens as they were, and says why in the log.
+async fn reload_tokens(path: PathBuf, own: Vec<NamedToken>, tokens: Arc<Tokens>) {
+    let stamp = |path: &Path| {
+        std::fs::metadata(path)
+            .ok()
+            .map(|m| (m.modified().ok(), m.len()))
+    };
+    let mut seen = stamp(&path);
+    loop {
+        tokio::time::sleep(TOKENS_POLL).await;
+        let now = stamp(&path);
+        if now == seen {
+            continue;
+        }
+        seen = now;
+        match config::read_tokens_file(&path, &own) {
+            Ok(list) => {
+                let names: Vec<String> = list
+                    .iter()
+                    .map(|t| format!("{} ({})", t.name, t.role.as_str()))
+                    .collect();
+                let mut all = own.clone();
+                all.extend(list);
+                tokens.replace(all);
+                tracing::info!(file = %path.display(), tokens = ?names, "tokens file read again");
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the tokens file changed but cannot be used; the tokens stay as they were");
+            }
+        }
+    }
 }

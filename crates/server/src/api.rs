@@ -498,11 +498,16 @@ pub(crate) async fn resume(
     security((), ("bearer" = [])))]
 pub(crate) async fn interrupt(
     State(shared): AppState,
+    caller: Option<axum::Extension<crate::auth::Caller>>,
     SessionPath(id): SessionPath,
     _: RouteOptions<wire::NoOptions>,
 ) -> Result<Response, ApiError> {
     row(&shared, &id).await?;
     let interrupted = shared.runtime.interrupt(&id).await?;
+    if interrupted {
+        let by = caller.and_then(|c| c.0.name);
+        tracing::info!(session_id = %id, by = by.as_deref().unwrap_or("-"), "interrupted");
+    }
     Ok(data(wire::Interrupted { interrupted }))
 }
 
@@ -737,6 +742,7 @@ pub(crate) async fn approvals(
     security((), ("bearer" = [])))]
 pub(crate) async fn decide(
     State(shared): AppState,
+    caller: Option<axum::Extension<crate::auth::Caller>>,
     path: Result<Path<(String, String, String)>, PathRejection>,
     Json(body): Json<wire::Decide>,
 ) -> Result<Response, ApiError> {
@@ -753,6 +759,13 @@ pub(crate) async fn decide(
     };
     bounded("by", &body.by, MAX_DECIDED_BY)?;
     bounded("reason", &body.reason, MAX_REASON)?;
+    // A named token decides as itself: its name is recorded, with what the client said of who
+    // it is after it.
+    let by = match (caller.and_then(|c| c.0.name), body.by) {
+        (Some(name), Some(by)) => Some(format!("{name}: {by}")),
+        (Some(name), None) => Some(name),
+        (None, by) => by,
+    };
     let decision = shared
         .runtime
         .decide(
@@ -763,7 +776,7 @@ pub(crate) async fn decide(
                 approve: body.decision == wire::DecideKind::Approve,
                 digest: body.digest,
                 reason: body.reason,
-                by: body.by,
+                by,
             },
         )
         .await?;

@@ -1,5 +1,5 @@
-//! Bearer-token authentication of the `/api` routes, and the refusal of cross-site browser
-//! requests.
+//! Bearer-token authentication of the `/api` routes with roles, the refusal of cross-site
+//! browser requests, and the `Host` check against DNS rebinding.
 //!
 //! The token is compared in constant time (`subtle`), so response timing does not reveal how
 //! much of a guess was right. Only the length can differ in time, which reveals nothing useful
@@ -49,23 +49,180 @@ impl fmt::Debug for Token {
     }
 }
 
-/// Middleware of the `/api` routes: with a token configured the request needs
-/// `Authorization: Bearer <token>`; without one, loopback binding is the protection, so
-/// requests a browser marks as cross-site (`Sec-Fetch-Site: cross-site`) are refused, which
-/// keeps web pages from driving a local server.
+/// What a token may do. Ordered: each role may do what the one before it may.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Role {
+    /// `GET` routes and event streams (and `POST …/wait`, which only waits).
+    Read,
+    /// Also prompts, interrupts, resumes, approvals, schedules, `generate` and compaction.
+    Write,
+    /// Everything: also the cluster's routes, and `/metrics` when it is protected.
+    Admin,
+}
+
+impl Role {
+    pub fn parse(text: &str) -> Option<Role> {
+        match text {
+            "read" => Some(Role::Read),
+            "write" => Some(Role::Write),
+            "admin" => Some(Role::Admin),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Read => "read",
+            Role::Write => "write",
+            Role::Admin => "admin",
+        }
+    }
+
+    /// The role a request needs: by its route (`path`, the route's pattern where routing matched
+    /// one) and method.
+    pub fn required(method: &axum::http::Method, path: &str) -> Role {
+        use axum::http::Method;
+        if path.starts_with("/api/cluster") || path == "/metrics" {
+            return Role::Admin;
+        }
+        let reads = matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+            || (*method == Method::POST && path.ends_with("/wait"))
+            // `/mcp`'s tools call the API with the caller's own token, where each is checked.
+            || path == "/mcp";
+        if reads { Role::Read } else { Role::Write }
+    }
+}
+
+/// Who a request comes from, as authentication established it: the token's name (none for the
+/// single `token_env` token and without tokens) and role. Handlers read it from the request's
+/// extensions (an approval records the name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub name: Option<String>,
+    pub role: Role,
+}
+
+impl Caller {
+    /// A caller with every right: a server without tokens (loopback), or the single token.
+    pub fn anyone() -> Caller {
+        Caller {
+            name: None,
+            role: Role::Admin,
+        }
+    }
+}
+
+/// A token with its name and role.
+#[derive(Debug, Clone)]
+pub struct NamedToken {
+    pub name: String,
+    pub role: Role,
+    pub token: Token,
+}
+
+/// The named tokens a server accepts, replaceable while it serves (a tokens file that changed
+/// is read again). With a `Tokens` set the server requires a token even when the list is empty:
+/// emptying the file locks everyone out, never opens the server.
+#[derive(Debug, Default)]
+pub struct Tokens {
+    list: std::sync::RwLock<Arc<Vec<NamedToken>>>,
+}
+
+impl Tokens {
+    pub fn new(list: Vec<NamedToken>) -> Tokens {
+        let tokens = Tokens::default();
+        tokens.replace(list);
+        tokens
+    }
+
+    /// Replaces the list: requests from now on are checked against `list`.
+    pub fn replace(&self, list: Vec<NamedToken>) {
+        *self.list.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(list);
+    }
+
+    /// The names and roles of the tokens, for logs.
+    pub fn names(&self) -> Vec<(String, Role)> {
+        self.current()
+            .iter()
+            .map(|t| (t.name.clone(), t.role))
+            .collect()
+    }
+
+    fn current(&self) -> Arc<Vec<NamedToken>> {
+        self.list.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The caller whose token `candidate` is. Every token is compared, in constant time each,
+    /// whichever matches.
+    fn find(&self, candidate: &[u8]) -> Option<Caller> {
+        let mut found = None;
+        for named in self.current().iter() {
+            if named.token.matches(candidate) && found.is_none() {
+                found = Some(Caller {
+                    name: Some(named.name.clone()),
+                    role: named.role,
+                });
+            }
+        }
+        found
+    }
+}
+
+/// Middleware of the `/api` routes (and of `/metrics`, `/healthz` and `/mcp` where they are
+/// protected): establishes the [`Caller`] and refuses a role that does not reach the route's.
+/// With a token configured the request needs `Authorization: Bearer <token>`; a request another
+/// node forwarded is authenticated by its signature instead ([`crate::forward::verify`]), never
+/// by a token. Without tokens, loopback binding is the protection, so requests a browser marks as
+/// cross-site (`Sec-Fetch-Site: cross-site`) are refused, which keeps web pages from driving a
+/// local server.
 pub(crate) async fn require(
     State(shared): State<Arc<Shared>>,
     req: Request,
     next: Next,
 ) -> Response {
-    match check(shared.options.token.as_ref(), req.headers()) {
-        Ok(()) => next.run(req).await,
-        Err(e) => e.into_response(),
+    let path = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| req.uri().path().to_owned(), |p| p.as_str().to_owned());
+    let needed = Role::required(req.method(), &path);
+    let (caller, mut req) = if req.headers().contains_key(crate::forward::FORWARDED) {
+        match crate::forward::verify(&shared, req).await {
+            Ok(verified) => verified,
+            Err(e) => return e.into_response(),
+        }
+    } else {
+        let tokens = shared.options.tokens.as_deref();
+        match check(shared.options.token.as_ref(), tokens, req.headers()) {
+            Ok(caller) => (caller, req),
+            Err(e) => return e.into_response(),
+        }
+    };
+    if caller.role < needed {
+        let who = caller
+            .name
+            .as_deref()
+            .map_or_else(|| "this token".to_owned(), |n| format!("token {n:?}"));
+        return ApiError::new(
+            ErrorType::Forbidden,
+            format!(
+                "{who} has the role {}; {} {path} needs {}",
+                caller.role.as_str(),
+                req.method(),
+                needed.as_str()
+            ),
+        )
+        .into_response();
     }
+    req.extensions_mut().insert(caller);
+    next.run(req).await
 }
 
-fn check(token: Option<&Token>, headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
-    let Some(token) = token else {
+fn check(
+    token: Option<&Token>,
+    tokens: Option<&Tokens>,
+    headers: &axum::http::HeaderMap,
+) -> Result<Caller, ApiError> {
+    if token.is_none() && tokens.is_none() {
         let cross_site = headers
             .get("sec-fetch-site")
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"cross-site"));
@@ -75,8 +232,8 @@ fn check(token: Option<&Token>, headers: &axum::http::HeaderMap) -> Result<(), A
                 "cross-site browser requests are refused; configure a token to allow them",
             ));
         }
-        return Ok(());
-    };
+        return Ok(Caller::anyone());
+    }
     let Some(value) = headers.get(header::AUTHORIZATION) else {
         return Err(ApiError::new(
             ErrorType::Unauthorized,
@@ -88,15 +245,21 @@ fn check(token: Option<&Token>, headers: &axum::http::HeaderMap) -> Result<(), A
         .get(..7)
         .filter(|scheme| scheme.eq_ignore_ascii_case(b"bearer "))
         .map(|_| bytes[7..].trim_ascii());
-    match presented {
-        Some(candidate) if token.matches(candidate) => Ok(()),
-        Some(_) => Err(ApiError::new(
-            ErrorType::Unauthorized,
-            "invalid bearer token",
-        )),
-        None => Err(ApiError::new(
+    let Some(candidate) = presented else {
+        return Err(ApiError::new(
             ErrorType::Unauthorized,
             "the Authorization header must use the Bearer scheme",
+        ));
+    };
+    // Both are compared, whichever matches, so the time does not tell which kind a token is.
+    let single = token.is_some_and(|t| t.matches(candidate));
+    let named = tokens.and_then(|t| t.find(candidate));
+    match (single, named) {
+        (true, _) => Ok(Caller::anyone()),
+        (false, Some(caller)) => Ok(caller),
+        (false, None) => Err(ApiError::new(
+            ErrorType::Unauthorized,
+            "invalid bearer token",
         )),
     }
 }
@@ -187,8 +350,8 @@ mod tests {
     #[test]
     fn bearer_checks() {
         let token = Token::new("s3cret").expect("invariant: non-empty");
-        assert!(check(Some(&token), &headers(Some("Bearer s3cret"))).is_ok());
-        assert!(check(Some(&token), &headers(Some("bearer s3cret"))).is_ok());
+        assert!(check(Some(&token), None, &headers(Some("Bearer s3cret"))).is_ok());
+        assert!(check(Some(&token), None, &headers(Some("bearer s3cret"))).is_ok());
         for bad in [
             None,
             Some("Bearer s3cre"),
@@ -196,10 +359,10 @@ mod tests {
             Some("Basic s3cret"),
             Some("Bearer"),
         ] {
-            let e = check(Some(&token), &headers(bad)).expect_err("must be refused");
+            let e = check(Some(&token), None, &headers(bad)).expect_err("must be refused");
             assert_eq!(e.kind(), ErrorType::Unauthorized, "{bad:?}");
         }
-        assert!(check(None, &headers(None)).is_ok());
+        assert_eq!(check(None, None, &headers(None)), Ok(Caller::anyone()));
         assert!(Token::new("  ").is_none());
         assert_eq!(format!("{token:?}"), "Token([redacted])");
     }
@@ -243,8 +406,8 @@ mod tests {
     fn cross_site_refused_without_token() {
         let mut h = headers(None);
         h.insert("sec-fetch-site", HeaderValue::from_static("cross-site"));
-        assert!(check(None, &h).is_err());
+        assert!(check(None, None, &h).is_err());
         h.insert("sec-fetch-site", HeaderValue::from_static("same-origin"));
-        assert!(check(None, &h).is_ok());
+        assert!(check(None, None, &h).is_ok());
     }
 }

@@ -58,8 +58,16 @@ pub const DEFAULT_BIND: &str = "127.0.0.1:4096";
 /// How the API behaves. Every field has a default suited to `agenthost serve`.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// When set, every `/api` route needs `Authorization: Bearer <token>`.
+    /// When set, every `/api` route needs `Authorization: Bearer <token>`: this one, with every
+    /// right, or one of `tokens`.
     pub token: Option<Token>,
+    /// Named tokens with roles (see [`auth::Role`]), replaceable while serving. When set, a token
+    /// is required even if the list is empty.
+    pub tokens: Option<Arc<auth::Tokens>>,
+    /// The cluster's shared secret: requests for sessions another node owns are forwarded signed
+    /// with it, and forwarded requests are accepted only with a valid signature. Without it
+    /// this node neither forwards nor accepts forwarded requests.
+    pub cluster_secret: Option<forward::ClusterSecret>,
     /// Names (`agents.example.com`, `*.example.com`) besides IP literals and `localhost` that
     /// requests may name in `Host`. Without a token every request's `Host` is checked; with
     /// one, only when this lists names (see [`auth`]).
@@ -101,6 +109,8 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             token: None,
+            tokens: None,
+            cluster_secret: None,
             allowed_hosts: Vec::new(),
             body_limit: 4 * 1024 * 1024,
             keep_alive: Duration::from_secs(15),
@@ -136,6 +146,8 @@ pub(crate) struct Shared {
     pub streams: events::Streams,
     /// Frames of durable events being sent, rendered once for all the streams sending them.
     pub renders: events::Renders,
+    /// Nonces of forwarded requests accepted within the signature window: a replay is refused.
+    pub nonces: forward::Nonces,
     /// Forwards requests for sessions another node of the cluster owns (or why it cannot).
     pub forwarder: Result<reqwest::Client, String>,
 }
@@ -165,6 +177,7 @@ impl Api {
             metrics,
             streams: Default::default(),
             renders: Default::default(),
+            nonces: Default::default(),
             forwarder: forward::client(),
         });
         Api { shared }
@@ -172,6 +185,11 @@ impl Api {
 
     pub fn runtime(&self) -> &Runtime {
         &self.shared.runtime
+    }
+
+    /// The named tokens the API accepts, to replace while it serves.
+    pub fn tokens(&self) -> Option<&Arc<auth::Tokens>> {
+        self.shared.options.tokens.as_ref()
     }
 
     /// The router: `/healthz`, `/metrics`, `/openapi.json` and the `/api` routes (behind the

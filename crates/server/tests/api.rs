@@ -1107,6 +1107,321 @@ async fn token_protects_the_api_only() {
     assert_eq!(h.get("/openapi.json").await.status, StatusCode::OK);
 }
 
+/// Every route of the OpenAPI document against every role: a role below the route's gets 403
+/// `forbidden` and changes nothing; a role that reaches it is never refused for its role. The
+/// expected role comes from this table, not from the server's code: `read` for `GET` and
+/// `POST …/wait`, `admin` for the cluster's routes and a protected `/metrics`, `write` for the
+/// rest.
+#[tokio::test]
+async fn each_role_reaches_exactly_its_routes() {
+    use agenthost_server::auth::{NamedToken, Role, Tokens};
+    let named = |name: &str, role, token: &str| NamedToken {
+        name: name.into(),
+        role,
+        token: Token::new(token).expect("a token"),
+    };
+    let options = Options {
+        tokens: Some(Arc::new(Tokens::new(vec![
+            named("viewer", Role::Read, "read-token-0123456789"),
+            named("ci", Role::Write, "write-token-0123456789"),
+            named("ops", Role::Admin, "admin-token-0123456789"),
+        ]))),
+        protect_metrics: true,
+        protect_healthz: true,
+        ..Options::default()
+    };
+    let h = harness_with(vec![text("ok")], options, |_| {}).await;
+    let send = |method: &str, uri: &str, token: Option<&str>| {
+        let mut request = Request::builder()
+            .method(Method::from_bytes(method.to_uppercase().as_bytes()).expect("a method"))
+            .uri(uri)
+            .header(header::CONTENT_TYPE, "application/json");
+        if let Some(token) = token {
+            request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let body = if method == "get" {
+            Body::empty()
+        } else {
+            Body::from("{}")
+        };
+        let request = request.body(body).expect("request");
+        let router = h.router.clone();
+        async move {
+            // The status only: an event stream's body never ends.
+            let response = tokio::time::timeout(LIMIT, router.oneshot(request))
+                .await
+                .expect("answered in time")
+                .expect("infallible");
+            let status = response.status().as_u16();
+            let body = if status == 403 || status == 401 {
+                let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+                    .await
+                    .expect("body");
+                serde_json::from_slice(&bytes).unwrap_or(Value::Null)
+            } else {
+                Value::Null
+            };
+            (status, body)
+        }
+    };
+    let created = send("post", "/api/session", Some("write-token-0123456789")).await;
+    assert_eq!(created.0, 200);
+    let list = h
+        .send(
+            Request::get("/api/session")
+                .header(header::AUTHORIZATION, "Bearer read-token-0123456789")
+                .body(Body::empty())
+                .expect("request"),
+        )
+        .await;
+    let session = list.json["data"]["sessions"][0]["id"]
+        .as_str()
+        .expect("a session")
+        .to_owned();
+    let document: Value =
+        serde_json::from_str(&h.get("/openapi.json").await.json.to_string()).expect("the document");
+    let mut routes = Vec::new();
+    for (path, item) in document["paths"].as_object().expect("paths") {
+        for method in item.as_object().expect("methods").keys() {
+            routes.push((method.clone(), path.clone()));
+        }
+    }
+    assert!(routes.len() >= 20, "{routes:?}");
+    let expected = |method: &str, path: &str| {
+        if path.starts_with("/api/cluster") || path == "/metrics" {
+            Role::Admin
+        } else if method == "get" || path.ends_with("/wait") {
+            Role::Read
+        } else {
+            Role::Write
+        }
+    };
+    let tokens = [
+        (Role::Read, "read-token-0123456789"),
+        (Role::Write, "write-token-0123456789"),
+        (Role::Admin, "admin-token-0123456789"),
+    ];
+    for (method, path) in &routes {
+        let uri = path
+            .replace("{id}", &session)
+            .replace("{message_id}", "msg_01J0000000000000000000000A")
+            .replace("{call_id}", "call_1")
+            .replace("{schedule_id}", "sch_x");
+        let needed = expected(method, path);
+        if path == "/openapi.json" {
+            continue;
+        }
+        for (role, token) in tokens {
+            let (status, body) = send(method, &uri, Some(token)).await;
+            if role < needed {
+                assert_eq!(status, 403, "{method} {path} as {role:?}: {body}");
+                assert_eq!(body["error"]["type"], "forbidden", "{body}");
+            } else {
+                assert!(
+                    status != 403 && status != 401,
+                    "{method} {path} as {role:?} was refused: {status} {body}"
+                );
+            }
+        }
+        if path != "/openapi.json" {
+            let (status, _) = send(method, &uri, Some("no-such-token-0123456789")).await;
+            assert_eq!(status, 401, "{method} {path} with an unknown token");
+        }
+    }
+    // The refused writes changed nothing: still the one session, with nothing admitted.
+    let list = h
+        .send(
+            Request::get("/api/session")
+                .header(header::AUTHORIZATION, "Bearer admin-token-0123456789")
+                .body(Body::empty())
+                .expect("request"),
+        )
+        .await;
+    assert!(
+        list.json["data"]["sessions"]
+            .as_array()
+            .is_some_and(|s| !s.is_empty())
+    );
+    // A reloaded list: the old token stops working, the new one works at once.
+    let tokens = h.api.tokens().expect("tokens");
+    tokens.replace(vec![named("viewer2", Role::Read, "read-token-9876543210")]);
+    assert_eq!(
+        send("get", "/api/session", Some("read-token-0123456789"))
+            .await
+            .0,
+        401
+    );
+    assert_eq!(
+        send("get", "/api/session", Some("read-token-9876543210"))
+            .await
+            .0,
+        200
+    );
+    // Emptied, it locks everyone out; it never opens the server.
+    tokens.replace(vec![]);
+    assert_eq!(send("get", "/api/session", None).await.0, 401);
+}
+
+/// A forwarded request is served only when a node of the cluster signed exactly it, recently
+/// and once: a forged header, a token instead of a signature, a changed body, path or caller, a
+/// signature from outside the window, another secret and a replay are all refused with 401 and
+/// change nothing; a valid one is served as the caller it carries, with that caller's role.
+#[tokio::test]
+async fn forwarded_requests_need_a_fresh_signature_over_exactly_them() {
+    use agenthost_server::forward::{self, CALLER, ClusterSecret, FORWARDED, SIGNATURE};
+    use std::time::SystemTime;
+    let secret = ClusterSecret::new("a cluster secret of some length").expect("a secret");
+    let options = Options {
+        token: Token::new("the-callers-token"),
+        cluster_secret: Some(secret.clone()),
+        ..Options::default()
+    };
+    let h = harness_with(vec![text("ok")], options, |_| {}).await;
+    let build = |method: Method, uri: &str, body: &str, headers: &[(&str, String)]| {
+        let mut request = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(header::CONTENT_TYPE, "application/json");
+        for (name, value) in headers {
+            request = request.header(*name, value);
+        }
+        request.body(Body::from(body.to_owned())).expect("request")
+    };
+    let signed = |method: &str, uri: &str, body: &str, caller: &str, at: SystemTime| {
+        vec![
+            (FORWARDED, "n1".to_owned()),
+            (CALLER, caller.to_owned()),
+            (
+                SIGNATURE,
+                forward::sign(&secret, method, uri, body.as_bytes(), "n1", caller, at),
+            ),
+        ]
+    };
+    let now = SystemTime::now();
+    // A valid forward of a create, as a writer.
+    let create = r#"{"id": "ses_forwarded"}"#;
+    let reply = h
+        .send(build(
+            Method::POST,
+            "/api/session",
+            create,
+            &signed("POST", "/api/session", create, "write:ci", now),
+        ))
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json);
+
+    let refused = [
+        // The header alone, with the caller's token: nodes never accept a token for a forward.
+        vec![
+            (FORWARDED, "n1".to_owned()),
+            ("authorization", "Bearer the-callers-token".to_owned()),
+        ],
+        // Signed for another body.
+        signed(
+            "POST",
+            "/api/session",
+            r#"{"id": "ses_other"}"#,
+            "write:ci",
+            now,
+        ),
+        // Signed for another path.
+        signed("POST", "/api/session/ses_x/prompt", create, "write:ci", now),
+        // Signed as a reader, sent as an admin.
+        {
+            let mut h = signed("POST", "/api/session", create, "read:viewer", now);
+            h[1].1 = "admin:ops".to_owned();
+            h
+        },
+        // Too old, and too far ahead.
+        signed(
+            "POST",
+            "/api/session",
+            create,
+            "write:ci",
+            now - std::time::Duration::from_secs(120),
+        ),
+        signed(
+            "POST",
+            "/api/session",
+            create,
+            "write:ci",
+            now + std::time::Duration::from_secs(120),
+        ),
+        // Another secret.
+        {
+            let other = ClusterSecret::new("another secret, of some length").expect("a secret");
+            vec![
+                (FORWARDED, "n1".to_owned()),
+                (CALLER, "write:ci".to_owned()),
+                (
+                    SIGNATURE,
+                    forward::sign(
+                        &other,
+                        "POST",
+                        "/api/session",
+                        create.as_bytes(),
+                        "n1",
+                        "write:ci",
+                        now,
+                    ),
+                ),
+            ]
+        },
+    ];
+    for headers in refused {
+        let reply = h
+            .send(build(Method::POST, "/api/session", create, &headers))
+            .await;
+        assert_error(&reply, 401, "unauthorized");
+    }
+    // A replay of a request that was accepted.
+    let once = signed("GET", "/api/session", "", "read:viewer", now);
+    let reply = h.send(build(Method::GET, "/api/session", "", &once)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json);
+    let reply = h.send(build(Method::GET, "/api/session", "", &once)).await;
+    assert_error(&reply, 401, "unauthorized");
+    // The carried caller's role holds on the owner.
+    let prompt = r#"{"text": "hi"}"#;
+    let uri = "/api/session/ses_forwarded/prompt";
+    let reply = h
+        .send(build(
+            Method::POST,
+            uri,
+            prompt,
+            &signed("POST", uri, prompt, "read:viewer", now),
+        ))
+        .await;
+    assert_error(&reply, 403, "forbidden");
+    // Nothing refused was created.
+    let listed = h
+        .send(build(
+            Method::GET,
+            "/api/session",
+            "",
+            &[("authorization", "Bearer the-callers-token".to_owned())],
+        ))
+        .await;
+    let ids: Vec<&str> = listed.json["data"]["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .filter_map(|s| s["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["ses_forwarded"], "{}", listed.json);
+
+    // A node without a secret accepts no forward at all.
+    let h = harness(vec![]).await;
+    let reply = h
+        .send(build(
+            Method::POST,
+            "/api/session",
+            create,
+            &signed("POST", "/api/session", create, "write:ci", now),
+        ))
+        .await;
+    assert_error(&reply, 401, "unauthorized");
+}
+
 #[tokio::test]
 async fn cross_site_browser_requests_are_refused_without_a_token() {
     let h = harness(vec![]).await;

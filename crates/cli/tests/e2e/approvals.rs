@@ -288,3 +288,114 @@ async fn an_approval_expires_across_a_restart() {
     assert_eq!(session["data"]["status"]["type"], "idle", "{session}");
     assert_eq!(session["data"]["claimed"], false, "{session}");
 }
+
+/// Named tokens from a tokens file: a reader sees the approval but cannot decide it, a writer
+/// decides it and the decision records the writer's name; the file is read again when it
+/// changes (a token removed stops working, a broken file changes nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_token_decides_as_itself_and_the_tokens_file_is_reloaded() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let wire = Wire::start(calls_tools_named_in_the_prompt(&["pay"]), &[]).await;
+    let cfg = config(&wire, d, false, 86_400_000);
+    let tokens = d.join("tokens.toml");
+    let file = |entries: &[(&str, &str, &str)]| {
+        let text: String = entries
+            .iter()
+            .map(|(name, role, token)| {
+                format!("[tokens.{name}]\nrole = \"{role}\"\ntoken = \"{token}\"\n")
+            })
+            .collect();
+        std::fs::write(&tokens, text).expect("tokens written");
+    };
+    file(&[
+        ("viewer", "read", "reader-token-0123456789"),
+        ("alice", "write", "writer-token-0123456789"),
+    ]);
+    let mut text = std::fs::read_to_string(&cfg).expect("config");
+    text.push_str(&format!(
+        "[server]\ntokens_file = \"{}\"\n",
+        tokens.display()
+    ));
+    std::fs::write(&cfg, text).expect("config written");
+    let server = serve(d, "serve", &cfg);
+    let as_token = |token: &str| {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            reqwest::header::AUTHORIZATION,
+            format!("Bearer {token}").parse().expect("a header"),
+        );
+        Http {
+            base: server.cached_url(),
+            client: agenthost_llm::client_builder()
+                .expect("a client builder")
+                .timeout(LIMIT)
+                .default_headers(headers)
+                .build()
+                .expect("client"),
+        }
+    };
+    let (reader, writer) = (
+        as_token("reader-token-0123456789"),
+        as_token("writer-token-0123456789"),
+    );
+    let anonymous = Http::new(&server.cached_url());
+    assert_eq!(
+        anonymous
+            .call(reqwest::Method::GET, "/api/session", None)
+            .await
+            .0,
+        401
+    );
+    let (status, refused) = reader
+        .call(reqwest::Method::POST, "/api/session", None)
+        .await;
+    assert_eq!(status, 403, "{refused}");
+    assert_eq!(refused["error"]["type"], "forbidden", "{refused}");
+    let s = writer.session("default").await;
+    let approval = asked(&writer, &s).await;
+    let seen = reader.get(&format!("/api/session/{s}/approvals")).await;
+    assert_eq!(seen["data"][0]["call_id"], approval["call_id"], "{seen}");
+    let path = decision_path(&s, &approval);
+    let decide = json!({"decision": "approve", "digest": approval["digest"]});
+    let (status, refused) = reader
+        .call(reqwest::Method::POST, &path, Some(decide.clone()))
+        .await;
+    assert_eq!(status, 403, "{refused}");
+    let decided = writer.post(&path, Some(decide)).await;
+    assert_eq!(decided["data"]["by"], "alice", "{decided}");
+    idle(&writer, &s).await;
+    assert_eq!(wire.calls().len(), 1, "the approved call ran once");
+
+    // A broken file changes nothing; a valid one replaces the tokens.
+    std::fs::write(&tokens, "[tokens.viewer]\nrole = \"boss\"\ntoken = \"x\"\n").expect("written");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        reader.get("/api/session").await["data"]["sessions"][0]["id"],
+        s
+    );
+    file(&[("viewer", "read", "reader-token-0123456789")]);
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let (status, _) = writer
+            .call(reqwest::Method::GET, "/api/session", None)
+            .await;
+        if status == 401 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the removed token still works");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        reader
+            .call(reqwest::Method::GET, "/api/session", None)
+            .await
+            .0,
+        200
+    );
+    assert!(
+        server.log_text().contains("cannot be used"),
+        "the broken file is reported: {}",
+        server.log_text()
+    );
+}

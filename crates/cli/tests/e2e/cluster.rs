@@ -29,6 +29,8 @@ fn partition(session: &str, partitions: u32) -> u32 {
 
 const PARTITIONS: u32 = 12;
 const TTL_MS: u64 = 1500;
+/// The nodes' shared secret: they sign what they forward with it.
+const CLUSTER_SECRET: &str = "the e2e cluster's shared secret";
 
 /// An HTTP tool that counts its calls by idempotency key, answering after a pause so that a
 /// kill can land while a call runs.
@@ -114,7 +116,10 @@ fn start_nodes(count: usize, dir: &Path, schema: &str, provider: &str, tool: &st
                 &format!("node{n}"),
                 dir,
                 &args,
-                &[("AGENTHOST_PG_URL", &url)],
+                &[
+                    ("AGENTHOST_PG_URL", &url),
+                    ("AGENTHOST_CLUSTER_SECRET", CLUSTER_SECRET),
+                ],
             );
             proc.url_cached();
             proc
@@ -501,8 +506,15 @@ async fn an_approval_is_decided_through_the_node_that_does_not_own_the_session()
                 "--bind",
                 "127.0.0.1:0",
             ];
-            let mut proc =
-                Proc::spawn_with_env(&format!("node{n}"), d, &args, &[("AGENTHOST_PG_URL", &url)]);
+            let mut proc = Proc::spawn_with_env(
+                &format!("node{n}"),
+                d,
+                &args,
+                &[
+                    ("AGENTHOST_PG_URL", &url),
+                    ("AGENTHOST_CLUSTER_SECRET", CLUSTER_SECRET),
+                ],
+            );
             proc.url_cached();
             proc
         })
