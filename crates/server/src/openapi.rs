@@ -100,7 +100,7 @@ use crate::{api, events, metrics, wire};
         wire::DeltaType,
         wire::Synced,
     )),
-    modifiers(&Bearer, &OptionalBodies),
+    modifiers(&Bearer, &OptionalBodies, &Refusals),
     tags(
         (name = "session", description = "Sessions: admission, execution, history, events"),
         (name = "meta", description = "Health, metrics and this document"),
@@ -135,6 +135,53 @@ impl Modify for OptionalBodies {
             .and_then(|op| op.request_body.as_mut());
         if let Some(utoipa::openapi::RefOr::T(body)) = create {
             body.required = Some(utoipa::openapi::Required::False);
+        }
+    }
+}
+
+/// The refusals any route may answer: 403 on every route (a role below the route's, or a `Host`
+/// this server does not answer to), and 401 on every route behind the token.
+struct Refusals;
+
+impl Modify for Refusals {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+        let error = |description: &str| {
+            RefOr::T(
+                ResponseBuilder::new()
+                    .description(description)
+                    .content(
+                        "application/json",
+                        ContentBuilder::new()
+                            .schema(Some(Ref::from_schema_name("ErrorEnvelope")))
+                            .build(),
+                    )
+                    .build(),
+            )
+        };
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            let guarded = path.starts_with("/api") || path == "/metrics" || path == "/healthz";
+            let operations = [
+                item.get.as_mut(),
+                item.post.as_mut(),
+                item.put.as_mut(),
+                item.delete.as_mut(),
+                item.patch.as_mut(),
+            ];
+            for operation in operations.into_iter().flatten() {
+                let responses = &mut operation.responses.responses;
+                responses.entry("403".into()).or_insert_with(|| {
+                    error(
+                        "The token's role does not allow this route, or the request's `Host` is \
+                         not a name this server answers to",
+                    )
+                });
+                if guarded {
+                    responses
+                        .entry("401".into())
+                        .or_insert_with(|| error("A token is required, and this one is not valid"));
+                }
+            }
         }
     }
 }
