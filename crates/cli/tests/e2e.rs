@@ -1248,7 +1248,7 @@ async fn slow_and_greedy_clients_are_cut_off() {
             .await
             .expect("connect");
         stream
-            .write_all(b"POST /api/session HTTP/1.1\r\nhost: x\r\n")
+            .write_all(b"POST /api/session HTTP/1.1\r\nhost: 127.0.0.1\r\n")
             .await
             .expect("partial head");
         slow.push(stream);
@@ -1264,7 +1264,7 @@ async fn slow_and_greedy_clients_are_cut_off() {
         .expect("connect");
     trickle
         .write_all(
-            b"POST /api/session HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{",
+            b"POST /api/session HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{",
         )
         .await
         .expect("head and a byte");
