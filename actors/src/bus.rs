@@ -46,6 +46,8 @@ pub enum Activity {
     Running,
     /// Its last step waits for a person's approval; it holds no drain slot.
     Waiting,
+    /// Its next model call would pass its budget; it holds no drain slot.
+    Blocked,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

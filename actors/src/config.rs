@@ -155,6 +155,8 @@ pub struct Agent {
     /// What new steering input does to approvals the session waits for.
     pub on_new_input: OnNewInput,
     pub temperature: Option<f64>,
+    /// What the agent's sessions may spend; a session's own budget replaces its limits where set.
+    pub budget: agenthost_model::Budget,
 }
 
 /// What new steering input does to the approvals a session waits for.
@@ -178,6 +180,7 @@ impl Default for Agent {
             approval_ttl: DEFAULT_APPROVAL_TTL,
             on_new_input: OnNewInput::Keep,
             temperature: None,
+            budget: agenthost_model::Budget::default(),
         }
     }
 }

@@ -68,6 +68,14 @@ pub enum Error {
         given: String,
         asked: String,
     },
+    /// A model call was not made: at its worst it would have passed the `which` limit of the
+    /// session's budget, of which `spent` was spent.
+    #[error("the budget's {} limit ({limit}) does not allow the call: {spent} spent", .which.as_str())]
+    BudgetExhausted {
+        which: agenthost_model::Limit,
+        spent: u64,
+        limit: u64,
+    },
     /// Recovery gave up on the session, or a supervisor halted it: it waits for a resume.
     #[error("session {session} halted: {reason}")]
     Halted { session: SessionId, reason: String },
@@ -131,4 +139,14 @@ pub(crate) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
         .map(|s| (*s).to_owned())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "panic".to_owned())
+}
+
+impl From<agenthost_model::budget::Exceeded> for Error {
+    fn from(e: agenthost_model::budget::Exceeded) -> Self {
+        Error::BudgetExhausted {
+            which: e.which,
+            spent: e.spent,
+            limit: e.limit,
+        }
+    }
 }

@@ -100,6 +100,10 @@ fn build(shared: &Shared, session: &SessionId, prompt: &str) -> Result<Prepared>
     let tools = shared.tools.current();
     let inputs = Inputs::of(shared, &tools, &row, &history, 1, Purpose::Generate);
     let prepared = prepare(inputs, Some(prompt))?;
+    // A transient call is no part of a turn: it counts against the session's life budget.
+    if let Some(exceeded) = prepared.over_life_budget(agenthost_model::Spend::default()) {
+        return Err(exceeded.into());
+    }
     let window = u64::from(prepared.model.context_window);
     if prepared.estimated_tokens > window {
         return Err(Error::ContextOverflow(format!(

@@ -42,6 +42,17 @@ pub struct Metrics {
     pub recoveries: Counter,
     /// Pending inputs and claims, kept in memory from the commits (see [`Held`]).
     pub(crate) held: Arc<Held>,
+    /// Tokens and cost (billionths of a US dollar) spent on model calls, by agent and model:
+    /// steps and their failed attempts, compactions, `generate`.
+    pub spend_tokens: Family<Spender, Counter>,
+    pub spend_cost_nanos: Family<Spender, Counter>,
+}
+
+/// The labels of spend: an agent and a model of the configuration (never a session).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Spender {
+    pub agent: String,
+    pub model: String,
 }
 
 /// What the store holds of pending inputs and claims, kept in memory so that a scrape reads
@@ -152,6 +163,24 @@ impl Metrics {
             }
             _ => {}
         }
+    }
+
+    /// Counts what a model call spent (a usage as recorded, priced).
+    pub(crate) fn spent(&self, agent: &str, model: &str, usage: &agenthost_model::Usage) {
+        let spend = agenthost_model::Spend::of(usage);
+        if spend == agenthost_model::Spend::default() {
+            return;
+        }
+        let labels = Spender {
+            agent: agent.to_owned(),
+            model: model.to_owned(),
+        };
+        self.spend_tokens
+            .get_or_create(&labels)
+            .inc_by(spend.tokens);
+        self.spend_cost_nanos
+            .get_or_create(&labels)
+            .inc_by(spend.cost_nanos);
     }
 
     pub(crate) fn step(&self, outcome: &'static str) {

@@ -37,6 +37,57 @@ pub struct Prepared {
     pub last_step: bool,
     /// A rough size of the request in tokens (4 bytes a token), for compaction decisions.
     pub estimated_tokens: u64,
+    /// The session's budget (its agent's, with its own limits over them), what the session spent
+    /// in all, and what its current user turn spent, as of the request's snapshot.
+    pub budget: agenthost_model::Budget,
+    pub spent: agenthost_model::Spend,
+    pub turn: agenthost_model::Spend,
+}
+
+impl Prepared {
+    /// The most the call can spend: its whole input estimate and its whole `max_output`, at its
+    /// model's price.
+    pub fn worst(&self) -> agenthost_model::Spend {
+        let usage = llm::Usage {
+            input: self.estimated_tokens,
+            // Without a bound of its own, a reply may fill the context window.
+            output: u64::from(self.model.max_output.unwrap_or(self.model.context_window)),
+            ..Default::default()
+        };
+        agenthost_model::Spend::of(&crate::drain::step::cost(&usage, &self.model.price))
+    }
+
+    /// The limit this call could pass, counting `more` (what earlier attempts of the same call
+    /// spent since the snapshot) as spent too; `None` when it may be made.
+    pub fn over_budget(
+        &self,
+        more: agenthost_model::Spend,
+    ) -> Option<agenthost_model::budget::Exceeded> {
+        let add = |a: agenthost_model::Spend| agenthost_model::Spend {
+            tokens: a.tokens.saturating_add(more.tokens),
+            cost_nanos: a.cost_nanos.saturating_add(more.cost_nanos),
+        };
+        self.budget
+            .check(add(self.spent), add(self.turn), self.worst())
+    }
+
+    /// [`Prepared::over_budget`] against the session's life limits only: for a call that is no
+    /// part of a user turn (a compaction's summary).
+    pub fn over_life_budget(
+        &self,
+        more: agenthost_model::Spend,
+    ) -> Option<agenthost_model::budget::Exceeded> {
+        let life = agenthost_model::Budget {
+            turn_max_tokens: None,
+            turn_max_cost_nanos: None,
+            ..self.budget
+        };
+        let spent = agenthost_model::Spend {
+            tokens: self.spent.tokens.saturating_add(more.tokens),
+            cost_nanos: self.spent.cost_nanos.saturating_add(more.cost_nanos),
+        };
+        life.check(spent, agenthost_model::Spend::default(), self.worst())
+    }
 }
 
 /// Everything [`prepare`] reads.
@@ -143,6 +194,9 @@ pub fn prepare(inputs: Inputs<'_>, prompt: Option<&str>) -> Result<Prepared> {
         tools: tools.clone(),
         last_step,
         estimated_tokens,
+        budget: agent.budget.with(&row.budget),
+        spent: agenthost_model::Spend::of(&row.usage),
+        turn: agenthost_model::budget::turn_spend(&history.messages),
     })
 }
 

@@ -378,11 +378,17 @@ impl Actor for SessionActor {
                 state.shared.active.remove(&state.session);
                 // A session that waits for approvals holds no drain: the runtime's timer wakes
                 // it when the earliest expires, whether or not this actor is still alive.
+                if let Ok(Outcome::Blocked(limit)) = &result {
+                    state.shared.blocked.insert(state.session.clone(), *limit);
+                } else if !matches!(result, Err(Error::Busy(_))) {
+                    state.shared.blocked.remove(&state.session);
+                }
                 let activity = match &result {
                     Ok(Outcome::Waiting { expires_at }) => {
                         state.shared.deadlines.set(&state.session, *expires_at);
                         Activity::Waiting
                     }
+                    Ok(Outcome::Blocked(_)) => Activity::Blocked,
                     // A refusal changed nothing: a session that waited still does.
                     Err(Error::Busy(_)) if state.shared.deadlines.is_waiting(&state.session) => {
                         Activity::Waiting

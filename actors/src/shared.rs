@@ -36,6 +36,8 @@ pub(crate) struct Shared {
     pub active: IdMap<SessionId, ()>,
     /// Sessions waiting for approvals, by their earliest expiry (the approval timer's).
     pub deadlines: crate::approvals::Deadlines,
+    /// Sessions of this process whose exchange the budget blocks, and the limit.
+    pub blocked: crate::IdMap<SessionId, agenthost_model::Limit>,
     /// Schedules armed in this process, by their next firing.
     pub schedules: crate::schedules::Armed,
     /// The largest prompt, in bytes (the store's limit, which schedules check before writing).

@@ -123,6 +123,7 @@ pub(crate) async fn compact(d: &Drain, auto: bool) -> Result<Seq> {
     let mut spent = llm::Usage::default();
     let result = summarize(d, &id, &ask, &mut spent).await;
     let usage = crate::drain::step::cost(&spent, &model.price);
+    d.shared.metrics.spent(&row.agent, &model.model, &usage);
     let mut events = match &result {
         Ok(reply) => vec![Event::CompactionEnded {
             id,
@@ -188,6 +189,13 @@ async fn summarize(
             let messages = &mut prepared.request.messages;
             messages.push(llm::Message::assistant(reply.clone()));
             messages.push(llm::Message::user(summary::reminder(problem)));
+            prepared.estimated_tokens = estimate(&prepared.request);
+        }
+        // The summary's calls count against the session's life budget, those made so far too.
+        let so_far =
+            agenthost_model::Spend::of(&crate::drain::step::cost(usage, &prepared.model.price));
+        if let Some(exceeded) = prepared.over_life_budget(so_far) {
+            return Err(exceeded.into());
         }
         let error = match call(d, id, prepared).await? {
             Ok(response) => {

@@ -21,6 +21,10 @@ pub enum Outcome {
     Waiting {
         expires_at: agenthost_model::Timestamp,
     },
+    /// The exchange's next call would pass this limit of the session's budget: it was not made.
+    /// The claim and the input stay with the exchange until the budget changes or a user
+    /// interrupts it; the drain's slot is given back.
+    Blocked(agenthost_model::Limit),
 }
 
 /// Where a drain stands between boundaries.
@@ -65,6 +69,8 @@ pub(crate) enum Stepped {
     },
     /// Settled, and some of its calls wait for approval.
     Waiting,
+    /// Its call, or its next one, would pass the budget: not made.
+    Blocked,
     Interrupted,
     Failed,
 }
@@ -80,6 +86,8 @@ pub(crate) enum AfterStep {
     Fail,
     /// The step's calls wait for approval: end the drain, keeping the claim for the exchange.
     Wait,
+    /// The budget blocks the exchange: record it and end the drain, keeping the claim.
+    Block,
 }
 
 impl Course {
@@ -163,6 +171,8 @@ impl Course {
                 self.step += 1;
                 AfterStep::Wait
             }
+            // Nothing more of the exchange runs in this drain; the call stays owed.
+            Stepped::Blocked => AfterStep::Block,
             Stepped::Interrupted => AfterStep::Stop,
             Stepped::Failed => AfterStep::Fail,
         }
@@ -195,7 +205,7 @@ mod tests {
                     ran.push(step);
                     match course.stepped(steps.pop().expect("a step was scripted")) {
                         AfterStep::Continue => {}
-                        AfterStep::Stop | AfterStep::Fail | AfterStep::Wait => {
+                        AfterStep::Stop | AfterStep::Fail | AfterStep::Wait | AfterStep::Block => {
                             return (ran, None, boundaries);
                         }
                     }
@@ -209,6 +219,22 @@ mod tests {
         continuation: false,
     };
     const TOOLS: Stepped = Stepped::Done { continuation: true };
+
+    #[test]
+    fn a_blocked_step_ends_the_course_with_its_exchange_open() {
+        let mut course = Course::new(true, false, 1);
+        course.promoted(true);
+        assert_eq!(course.stepped(TOOLS), AfterStep::Continue);
+        assert_eq!(course.stepped(Stepped::Blocked), AfterStep::Block);
+        // Nothing more runs in this drain: the step it would have run is still owed.
+        let (ran, outcome, _) = drive(
+            Course::new(true, false, 1),
+            vec![true],
+            vec![TOOLS, Stepped::Blocked],
+        );
+        assert_eq!(ran, [1, 2]);
+        assert_eq!(outcome, None);
+    }
 
     #[test]
     fn input_is_answered_and_the_drain_settles() {

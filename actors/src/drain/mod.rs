@@ -431,11 +431,16 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
         // Boxed: the step's state is held only while a step runs, not by every drain waiting on
         // a write.
         let mut waiting = None;
+        let mut exceeded = None;
         let (end, failure) = match Box::pin(step::run(d, step, ahead)).await? {
             StepEnd::Done { continuation } => (Stepped::Done { continuation }, None),
             StepEnd::Waiting { expires_at } => {
                 waiting = Some(expires_at);
                 (Stepped::Waiting, None)
+            }
+            StepEnd::Blocked(e) => {
+                exceeded = Some(e);
+                (Stepped::Blocked, None)
             }
             StepEnd::Interrupted => (Stepped::Interrupted, None),
             StepEnd::Failed(error) => (Stepped::Failed, Some(error)),
@@ -450,6 +455,10 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
                 let expires_at = waiting.expect("invariant: only a waiting step waits");
                 return Ok(Outcome::Waiting { expires_at });
             }
+            (AfterStep::Block, _) => {
+                let e = exceeded.expect("invariant: only a blocked step blocks");
+                return blocked(d, e).await;
+            }
             // The step wrote its `StepFailed` with the drain's `ExecutionFailed`, in one commit,
             // so a failed step under a held claim always means a retry or a continuation was
             // still to come.
@@ -458,6 +467,19 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
             }
         }
     }
+}
+
+/// Records that the budget blocks the exchange (with whatever the drain submitted before, its
+/// claim included) and ends the drain: the claim and the input stay with the exchange.
+async fn blocked(d: &Drain, e: agenthost_model::budget::Exceeded) -> Result<Outcome> {
+    tracing::info!(session_id = %d.session, limit = e.which.as_str(), spent = e.spent, cap = e.limit, "the budget blocks the session");
+    d.append(vec![Event::BudgetExhausted {
+        which: e.which,
+        spent: e.spent,
+        limit: e.limit,
+    }])
+    .await?;
+    Ok(Outcome::Blocked(e.which))
 }
 
 /// Whether steering input is among the pending inputs a drain read at its start.

@@ -41,6 +41,16 @@ pub(crate) enum Recovered {
     Interrupted,
 }
 
+/// The step a call owed for `why` runs as: the step a stop cut (or whose retry is owed) again
+/// under its number; tool results continue to the next; a user message last starts an exchange.
+fn next_step(why: Why, messages: &[Message]) -> u32 {
+    match (why, last_step(messages)) {
+        (Why::ToolResults | Why::Decided, Some(step)) => step + 1,
+        (Why::CutStep | Why::PendingRetry | Why::Compaction, Some(step)) => step,
+        _ => 1,
+    }
+}
+
 /// Recovers a session whose claim an execution that is gone left (ARCHITECTURE.md, "Recovery:
 /// what a session owes"). It runs inside the session's own drain, so nothing else of the
 /// session runs meanwhile. It counts the attempt durably with the claim it takes over, then
@@ -76,6 +86,27 @@ pub(crate) async fn recover(d: &Drain, row: &SessionRow, steering: bool) -> Resu
     let attempt = row.resume_attempts + 1;
     let left = owed::leftovers(&messages);
     let cut = !(left.tools.is_empty() && left.steps.is_empty() && left.compactions.is_empty());
+    if let Owed::Blocked(_) = decision {
+        // The budget blocked the exchange and the drain ended there: it goes on where it
+        // stopped, with no attempt counted and no note (its next call is checked again before
+        // it is made). The claim's new start unblocks the row.
+        let mut unblocked = row.clone();
+        unblocked.blocked = None;
+        decision = owed::owed(&unblocked, &messages, &policy);
+        if !cut {
+            d.append(vec![Event::ExecutionStarted { forced: d.forced }])
+                .await?;
+            tracing::info!(session_id = %d.session, ?decision, "the budget's block is lifted: the exchange goes on");
+            return Ok(match decision {
+                Owed::Call(why) => Recovered::Owes {
+                    next_step: next_step(why, &messages),
+                    boundary: why.boundary(),
+                },
+                Owed::Waiting { expires_at } => Recovered::Waiting(expires_at),
+                _ => Recovered::Answered,
+            });
+        }
+    }
     if decision == Owed::Call(Why::Decided) && !cut {
         // The exchange waited for approvals, and every one is decided: it goes on.
         tracing::info!(session_id = %d.session, "approvals decided: the exchange goes on");
@@ -131,13 +162,7 @@ pub(crate) async fn recover(d: &Drain, row: &SessionRow, steering: bool) -> Resu
         text: RESTART_NOTE.into(),
     });
     d.append(closing).await?;
-    // The step a stop cut is run again under its number; tool results continue to the next; a
-    // user message last starts an exchange.
-    let next_step = match (why, last_step(&messages)) {
-        (Why::ToolResults | Why::Decided, Some(step)) => step + 1,
-        (Why::CutStep | Why::PendingRetry | Why::Compaction, Some(step)) => step,
-        _ => 1,
-    };
+    let next_step = next_step(why, &messages);
     Ok(Recovered::Owes {
         next_step,
         boundary: why.boundary(),

@@ -40,6 +40,8 @@ use crate::mint;
 use crate::prepare::{Inputs, Prepared, prepare};
 use crate::retry;
 use crate::tools::{Call, Tools};
+use agenthost_model::Spend;
+use agenthost_model::budget::Exceeded;
 
 /// How a step ended.
 #[derive(Debug)]
@@ -51,6 +53,9 @@ pub(crate) enum StepEnd {
     Waiting { expires_at: Timestamp },
     /// Cancelled; the step's durable cleanup is done.
     Interrupted,
+    /// The step's next call would pass this limit of the session's budget: it was not made, and
+    /// whatever of the step was started is settled (as failed, so that the call is owed again).
+    Blocked(agenthost_model::budget::Exceeded),
     /// The step failed and was settled as failed; the drain ends with this error.
     Failed(Error),
 }
@@ -99,13 +104,17 @@ fn start(d: &Drain, step: u32, prepared: &Prepared) -> MessageId {
 
 /// Usage a failed attempt reported before failing: tokens are spent even when this attempt does
 /// not end the step, so they count on the step's message and in the session totals.
-fn spent(message: &MessageId, a: &Attempt, prepared: &Prepared) -> Vec<Event> {
+fn spent(d: &Drain, message: &MessageId, a: &Attempt, prepared: &Prepared) -> Vec<Event> {
     if a.usage == llm::Usage::default() {
         return Vec::new();
     }
+    let usage = cost(&a.usage, &prepared.model.price);
+    d.shared
+        .metrics
+        .spent(&prepared.agent, &prepared.model.model, &usage);
     vec![Event::StepUsage {
         id: message.clone(),
-        usage: cost(&a.usage, &prepared.model.price),
+        usage,
     }]
 }
 
@@ -215,6 +224,7 @@ pub(crate) async fn run(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<St
         }) => "done",
         Ok(StepEnd::Waiting { .. }) => "waiting",
         Ok(StepEnd::Interrupted) => "interrupted",
+        Ok(StepEnd::Blocked(_)) => "blocked",
         Ok(StepEnd::Failed(_)) | Err(_) => "failed",
     };
     span.record("outcome", outcome);
@@ -242,11 +252,28 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
             Err(Error::NothingToCompact) => {}
             // Nothing of this step is written yet.
             Err(Error::Interrupted) => return Ok(StepEnd::Interrupted),
+            Err(Error::BudgetExhausted {
+                which,
+                spent,
+                limit,
+            }) => {
+                return Ok(StepEnd::Blocked(Exceeded {
+                    which,
+                    spent,
+                    limit,
+                }));
+            }
             Err(e) => return Ok(StepEnd::Failed(e)),
         }
     }
+    // The call is made only if its worst case fits the budget; nothing of the step is written.
+    if let Some(exceeded) = prepared.over_budget(Spend::default()) {
+        return Ok(StepEnd::Blocked(exceeded));
+    }
 
     let mut message = start(d, step, &prepared);
+    // What the step's earlier attempts spent since `prepared` read the session's spend.
+    let mut extra = Spend::default();
 
     let mut attempt = 0;
     loop {
@@ -378,8 +405,26 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
             (retry::Next::Compact, Some(error)) => {
                 compacted = true;
                 match Box::pin(compaction::compact(d, true)).await {
-                    Ok(_) => prepared = build(d, step).await?,
+                    Ok(_) => {
+                        prepared = build(d, step).await?;
+                        extra = Spend::default();
+                        if let Some(exceeded) = prepared.over_budget(extra) {
+                            return blocked(d, &message, exceeded, &error).await;
+                        }
+                    }
                     Err(Error::Interrupted) => return Box::pin(abort(d, &message, &mut a)).await,
+                    Err(Error::BudgetExhausted {
+                        which,
+                        spent,
+                        limit,
+                    }) => {
+                        let exceeded = Exceeded {
+                            which,
+                            spent,
+                            limit,
+                        };
+                        return blocked(d, &message, exceeded, &error).await;
+                    }
                     Err(_) => {
                         // Terminal, with the original error.
                         a.error = Some(error);
@@ -392,7 +437,8 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
                 shared.metrics.retry(error.kind().as_str());
                 let delay = backoff(attempt, &error);
                 tracing::warn!(session_id = %d.session, step, attempt, delay_ms = delay.as_millis() as u64, reason = error.kind().as_str(), error = %error, "provider call failed; retrying");
-                let mut events = spent(&message, &a, &prepared);
+                let mut events = spent(d, &message, &a, &prepared);
+                extra = add(extra, &cost(&a.usage, &prepared.model.price));
                 events.push(Event::RetryScheduled {
                     id: message.clone(),
                     attempt,
@@ -403,6 +449,10 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
                 if back_off(d, delay).await {
                     return Box::pin(abort(d, &message, &mut a)).await;
                 }
+                // A retry is a call like any other: its worst case must fit what is left.
+                if let Some(exceeded) = prepared.over_budget(extra) {
+                    return blocked(d, &message, exceeded, &error).await;
+                }
             }
             // Cut off after output: keep the partial message, settle it, and continue in a new
             // message with a fixed note, under the same retry budget and step number.
@@ -412,7 +462,7 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
                 let delay = backoff(attempt, &error);
                 tracing::warn!(session_id = %d.session, step, attempt, delay_ms = delay.as_millis() as u64, reason = error.kind().as_str(), error = %error, "provider stream cut after output; continuing");
                 a.flush_partials(d, &message).await?;
-                let mut events = spent(&message, &a, &prepared);
+                let mut events = spent(d, &message, &a, &prepared);
                 events.push(Event::RetryScheduled {
                     id: message.clone(),
                     attempt,
@@ -429,6 +479,12 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
                     return Ok(StepEnd::Interrupted);
                 }
                 prepared = build_with(d, step, Some(CONTINUE_NOTE), Vec::new()).await?;
+                extra = Spend::default();
+                // The partial message is settled: a continuation the budget does not allow is
+                // owed again once it does.
+                if let Some(exceeded) = prepared.over_budget(extra) {
+                    return Ok(StepEnd::Blocked(exceeded));
+                }
                 message = start(d, step, &prepared);
             }
             (_, Some(error)) => {
@@ -441,6 +497,9 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
                     return Box::pin(abort(d, &message, &mut a)).await;
                 }
                 let usage = cost(&a.usage, &prepared.model.price);
+                shared
+                    .metrics
+                    .spent(&prepared.agent, &prepared.model.model, &usage);
                 let finish = a.finish.take().unwrap_or(Finish::Stop);
                 d.submit(vec![Event::StepEnded {
                     id: message.clone(),
@@ -459,6 +518,38 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
                 return Ok(StepEnd::Done { continuation });
             }
         }
+    }
+}
+
+/// Ends a step whose next call (a retry, or the call after a compaction) its budget does not
+/// allow: the started message settles as failed, so that the call is owed again, as a retry of
+/// the step, once the budget allows it.
+async fn blocked(
+    d: &Drain,
+    message: &MessageId,
+    exceeded: Exceeded,
+    error: &llm::Error,
+) -> Result<StepEnd> {
+    let mut failure = provider_failure(error);
+    failure.message = format!(
+        "{}; the budget's {} limit does not allow another call",
+        failure.message,
+        exceeded.which.as_str()
+    );
+    d.append(vec![Event::StepFailed {
+        id: message.clone(),
+        error: failure,
+    }])
+    .await?;
+    Ok(StepEnd::Blocked(exceeded))
+}
+
+/// `spend` plus a usage's tokens and cost.
+fn add(spend: Spend, usage: &agenthost_model::Usage) -> Spend {
+    let more = Spend::of(usage);
+    Spend {
+        tokens: spend.tokens.saturating_add(more.tokens),
+        cost_nanos: spend.cost_nanos.saturating_add(more.cost_nanos),
     }
 }
 
@@ -483,7 +574,7 @@ async fn fail(
     // Calls held for approval are withdrawn with the step: the execution ends here, and nothing
     // may wait on a step that failed.
     let mut events = withdraw_asked(message, a, "the model's answer failed before it ended");
-    events.extend(spent(message, a, prepared));
+    events.extend(spent(d, message, a, prepared));
     events.push(Event::StepFailed {
         id: message.clone(),
         error: failure.clone(),

@@ -19,6 +19,8 @@ impl Runtime {
             Activity::Running
         } else if self.shared.deadlines.is_waiting(session) {
             Activity::Waiting
+        } else if self.shared.blocked.contains_key(session) {
+            Activity::Blocked
         } else {
             Activity::Idle
         }

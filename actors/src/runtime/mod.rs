@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use agenthost_model::{Delivery, InterruptReason, MessageId, Prompt, SessionId, SessionRow};
-use agenthost_store::{Admission, NewSession, Receipt, Snapshot, Store};
+use agenthost_model::{Delivery, Event, InterruptReason, MessageId, Prompt, SessionId, SessionRow};
+use agenthost_store::{Action, Admission, NewSession, Receipt, Snapshot, Store};
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef, RpcReplyPort};
 use tokio::sync::{Semaphore, broadcast};
@@ -49,6 +49,8 @@ pub struct CreateSession {
     /// A model from the configuration, instead of the agent's.
     pub model: Option<String>,
     pub title: Option<String>,
+    /// The session's own budget (its limits replace its agent's where set).
+    pub budget: Option<agenthost_model::Budget>,
 }
 
 /// A prompt to admit.
@@ -155,6 +157,7 @@ impl Runtime {
             drains_waiting: Default::default(),
             active: IdMap::default(),
             deadlines: Default::default(),
+            blocked: Default::default(),
             schedules: Default::default(),
             prompt_limit,
             limits: config.limits,
@@ -252,7 +255,68 @@ impl Runtime {
             model: create.model,
             title: create.title,
         };
-        Ok(self.shared.store.create_session(new).await?)
+        let row = self.shared.store.create_session(new).await?;
+        match create.budget {
+            // A new session takes its budget in the commit after its creation; a retry finds it
+            // without one and sets it then. An existing session with history is left unchanged.
+            Some(budget) if row.budget != budget && row.last_seq == agenthost_model::Seq::ZERO => {
+                let id = row.id.clone();
+                let mut actions = self.fence(&id);
+                actions.push(Action::Append(Event::BudgetSet { budget }));
+                self.shared.store.write(id.clone(), actions).await?;
+                self.shared
+                    .store
+                    .snapshot()?
+                    .session(&id)?
+                    .ok_or(Error::SessionNotFound(id))
+            }
+            _ => Ok(row),
+        }
+    }
+
+    /// Sets the session's own budget (its limits replace its agent's where set), durably, then
+    /// wakes the session: an exchange the budget blocked goes on where it stopped, its next call
+    /// checked against the new budget.
+    pub async fn set_budget(
+        &self,
+        session: &SessionId,
+        budget: agenthost_model::Budget,
+    ) -> Result<SessionRow> {
+        self.check_open()?;
+        self.check_owner(session)?;
+        let mut actions = self.fence(session);
+        actions.push(Action::Append(Event::BudgetSet { budget }));
+        self.shared.store.write(session.clone(), actions).await?;
+        // As a decision's: in a task of its own, so the budget is applied whatever happens to
+        // the caller; a session with nothing owed stays idle.
+        let (runtime, woken) = (self.clone(), session.clone());
+        if let Ok(Err(e)) = tokio::spawn(async move { runtime.wake(&woken).await }).await {
+            tracing::warn!(session_id = %session, error = %e, "budget set, but the wake failed");
+        }
+        let (reader, id) = (self.clone(), session.clone());
+        tokio::task::spawn_blocking(move || {
+            reader
+                .snapshot()?
+                .session(&id)?
+                .ok_or(Error::SessionNotFound(id))
+        })
+        .await
+        .map_err(|e| Error::Unavailable(e.to_string()))?
+    }
+
+    /// The session's budget in force: its agent's, with its own limits over them.
+    pub fn budget_of(&self, row: &SessionRow) -> agenthost_model::Budget {
+        self.shared
+            .catalog
+            .agents
+            .get(&row.agent)
+            .map_or_else(agenthost_model::Budget::default, |agent| agent.budget)
+            .with(&row.budget)
+    }
+
+    /// Sessions of this process whose exchange the budget blocks.
+    pub fn blocked(&self) -> usize {
+        self.shared.blocked.len()
     }
 
     /// Admits a prompt durably, then wakes the session once when `resume` is set. Without
@@ -458,6 +522,11 @@ impl Runtime {
             .acquire_owned()
             .await
             .map_err(|_| Error::ShuttingDown)?;
+        let (price, agent, model) = (
+            prepared.model.price,
+            prepared.agent.clone(),
+            prepared.model.model.clone(),
+        );
         let response = prepared
             .provider
             .generate(prepared.request)
@@ -466,6 +535,10 @@ impl Runtime {
                 agenthost_llm::ErrorKind::ContextOverflow => Error::ContextOverflow(e.to_string()),
                 _ => Error::Provider(e),
             })?;
+        // Counted in the spend metrics; the session's totals stay as they are (a transient call
+        // changes no durable byte), while its budget still bounds what the call may cost.
+        let usage = crate::drain::step::cost(&response.usage, &price);
+        self.shared.metrics.spent(&agent, &model, &usage);
         Ok(response.text)
     }
 

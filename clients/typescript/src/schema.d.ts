@@ -93,7 +93,11 @@ export interface paths {
         delete?: never;
         options?: never;
         head?: never;
-        patch?: never;
+        /**
+         * Changes a session: its own budget (replacing the one it had). A session the budget blocked
+         *     goes on where it stopped, its next call checked against the new budget.
+         */
+        patch: operations["updateSession"];
         trace?: never;
     };
     "/api/session/{id}/approvals": {
@@ -475,6 +479,51 @@ export interface components {
              */
             time: number;
         };
+        /**
+         * @description Limits on what a session spends on model calls, over its life and per user turn (since its
+         *     latest user message); a missing or null field is no limit of the session's own (its agent's
+         *     applies, if any).
+         */
+        Budget: {
+            /**
+             * Format: double
+             * @description In US dollars.
+             */
+            max_cost_usd?: number | null;
+            /** Format: int64 */
+            max_tokens?: number | null;
+            /**
+             * Format: double
+             * @description In US dollars.
+             */
+            turn_max_cost_usd?: number | null;
+            /** Format: int64 */
+            turn_max_tokens?: number | null;
+        };
+        /** @description A session's budget: the limits in force, its own, what it spent and what is left. */
+        BudgetState: {
+            /**
+             * @description The limit that blocks the session (`max_tokens`, `max_cost`, `turn_max_tokens` or
+             *     `turn_max_cost`), while it does.
+             */
+            blocked?: string | null;
+            /**
+             * @description What is left of the life limits (`max_tokens`, `max_cost_usd`); per-turn limits apply to
+             *     each user turn.
+             */
+            left: components["schemas"]["Budget"];
+            /** @description The limits in force: its agent's, with its own over them. */
+            limits: components["schemas"]["Budget"];
+            /** @description The session's own limits. */
+            own: components["schemas"]["Budget"];
+            /** Format: double */
+            spent_cost_usd: number;
+            /**
+             * Format: int64
+             * @description What it spent over its life (every model call, failed attempts included).
+             */
+            spent_tokens: number;
+        };
         /** @enum {string} */
         CatchUp: "once" | "skip";
         /** @description `GET /api/cluster`: the nodes sharing the store and the partitions each holds. */
@@ -519,6 +568,7 @@ export interface components {
         CreateSession: {
             /** @description The agent; the configured default agent when absent. */
             agent?: string | null;
+            budget?: components["schemas"]["Budget"] | null;
             /**
              * @description A client-chosen id (`ses_` plus up to 64 of `[A-Za-z0-9_-]`); an existing id returns
              *     that session unchanged. Minted when absent.
@@ -625,6 +675,10 @@ export interface components {
                 expires_at: number;
                 /** @enum {string} */
                 outcome: "waiting";
+            } | {
+                /** @enum {string} */
+                outcome: "blocked";
+                which: string;
             };
         };
         /** @description Every successful `/api` response: the payload under `data`. */
@@ -683,6 +737,7 @@ export interface components {
             /** @description A session as the API shows it. */
             data: {
                 agent: string;
+                budget?: components["schemas"]["BudgetState"] | null;
                 /**
                  * @description An execution holds a durable claim (it is running, waits for approvals, or a crash left
                  *     it for recovery).
@@ -930,6 +985,10 @@ export interface components {
             expires_at: number;
             /** @enum {string} */
             outcome: "waiting";
+        } | {
+            /** @enum {string} */
+            outcome: "blocked";
+            which: string;
         };
         ErrorBody: {
             decision?: components["schemas"]["ApprovalDecision"] | null;
@@ -944,7 +1003,7 @@ export interface components {
          * @description The `type` of an error body. Stable: clients branch on it.
          * @enum {string}
          */
-        ErrorType: "session_not_found" | "prompt_conflict" | "session_busy" | "invalid_request" | "approval_decided" | "digest_mismatch" | "schedule_conflict" | "payload_too_large" | "unsupported_media_type" | "request_timeout" | "context_overflow" | "unauthorized" | "forbidden" | "not_found" | "method_not_allowed" | "provider_error" | "unavailable" | "internal";
+        ErrorType: "session_not_found" | "prompt_conflict" | "session_busy" | "invalid_request" | "approval_decided" | "digest_mismatch" | "schedule_conflict" | "payload_too_large" | "unsupported_media_type" | "request_timeout" | "context_overflow" | "unauthorized" | "budget_exhausted" | "forbidden" | "not_found" | "method_not_allowed" | "provider_error" | "unavailable" | "internal";
         /**
          * @description A durable event as the SSE stream sends it (`event: <type>`, `id: <seq>`, this as `data`).
          *     The `type` is the model's stable event name (`Event::kind()`).
@@ -1137,6 +1196,18 @@ export interface components {
             id: string;
             /** @enum {string} */
             type: "schedule_cancelled";
+        } | {
+            budget: components["schemas"]["Budget"];
+            /** @enum {string} */
+            type: "budget_set";
+        } | {
+            /** Format: int64 */
+            limit: number;
+            /** Format: int64 */
+            spent: number;
+            /** @enum {string} */
+            type: "budget_exhausted";
+            which: string;
         };
         /** @enum {string} */
         FailureKind: "aborted" | "restarted" | "provider" | "context_overflow" | "internal";
@@ -1393,6 +1464,7 @@ export interface components {
         /** @description A session as the API shows it. */
         Session: {
             agent: string;
+            budget?: components["schemas"]["BudgetState"] | null;
             /**
              * @description An execution holds a durable claim (it is running, waits for approvals, or a crash left
              *     it for recovery).
@@ -1439,7 +1511,7 @@ export interface components {
             type: components["schemas"]["StatusType"];
         };
         /** @enum {string} */
-        StatusType: "idle" | "running" | "waiting";
+        StatusType: "idle" | "running" | "waiting" | "blocked";
         /** @description Why a step failed. */
         StepError: {
             kind: components["schemas"]["FailureKind"];
@@ -1495,6 +1567,10 @@ export interface components {
             error: string;
             /** @enum {string} */
             status: "error";
+        };
+        /** @description `PATCH /api/session/{id}`: what to change. */
+        UpdateSession: {
+            budget?: components["schemas"]["Budget"] | null;
         };
         /**
          * @description Token usage and cost. `input` excludes cached tokens; `input + cache_read + cache_write` is
@@ -1801,6 +1877,75 @@ export interface operations {
             };
             /** @description No such session */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    updateSession: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Session id, `ses_…` */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["UpdateSession"];
+            };
+        };
+        responses: {
+            /** @description The session, changed */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Data_Session"];
+                };
+            };
+            /** @description Malformed body or budget */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The token's role does not allow this route, or the request's `Host` is not a name this server answers to */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -22,7 +22,34 @@ impl Session {
             pending: row.pending,
             resume_attempts: row.resume_attempts,
             halted: row.halted.clone(),
+            budget: None,
         }
+    }
+
+    /// With its budget: `limits` are the limits in force (its agent's, with its own over them).
+    pub fn with_budget(mut self, row: &model::SessionRow, limits: &model::Budget) -> Self {
+        let spent = model::Spend::of(&row.usage);
+        let mut left = Budget::from(&limits.left(spent, model::Spend::default()));
+        left.turn_max_tokens = None;
+        left.turn_max_cost_usd = None;
+        self.budget = Some(BudgetState {
+            limits: limits.into(),
+            own: (&row.budget).into(),
+            spent_tokens: spent.tokens,
+            spent_cost_usd: nanos_to_usd(spent.cost_nanos),
+            left,
+            blocked: row
+                .claim
+                .as_ref()
+                .and(row.blocked)
+                .map(|limit| limit.as_str().to_owned()),
+        });
+        if self.budget.as_ref().is_some_and(|b| b.blocked.is_some())
+            && self.status.kind == StatusType::Idle
+        {
+            self.status = Status::of(StatusType::Blocked);
+        }
+        self
     }
 }
 
@@ -493,6 +520,18 @@ impl From<&model::Stored> for Event {
                 admitted: *admitted,
             },
             E::ScheduleCancelled { id } => EventBody::ScheduleCancelled { id: id.to_string() },
+            E::BudgetSet { budget } => EventBody::BudgetSet {
+                budget: budget.into(),
+            },
+            E::BudgetExhausted {
+                which,
+                spent,
+                limit,
+            } => EventBody::BudgetExhausted {
+                which: which.as_str().to_owned(),
+                spent: *spent,
+                limit: *limit,
+            },
         };
         Event {
             seq: stored.seq.0,
@@ -512,6 +551,48 @@ fn files(prompt: &model::Prompt) -> Vec<File> {
             filename: f.filename.clone(),
         })
         .collect()
+}
+
+/// US dollars as billionths of one, the unit of every cost the runtime keeps.
+pub fn usd_to_nanos(usd: f64) -> Option<u64> {
+    let nanos = (usd * 1e9).round();
+    (usd.is_finite() && (0.0..=1e18).contains(&nanos)).then_some(nanos as u64)
+}
+
+fn nanos_to_usd(nanos: u64) -> f64 {
+    nanos as f64 / 1e9
+}
+
+impl From<&model::Budget> for Budget {
+    fn from(b: &model::Budget) -> Self {
+        Budget {
+            max_tokens: b.max_tokens,
+            max_cost_usd: b.max_cost_nanos.map(nanos_to_usd),
+            turn_max_tokens: b.turn_max_tokens,
+            turn_max_cost_usd: b.turn_max_cost_nanos.map(nanos_to_usd),
+        }
+    }
+}
+
+impl TryFrom<&Budget> for model::Budget {
+    type Error = String;
+    /// Fails on a cost that is negative, not a number, or past a billion dollars.
+    fn try_from(b: &Budget) -> Result<Self, String> {
+        let cost = |field: &str, usd: Option<f64>| {
+            usd.map(|usd| {
+                usd_to_nanos(usd).ok_or_else(|| {
+                    format!("budget.{field} must be a number of US dollars from 0 to 1e9")
+                })
+            })
+            .transpose()
+        };
+        Ok(model::Budget {
+            max_tokens: b.max_tokens,
+            max_cost_nanos: cost("max_cost_usd", b.max_cost_usd)?,
+            turn_max_tokens: b.turn_max_tokens,
+            turn_max_cost_nanos: cost("turn_max_cost_usd", b.turn_max_cost_usd)?,
+        })
+    }
 }
 
 #[cfg(test)]

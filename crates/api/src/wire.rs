@@ -52,6 +52,9 @@ pub enum ErrorType {
     ContextOverflow,
     /// 401: a token is configured and the request lacks it or has another one.
     Unauthorized,
+    /// 402: the call would pass the session's budget (`generate`, a compaction); raise it with
+    /// `PATCH /api/session/{id}`.
+    BudgetExhausted,
     /// 403: the token's role does not allow the route, or the request's `Host` is not a name
     /// this server answers to (a page that rebinds its name to this machine).
     Forbidden,
@@ -86,6 +89,7 @@ impl ErrorType {
             ErrorType::ContextOverflow => 422,
             ErrorType::Unauthorized => 401,
             ErrorType::Forbidden => 403,
+            ErrorType::BudgetExhausted => 402,
             ErrorType::MethodNotAllowed => 405,
             ErrorType::ProviderError => 502,
             ErrorType::Unavailable => 503,
@@ -109,6 +113,7 @@ impl ErrorType {
             ErrorType::ContextOverflow => "context_overflow",
             ErrorType::Unauthorized => "unauthorized",
             ErrorType::Forbidden => "forbidden",
+            ErrorType::BudgetExhausted => "budget_exhausted",
             ErrorType::NotFound => "not_found",
             ErrorType::MethodNotAllowed => "method_not_allowed",
             ErrorType::ProviderError => "provider_error",
@@ -240,6 +245,36 @@ pub struct CreateSession {
     pub model: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
+    /// The session's own budget; its limits replace its agent's where set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Budget>,
+}
+
+/// `PATCH /api/session/{id}`: what to change.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateSession {
+    /// The session's own budget, replacing the one it had (a limit left out is its agent's, if
+    /// any). A session the budget blocked goes on where it stopped.
+    pub budget: Option<Budget>,
+}
+
+/// A session's budget: the limits in force, its own, what it spent and what is left.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct BudgetState {
+    /// The limits in force: its agent's, with its own over them.
+    pub limits: Budget,
+    /// The session's own limits.
+    pub own: Budget,
+    /// What it spent over its life (every model call, failed attempts included).
+    pub spent_tokens: u64,
+    pub spent_cost_usd: f64,
+    /// What is left of the life limits (`max_tokens`, `max_cost_usd`); per-turn limits apply to
+    /// each user turn.
+    pub left: Budget,
+    /// The limit that blocks the session (`max_tokens`, `max_cost`, `turn_max_tokens` or
+    /// `turn_max_cost`), while it does.
+    pub blocked: Option<String>,
 }
 
 /// `POST /api/session/{id}/prompt`.
@@ -376,6 +411,9 @@ pub struct Session {
     pub resume_attempts: u32,
     /// Why the runtime stopped resuming the session automatically, if it did.
     pub halted: Option<String>,
+    /// Its budget, where the server knows its agent's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetState>,
 }
 
 /// What the session is doing in this process: a drain in progress, waiting for approvals, or
@@ -408,6 +446,9 @@ pub enum StatusType {
     /// A call of its last step waits for a person's approval (`GET …/approvals`); it holds no
     /// drain and runs again once every approval is decided or expired.
     Waiting,
+    /// Its next model call would pass its budget: it keeps its input and holds no drain, and runs
+    /// again once its budget changes (`PATCH /api/session/{id}`) or a user interrupts it.
+    Blocked,
 }
 
 /// `GET /api/session`: one page, newest first.
@@ -480,6 +521,9 @@ pub enum DrainOutcome {
     /// The exchange waits for a person's approval of a call; the earliest approval expires at
     /// `expires_at` (ms since the Unix epoch).
     Waiting { expires_at: u64 },
+    /// The exchange's next call would pass the `which` limit of the session's budget; it was not
+    /// made, and the session is blocked.
+    Blocked { which: String },
 }
 
 /// `POST /api/session/{id}/interrupt`.
@@ -850,6 +894,38 @@ pub enum EventBody {
     ScheduleCancelled {
         id: String,
     },
+    /// The session's own budget was set (its limits replace its agent's where set); a session a
+    /// budget blocked runs on.
+    BudgetSet {
+        budget: Budget,
+    },
+    /// A model call was not made: at its worst it would have passed the `which` limit
+    /// (`max_tokens`, `max_cost`, `turn_max_tokens` or `turn_max_cost`), of which `spent` was
+    /// spent (tokens, or billionths of a US dollar for a cost). The session is blocked, keeping
+    /// its input, until its budget changes or a user interrupts it.
+    BudgetExhausted {
+        which: String,
+        spent: u64,
+        limit: u64,
+    },
+}
+
+/// Limits on what a session spends on model calls, over its life and per user turn (since its
+/// latest user message); a missing or null field is no limit of the session's own (its agent's
+/// applies, if any).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Budget {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    /// In US dollars.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost_usd: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_max_tokens: Option<u64>,
+    /// In US dollars.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_max_cost_usd: Option<f64>,
 }
 
 // ---------------------------------------------------------------------------------------------

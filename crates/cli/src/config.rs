@@ -317,6 +317,8 @@ struct Agent {
     approval_ttl_ms: Option<u64>,
     on_new_input: Option<String>,
     temperature: Option<f64>,
+    /// What each session of the agent may spend.
+    budget: Option<agenthost_api::wire::Budget>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -1037,6 +1039,10 @@ fn agents(
                 }
             };
         }
+        if let Some(budget) = &a.budget {
+            agent.budget = agenthost_model::Budget::try_from(budget)
+                .map_err(|reason| invalid(&key("budget"), reason))?;
+        }
         if let Some(t) = a.temperature {
             if !(0.0..=2.0).contains(&t) {
                 return Err(invalid(
@@ -1489,6 +1495,7 @@ pub fn effective(name: &str, file: &File, settings: &Settings) -> serde_json::Va
                     actors::OnNewInput::Deny => "deny",
                 },
                 "temperature": a.temperature,
+                "budget": agenthost_api::wire::Budget::from(&a.budget),
             });
             (name.clone(), value)
         })
@@ -1862,6 +1869,38 @@ auto = false
         assert!(agent.ask.is_empty());
         assert_eq!(agent.approval_ttl, actors::DEFAULT_APPROVAL_TTL);
         assert_eq!(agent.on_new_input, actors::OnNewInput::Keep);
+    }
+
+    #[test]
+    fn an_agents_budget_is_read_in_dollars_and_kept_in_billionths() {
+        let s = settings(
+            "[agents.default]\nbudget = { max_tokens = 5000, max_cost_usd = 0.25, \
+             turn_max_cost_usd = 0.01 }",
+        )
+        .expect("valid");
+        let agent = &s.runtime(PathBuf::from("x")).agents["default"];
+        assert_eq!(
+            agent.budget,
+            agenthost_model::Budget {
+                max_tokens: Some(5000),
+                max_cost_nanos: Some(250_000_000),
+                turn_max_tokens: None,
+                turn_max_cost_nanos: Some(10_000_000),
+            }
+        );
+        for (text, expected) in [
+            (
+                "budget = { max_cost_usd = -1.0 }",
+                "`agents.default.budget`",
+            ),
+            ("budget = { max_token = 5 }", "unknown field `max_token`"),
+        ] {
+            let error = settings(&format!("[agents.default]\n{text}"))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(error.contains(expected), "{text}: {error}");
+        }
     }
 
     #[test]

@@ -66,6 +66,11 @@ pub enum Violation {
     ScheduleExists { session: SessionId, id: ScheduleId },
     #[error("session {session}: no schedule {id} waiting for that firing")]
     NoSchedule { session: SessionId, id: ScheduleId },
+    #[error("session {session}: {what} needs the session's claim")]
+    NotClaimed {
+        session: SessionId,
+        what: &'static str,
+    },
     #[error("session {session}: no running compaction {id}")]
     NoCompaction { session: SessionId, id: MessageId },
 }

@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::budget::{Budget, Limit};
 use crate::ids::{MessageId, ScheduleId, Seq, Timestamp};
 use crate::message::{Finish, Usage, Verdict};
 use crate::prompt::{Delivery, Prompt};
@@ -196,6 +197,19 @@ pub enum Event {
     ScheduleCancelled {
         id: ScheduleId,
     },
+    /// The session's own budget: its limits replace its agent's where set (see
+    /// [`crate::budget`]). A session a budget blocked is woken to check its next call again.
+    BudgetSet {
+        budget: Budget,
+    },
+    /// A model call was not made: at its worst it would have passed the `which` limit, of which
+    /// `spent` was spent. The exchange keeps its claim and its input, and waits (blocked) until
+    /// the budget changes or a user interrupts it; the exchange's next start lifts the block.
+    BudgetExhausted {
+        which: Limit,
+        spent: u64,
+        limit: u64,
+    },
 }
 
 impl Event {
@@ -256,7 +270,9 @@ impl Event {
             | Event::ToolStarted { id, .. } => Some(id),
             Event::ScheduleSet { .. }
             | Event::ScheduleFired { .. }
-            | Event::ScheduleCancelled { .. } => None,
+            | Event::ScheduleCancelled { .. }
+            | Event::BudgetSet { .. }
+            | Event::BudgetExhausted { .. } => None,
             Event::SessionCreated { .. }
             | Event::ExecutionStarted { .. }
             | Event::ExecutionSucceeded
@@ -300,6 +316,8 @@ impl Event {
             Event::ScheduleSet { .. } => "schedule_set",
             Event::ScheduleFired { .. } => "schedule_fired",
             Event::ScheduleCancelled { .. } => "schedule_cancelled",
+            Event::BudgetSet { .. } => "budget_set",
+            Event::BudgetExhausted { .. } => "budget_exhausted",
         }
     }
 }

@@ -9,6 +9,7 @@
 //! [`SessionRow`], [`InboxRow`], the [`Projection`] trait with its in-memory implementation
 //! [`Projections`], and the pure rules [`promotion::select`], [`history::select`] and [`owed()`].
 
+pub mod budget;
 pub mod error;
 pub mod event;
 pub mod history;
@@ -26,6 +27,7 @@ pub mod testing;
 #[cfg(test)]
 mod tests;
 
+pub use budget::{Budget, Limit, Spend};
 pub use error::{Error, Violation};
 pub use event::{Event, FailureKind, InterruptReason, StepError, Stored};
 pub use ids::{MessageId, ScheduleId, Seq, SessionId, Timestamp};

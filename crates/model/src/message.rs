@@ -77,6 +77,11 @@ pub struct SessionRow {
     pub compaction: Option<Seq>,
     /// Inputs admitted and not yet promoted.
     pub pending: u32,
+    /// The session's own budget (`BudgetSet`), over its agent's.
+    pub budget: crate::budget::Budget,
+    /// The limit that blocks the exchange (`BudgetExhausted`) until the budget changes or the
+    /// claim is released.
+    pub blocked: Option<crate::budget::Limit>,
 }
 
 /// An admitted input that has not been promoted yet, keyed by `(session, admitted_seq)`.

@@ -46,6 +46,9 @@ pub enum Owed {
     /// is owed (new input waits behind it) until every approval of the step is decided, or the
     /// earliest of them expires at `expires_at`.
     Waiting { expires_at: Timestamp },
+    /// The exchange's next call would pass this limit of its budget: nothing is owed (new input
+    /// waits behind it) until the budget changes (`BudgetSet`) or a user interrupts it.
+    Blocked(crate::budget::Limit),
     /// A model call is owed, for this reason.
     Call(Why),
 }
@@ -109,6 +112,9 @@ pub fn owed(row: &SessionRow, messages: &[Message], policy: &Policy) -> Owed {
              retry",
             row.resume_attempts
         ));
+    }
+    if claimed && let Some(limit) = row.blocked {
+        return Owed::Blocked(limit);
     }
     if claimed && let Some(expires_at) = waiting(messages) {
         return Owed::Waiting { expires_at };
@@ -428,6 +434,8 @@ mod tests {
         minted: u64,
         /// Inputs admitted and not promoted, in admission order.
         pending: Vec<(MessageId, Delivery)>,
+        /// The budget was raised since the exchange was blocked: its next call fits.
+        raised: bool,
     }
 
     impl Log {
@@ -661,6 +669,15 @@ mod tests {
                     self.tools(&a, 1);
                     self.end(&a, Finish::ContentFilter);
                 }
+                Shape::Blocks => {
+                    // A step calls a tool; the call its result owes would pass the budget: not
+                    // made, and the drain ends, the claim kept with the exchange.
+                    let a = self.start(1);
+                    self.tools(&a, 1);
+                    self.end(&a, Finish::ToolCalls);
+                    self.push([Log::exhausted()]);
+                    return;
+                }
                 Shape::Asks => {
                     // One call runs, one is held for approval in the same commit as its record;
                     // the step settles and the drain ends, the claim kept with the exchange.
@@ -790,6 +807,23 @@ mod tests {
             self.recover(&self.replay());
         }
 
+        fn exhausted() -> Event {
+            Event::BudgetExhausted {
+                which: crate::budget::Limit::Tokens,
+                spent: 900,
+                limit: 1000,
+            }
+        }
+
+        /// The session's budget is raised, and the drain that wakes carries the exchange on.
+        fn raise(&mut self) {
+            self.push([Event::BudgetSet {
+                budget: crate::budget::Budget::default(),
+            }]);
+            self.raised = self.replay().sessions[&session()].blocked.is_some();
+            self.recover(&self.replay());
+        }
+
         /// Starts or refuses the held calls as decided, as the runtime's drain does; one still
         /// undecided (an exchange that moved on without it) is withdrawn.
         fn start_held(&mut self, held: &[Held]) {
@@ -842,6 +876,27 @@ mod tests {
             match owed(&row, &messages, &POLICY) {
                 // Nothing is written while a person decides.
                 Owed::Halted | Owed::Waiting { .. } => {}
+                // A blocked exchange goes on where it stopped, no attempt counted: its call is
+                // made once the budget allows it, and blocked again before it otherwise.
+                Owed::Blocked(_) if !cut => {
+                    let mut unblocked = row.clone();
+                    unblocked.blocked = None;
+                    self.push([Event::ExecutionStarted { forced: false }]);
+                    match owed(&unblocked, &messages, &POLICY) {
+                        Owed::Call(why) => {
+                            self.promote(why.boundary());
+                            if !std::mem::take(&mut self.raised) {
+                                self.push([Log::exhausted()]);
+                                return;
+                            }
+                            self.answer();
+                            self.answer_the_rest();
+                            self.push([Event::ExecutionSucceeded]);
+                        }
+                        _ => self.push([Event::ExecutionSucceeded]),
+                    }
+                }
+                Owed::Blocked(_) => unreachable!("a drain blocks only between steps"),
                 // Every approval decided and nothing cut: the exchange goes on, no attempt
                 // counted.
                 Owed::Call(Why::Decided) if !cut => {
@@ -1028,6 +1083,7 @@ mod tests {
         StepLimit,
         Filtered,
         Asks,
+        Blocks,
     }
 
     #[derive(Debug, Clone, Copy)]
@@ -1040,6 +1096,8 @@ mod tests {
         Decide(Verdict),
         /// A user interrupt that finds no drain.
         Interrupt,
+        /// The session's budget is raised.
+        Raise,
     }
 
     fn shape() -> impl Strategy<Value = Shape> {
@@ -1054,6 +1112,7 @@ mod tests {
             Just(Shape::StepLimit),
             Just(Shape::Filtered),
             Just(Shape::Asks),
+            Just(Shape::Blocks),
         ]
     }
 
@@ -1071,6 +1130,7 @@ mod tests {
             ]
             .prop_map(Op::Decide),
             1 => Just(Op::Interrupt),
+            1 => Just(Op::Raise),
         ]
     }
 
@@ -1082,6 +1142,7 @@ mod tests {
                 Op::Admit(delivery) => log.admit_as(delivery),
                 Op::Decide(verdict) => log.decide(verdict),
                 Op::Interrupt => log.interrupt(),
+                Op::Raise => log.raise(),
                 // A new process recovers a claimed session before anything else runs it.
                 _ if claimed => {
                     let state = log.replay();

@@ -105,6 +105,8 @@ pub fn apply<P: Projection>(
             active_from: Seq::ZERO,
             compaction: None,
             pending: 0,
+            budget: crate::budget::Budget::default(),
+            blocked: None,
         };
         p.put_session(row).map_err(be)?;
         return Ok(());
@@ -208,14 +210,18 @@ pub fn apply<P: Projection>(
                 forced: *forced,
             });
             row.halted = None;
+            // A new start of the exchange lifts a budget's block: its next call is checked again.
+            row.blocked = None;
         }
         Event::ExecutionSucceeded => {
             row.claim = None;
             row.resume_attempts = 0;
+            row.blocked = None;
         }
         Event::ExecutionFailed { error, halted } => {
             row.claim = None;
             row.resume_attempts = 0;
+            row.blocked = None;
             if *halted {
                 row.halted = Some(error.clone());
             }
@@ -224,6 +230,7 @@ pub fn apply<P: Projection>(
             InterruptReason::User => {
                 row.claim = None;
                 row.resume_attempts = 0;
+                row.blocked = None;
             }
             InterruptReason::Shutdown => {}
         },
@@ -509,6 +516,19 @@ pub fn apply<P: Projection>(
                 .into());
             }
             p.remove_schedule(session, id).map_err(be)?;
+        }
+        // The block stays until the exchange starts again (or its claim goes): the drain the new
+        // budget wakes goes on where the block stopped it, which only the block tells.
+        Event::BudgetSet { budget } => row.budget = *budget,
+        Event::BudgetExhausted { which, .. } => {
+            if row.claim.is_none() {
+                return Err(Violation::NotClaimed {
+                    session: session.clone(),
+                    what: "budget_exhausted",
+                }
+                .into());
+            }
+            row.blocked = Some(*which);
         }
         Event::UsageRecorded { usage } => row.usage.add(usage),
         Event::StepUsage { id, usage } => {

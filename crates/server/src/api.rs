@@ -41,7 +41,7 @@ pub(crate) fn routes() -> Router<Arc<Shared>> {
     Router::new()
         .route("/api/session", post(create).get(list))
         .route("/api/session/active", get(active))
-        .route("/api/session/{id}", get(session))
+        .route("/api/session/{id}", get(session).patch(update))
         .route("/api/session/{id}/prompt", post(prompt))
         .route("/api/session/{id}/resume", post(resume))
         .route("/api/session/{id}/interrupt", post(interrupt))
@@ -254,12 +254,47 @@ pub(crate) async fn create(
             agent: body.agent,
             model: body.model,
             title: body.title,
+            budget: body.budget.as_ref().map(budget).transpose()?,
         })
         .await?;
-    Ok(data(wire::Session::from_row(
-        &row,
-        status(&shared, &row.id),
-    )))
+    Ok(data(info(&shared, &row)))
+}
+
+/// A wire budget as the runtime's, or `invalid_request` naming the field.
+fn budget(budget: &wire::Budget) -> Result<agenthost_model::Budget, ApiError> {
+    agenthost_model::Budget::try_from(budget).map_err(ApiError::invalid)
+}
+
+/// A session as the API shows it: its row, what it is doing, and its budget.
+fn info(shared: &Shared, row: &SessionRow) -> wire::Session {
+    wire::Session::from_row(row, status(shared, &row.id))
+        .with_budget(row, &shared.runtime.budget_of(row))
+}
+
+/// Changes a session: its own budget (replacing the one it had). A session the budget blocked
+/// goes on where it stopped, its next call checked against the new budget.
+#[utoipa::path(patch, path = "/api/session/{id}", operation_id = "updateSession", tag = "session",
+    params(("id" = String, Path, description = "Session id, `ses_…`", pattern = r"^ses_[A-Za-z0-9_-]{1,64}$")),
+    request_body = wire::UpdateSession,
+    responses(
+        (status = 200, description = "The session, changed", body = Data<wire::Session>),
+        (status = 400, description = "Malformed body or budget", body = ErrorEnvelope),
+        (status = 401, body = ErrorEnvelope),
+        (status = 404, body = ErrorEnvelope),
+        (status = 503, body = ErrorEnvelope),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn update(
+    State(shared): AppState,
+    SessionPath(id): SessionPath,
+    Json(body): Json<wire::UpdateSession>,
+) -> Result<Response, ApiError> {
+    let row = row(&shared, &id).await?;
+    let row = match &body.budget {
+        Some(b) => shared.runtime.set_budget(&id, budget(b)?).await?,
+        None => row,
+    };
+    Ok(data(info(&shared, &row)))
 }
 
 /// Sessions, newest first, one page at a time.
@@ -287,10 +322,7 @@ pub(crate) async fn list(
     } else {
         None
     };
-    let sessions = rows
-        .iter()
-        .map(|r| wire::Session::from_row(r, status(&shared, &r.id)))
-        .collect();
+    let sessions = rows.iter().map(|r| info(&shared, r)).collect();
     Ok(data(wire::SessionPage {
         sessions,
         cursor: wire::Cursor { next },
@@ -352,7 +384,7 @@ pub(crate) async fn session(
     SessionPath(id): SessionPath,
 ) -> Result<Response, ApiError> {
     let row = row(&shared, &id).await?;
-    Ok(data(wire::Session::from_row(&row, status(&shared, &id))))
+    Ok(data(info(&shared, &row)))
 }
 
 /// Admits a prompt durably and idempotently and, unless `resume` is false, wakes the

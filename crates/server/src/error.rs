@@ -101,6 +101,7 @@ impl From<Error> for ApiError {
                 return e;
             }
             Error::DigestMismatch { .. } => ErrorType::DigestMismatch,
+            Error::BudgetExhausted { .. } => ErrorType::BudgetExhausted,
             Error::ScheduleConflict(_) => ErrorType::ScheduleConflict,
             Error::Busy(_) => ErrorType::SessionBusy,
             Error::Invalid(_) | Error::NothingToCompact => ErrorType::InvalidRequest,

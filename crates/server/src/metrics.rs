@@ -69,6 +69,7 @@ pub(crate) struct Metrics {
     active: Gauge,
     waiting: Gauge,
     approvals: Gauge,
+    blocked: Gauge,
     health: Gauge,
     pending: Gauge,
     claimed: Gauge,
@@ -87,6 +88,7 @@ impl Metrics {
             active: Gauge::default(),
             waiting: Gauge::default(),
             approvals: Gauge::default(),
+            blocked: Gauge::default(),
             health: Gauge::default(),
             pending: Gauge::default(),
             claimed: Gauge::default(),
@@ -122,7 +124,22 @@ impl Metrics {
             "Sessions of this node holding a claim (a drain running, or one a crash left to recover)",
             metrics.claimed.clone(),
         );
+        r.register(
+            "agenthost_sessions_blocked_by_budget",
+            "Sessions of this node whose next model call would pass their budget (they hold no drain)",
+            metrics.blocked.clone(),
+        );
         let m = runtime.metrics();
+        r.register(
+            "agenthost_spend_tokens",
+            "Tokens spent on model calls (steps and failed attempts, compactions, generate), by agent and model",
+            m.spend_tokens.clone(),
+        );
+        r.register(
+            "agenthost_spend_cost_nanos",
+            "Cost of model calls in billionths of a US dollar, by agent and model",
+            m.spend_cost_nanos.clone(),
+        );
         r.register(
             "agenthost_admissions",
             "Inputs admitted durably (an exact retry writes nothing and is not counted)",
@@ -262,6 +279,7 @@ impl Metrics {
         self.active.set(runtime.active().len() as i64);
         self.waiting.set(runtime.drains_waiting() as i64);
         self.approvals.set(runtime.waiting() as i64);
+        self.blocked.set(runtime.blocked() as i64);
         // From memory: a scrape reads no store.
         let (pending, claimed) = runtime.held();
         self.pending.set(pending as i64);

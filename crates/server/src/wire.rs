@@ -30,6 +30,9 @@ pub fn outcome(o: Outcome) -> DrainOutcome {
         Outcome::Waiting { expires_at } => DrainOutcome::Waiting {
             expires_at: expires_at.0,
         },
+        Outcome::Blocked(which) => DrainOutcome::Blocked {
+            which: which.as_str().to_owned(),
+        },
     }
 }
 
@@ -39,6 +42,7 @@ pub fn status(a: Activity) -> StatusType {
         Activity::Idle => StatusType::Idle,
         Activity::Running => StatusType::Running,
         Activity::Waiting => StatusType::Waiting,
+        Activity::Blocked => StatusType::Blocked,
     }
 }
 

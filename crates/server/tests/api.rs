@@ -1457,6 +1457,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/api/session"),
     ("get", "/api/session/active"),
     ("get", "/api/session/{id}"),
+    ("patch", "/api/session/{id}"),
     ("post", "/api/session/{id}/prompt"),
     ("post", "/api/session/{id}/resume"),
     ("post", "/api/session/{id}/interrupt"),

@@ -547,7 +547,7 @@ fn expect_outcome<T: Send + 'static>(
 impl Store for RedbStore {
     fn create_session(&self, new: NewSession) -> BoxFuture<'static, Result<SessionRow>> {
         expect_outcome(self.submit(Op::Create(new)), |o| match o {
-            Outcome::Session(row) => Some(row),
+            Outcome::Session(row) => Some(*row),
             _ => None,
         })
     }

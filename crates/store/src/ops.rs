@@ -105,7 +105,7 @@ pub(crate) enum Op {
 /// What an operation returns, besides the events it wrote.
 #[derive(Debug)]
 pub(crate) enum Outcome {
-    Session(SessionRow),
+    Session(Box<SessionRow>),
     Receipt(Receipt),
     Events(Vec<Stored>),
 }
@@ -119,7 +119,7 @@ pub(crate) fn execute(
     pending_limit: u32,
 ) -> Result<Outcome> {
     match op {
-        Op::Create(new) => create(ov, new, now).map(Outcome::Session),
+        Op::Create(new) => create(ov, new, now).map(|row| Outcome::Session(Box::new(row))),
         Op::Admit(admission) => admit(ov, admission, now, pending_limit).map(Outcome::Receipt),
         Op::Write(session, actions) => write(ov, &session, actions, now).map(Outcome::Events),
     }

@@ -3,6 +3,7 @@
 
 mod agent_loop;
 mod approvals;
+mod budgets;
 mod compaction;
 mod console;
 mod crash_matrix;

@@ -144,7 +144,10 @@ async fn a_full_session_refuses_more_input_as_unavailable() {
     third.resume = false;
     let refused = h.runtime.prompt(third).await;
     assert!(
-        matches!(refused, Err(agenthost_actors::Error::StoreUnavailable { .. })),
+        matches!(
+            refused,
+            Err(agenthost_actors::Error::StoreUnavailable { .. })
+        ),
         "{refused:?}"
     );
     assert_eq!(

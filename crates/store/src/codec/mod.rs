@@ -3,7 +3,7 @@
 //! **Records are the store's own, versioned types.** The store never encodes a model type: each
 //! persisted model type (events, messages, the session record, index entries, instruction state,
 //! schedules) implements [`Record`], which converts it to its record in the current format
-//! (`v6`) and back.
+//! (`v7`) and back.
 //! A record mirrors its model type field for field as that type was when its format shipped,
 //! and never changes after; the conversions are written out by hand, so that a change to a model
 //! type fails to compile here instead of silently changing the bytes on disk.
@@ -29,6 +29,7 @@
 mod v3;
 mod v5;
 mod v6;
+mod v7;
 
 use agenthost_model::{IndexEntry, InstructionState, Message, Schedule, Stored};
 use serde::Serialize;
@@ -37,15 +38,17 @@ use serde::de::DeserializeOwned;
 use crate::error::{Error, Result};
 use crate::record::SessionRecord;
 
-/// The store format this build writes: 6, format 3 (the first that shipped; versions 1 and 2
+/// The store format this build writes: 7, format 3 (the first that shipped; versions 1 and 2
 /// never did) with variants appended: one event in format 4, in format 5 the events, tool state
-/// and message part of approvals, and in format 6 the events of schedules (and the schedule
-/// record they hold, which the schedules projection stores). A later format adds its upgrade
-/// from this one, and its own golden file.
-pub const FORMAT_VERSION: u16 = 6;
+/// and message part of approvals, in format 6 the events of schedules (and the schedule record
+/// they hold, which the schedules projection stores), and in format 7 the events of budgets and
+/// two fields of the session record. A later format adds its upgrade from this one, and its own
+/// golden file.
+pub const FORMAT_VERSION: u16 = 7;
 
-/// The oldest format this build opens: every format-3, format-4 or format-5 value decodes with
-/// format 6's records (see `v6`), and opening such a store rewrites only its version.
+/// The oldest format this build opens: every value of formats 3 to 6 decodes with format 7's
+/// records (see `v7`; a session record by the format it was written in), and opening such a
+/// store rewrites only its version.
 pub const OLDEST_READABLE: u16 = 3;
 
 /// The largest record decoded; larger length prefixes are treated as corruption.
@@ -64,19 +67,60 @@ pub(crate) trait Record: Sized + 'static {
 
     /// Fails when the record holds what the model refuses (an invalid id).
     fn from_stored(stored: Self::Stored<'static>) -> Result<Self, agenthost_model::Error>;
+
+    /// Decodes a value's body written in format `version`: with the current record, unless the
+    /// record changed shape since (then with the record of `version`).
+    fn from_body(version: u16, body: &[u8]) -> Result<Self, String> {
+        let _ = version;
+        Self::from_stored(body_of(body)?).map_err(|e| e.to_string())
+    }
+}
+
+/// A record's body, decoded whole.
+fn body_of<S: DeserializeOwned>(body: &[u8]) -> Result<S, String> {
+    let (stored, read): (S, usize) =
+        bincode::serde::decode_from_slice(body, config()).map_err(|e| e.to_string())?;
+    if read != body.len() {
+        return Err(format!("{} trailing bytes", body.len() - read));
+    }
+    Ok(stored)
 }
 
 impl Record for Stored {
-    type Stored<'a> = v6::Stored<'a>;
+    type Stored<'a> = v7::Stored<'a>;
 
-    fn to_stored(&self) -> v6::Stored<'_> {
+    fn to_stored(&self) -> v7::Stored<'_> {
         self.into()
     }
 
-    fn from_stored(stored: v6::Stored<'static>) -> Result<Self, agenthost_model::Error> {
+    fn from_stored(stored: v7::Stored<'static>) -> Result<Self, agenthost_model::Error> {
         stored.try_into()
     }
 }
+
+impl Record for SessionRecord {
+    type Stored<'a> = v7::SessionRecord<'a>;
+
+    fn to_stored(&self) -> v7::SessionRecord<'_> {
+        self.into()
+    }
+
+    fn from_stored(stored: v7::SessionRecord<'static>) -> Result<Self, agenthost_model::Error> {
+        stored.try_into()
+    }
+
+    fn from_body(version: u16, body: &[u8]) -> Result<Self, String> {
+        if version < 7 {
+            let stored: v3::SessionRecord<'static> = body_of(body)?;
+            return stored
+                .try_into()
+                .map_err(|e: agenthost_model::Error| e.to_string());
+        }
+        Self::from_stored(body_of(body)?).map_err(|e| e.to_string())
+    }
+}
+
+// Format 6's record, unchanged in format 7.
 
 impl Record for Schedule {
     type Stored<'a> = v6::Schedule<'a>;
@@ -90,7 +134,7 @@ impl Record for Schedule {
     }
 }
 
-// Format 5's record, unchanged in format 6.
+// Format 5's record, unchanged in formats 6 and 7.
 
 impl Record for Message {
     type Stored<'a> = v5::Message<'a>;
@@ -104,19 +148,7 @@ impl Record for Message {
     }
 }
 
-// The records below are format 3's, unchanged in formats 4, 5 and 6.
-
-impl Record for SessionRecord {
-    type Stored<'a> = v3::SessionRecord<'a>;
-
-    fn to_stored(&self) -> v3::SessionRecord<'_> {
-        self.into()
-    }
-
-    fn from_stored(stored: v3::SessionRecord<'static>) -> Result<Self, agenthost_model::Error> {
-        stored.try_into()
-    }
-}
+// The records below are format 3's, unchanged in formats 4 to 7.
 
 impl Record for IndexEntry {
     type Stored<'a> = v3::IndexEntry<'a>;
@@ -167,12 +199,7 @@ pub(crate) fn decode<T: Record>(what: &str, bytes: &[u8]) -> Result<T> {
             supported: FORMAT_VERSION,
         });
     }
-    let (stored, read): (T::Stored<'static>, usize) =
-        bincode::serde::decode_from_slice(body, config()).map_err(|e| corrupt(e.to_string()))?;
-    if read != body.len() {
-        return Err(corrupt(format!("{} trailing bytes", body.len() - read)));
-    }
-    T::from_stored(stored).map_err(|e| corrupt(e.to_string()))
+    T::from_body(version, body).map_err(corrupt)
 }
 
 /// Marks a value that holds a run of records: a record begins with its format version, and no

@@ -4,10 +4,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use agenthost_model::message::Claim;
 use agenthost_model::{
-    Approval, AssistantMessage, CatchUp, CompactionState, Decision, Delivery, Event, FailureKind,
-    FileAttachment, Finish, IndexEntry, InstructionState, InterruptReason, Message, MessageId,
-    Part, Prompt, Schedule, ScheduleId, Seq, SessionId, SessionRow, StepError, Stored, Timestamp,
-    ToolPart, ToolState, Usage, Verdict, When,
+    Approval, AssistantMessage, Budget, CatchUp, CompactionState, Decision, Delivery, Event,
+    FailureKind, FileAttachment, Finish, IndexEntry, InstructionState, InterruptReason, Limit,
+    Message, MessageId, Part, Prompt, Schedule, ScheduleId, Seq, SessionId, SessionRow, StepError,
+    Stored, Timestamp, ToolPart, ToolState, Usage, Verdict, When,
 };
 
 use super::*;
@@ -24,13 +24,13 @@ fn round_trip_and_version_check() {
     assert_eq!(decode::<Stored>("event", &bytes).expect("decodes"), stored);
 
     let mut future = bytes.clone();
-    future[..2].copy_from_slice(&7u16.to_le_bytes());
+    future[..2].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
     assert!(matches!(
         decode::<Stored>("event", &future),
         Err(Error::FormatVersion {
-            found: 7,
+            found,
             supported: FORMAT_VERSION
-        })
+        }) if found == FORMAT_VERSION + 1
     ));
     assert!(matches!(
         decode::<Stored>("event", &bytes[..1]),
@@ -393,6 +393,33 @@ fn events() -> Vec<Event> {
         },
         Event::ScheduleCancelled { id: sch("hourly") },
     ]);
+    // Format 7 from here on.
+    events.extend([
+        Event::BudgetSet {
+            budget: Budget {
+                max_tokens: Some(100_000),
+                max_cost_nanos: Some(2_500_000_000),
+                turn_max_tokens: None,
+                turn_max_cost_nanos: Some(50_000_000),
+            },
+        },
+        Event::BudgetSet {
+            budget: Budget::default(),
+        },
+    ]);
+    events.extend(
+        [
+            Limit::Tokens,
+            Limit::Cost,
+            Limit::TurnTokens,
+            Limit::TurnCost,
+        ]
+        .map(|which| Event::BudgetExhausted {
+            which,
+            spent: 99_000,
+            limit: 100_000,
+        }),
+    );
     events
 }
 
@@ -430,9 +457,11 @@ fn variant(event: &Event) -> usize {
         Event::ScheduleSet { .. } => 27,
         Event::ScheduleFired { .. } => 28,
         Event::ScheduleCancelled { .. } => 29,
+        Event::BudgetSet { .. } => 30,
+        Event::BudgetExhausted { .. } => 31,
     }
 }
-const EVENT_VARIANTS: usize = 30;
+const EVENT_VARIANTS: usize = 32;
 
 fn assistant(parts: Vec<Part>, settled: bool) -> AssistantMessage {
     AssistantMessage {
@@ -664,6 +693,13 @@ fn every_record_shape_round_trips() {
         active_from: Seq(4),
         compaction: optional.map(|_| Seq(5)),
         pending: 3,
+        budget: optional.map_or_else(Budget::default, |_| Budget {
+            max_tokens: Some(10),
+            max_cost_nanos: None,
+            turn_max_tokens: Some(5),
+            turn_max_cost_nanos: Some(1),
+        }),
+        blocked: optional.map(|_| Limit::TurnCost),
     };
     for record in [
         SessionRecord {
@@ -1041,9 +1077,10 @@ fn format_6_variants_are_appended() {
         schedule: schedule.clone(),
     });
     // The version, the seq, the time, then the event's variant.
-    assert_eq!(set[..5], [6, 0, 0, 0, 28]);
+    let version = FORMAT_VERSION as u8;
+    assert_eq!(set[..5], [version, 0, 0, 0, 28]);
     assert_eq!(set[5..], fields[..]);
-    assert_eq!(encode(&schedule), [&[6, 0][..], &fields].concat());
+    assert_eq!(encode(&schedule), [&[version, 0][..], &fields].concat());
     let cron = encode(&Schedule {
         when: When::Cron {
             expr: "* * * * *".into(),
@@ -1068,6 +1105,70 @@ fn format_6_variants_are_appended() {
     );
     let cancelled = at_zero(Event::ScheduleCancelled { id: sch("a") });
     assert_eq!(cancelled[2..], [&[0, 0, 30, 5][..], b"sch_a"].concat()[..]);
+}
+
+#[test]
+fn format_7_budgets_are_appended_and_older_session_records_read_without_one() {
+    let at_zero = |event: Event| {
+        encode(&Stored {
+            seq: Seq(0),
+            time: Timestamp(0),
+            event,
+        })
+    };
+    // The seq, the time, then the event's variant after format 6's last (`ScheduleCancelled`,
+    // 30): the budget's four optional limits, or the limit, the spend and the cap.
+    let set = at_zero(Event::BudgetSet {
+        budget: Budget {
+            max_tokens: Some(3),
+            ..Budget::default()
+        },
+    });
+    assert_eq!(set[2..], [0, 0, 31, 1, 3, 0, 0, 0]);
+    let exhausted = at_zero(Event::BudgetExhausted {
+        which: Limit::TurnCost,
+        spent: 5,
+        limit: 9,
+    });
+    assert_eq!(exhausted[2..], [0, 0, 32, 3, 5, 9]);
+
+    // A session record of format 6 is format 3's: without the budget's fields after it. It
+    // reads as a session with no budget of its own, unblocked.
+    let mut inbox = Inbox::default();
+    inbox.add(Seq(2));
+    let record = SessionRecord {
+        row: agenthost_model::SessionRow {
+            budget: Budget::default(),
+            blocked: None,
+            ..crate::tests::session_row("ses_old", 1, None)
+        },
+        inbox,
+    };
+    let now = encode(&record);
+    // No budget of its own (four absent limits), no block.
+    assert_eq!(now[now.len() - 5..], [0, 0, 0, 0, 0]);
+    let six = [&6u16.to_le_bytes()[..], &now[2..now.len() - 5]].concat();
+    assert_eq!(
+        decode::<SessionRecord>("session", &six).expect("decodes"),
+        record
+    );
+    // Format 7's own record carries them.
+    let blocked = SessionRecord {
+        row: agenthost_model::SessionRow {
+            budget: Budget {
+                turn_max_tokens: Some(4),
+                ..Budget::default()
+            },
+            blocked: Some(Limit::Cost),
+            ..record.row.clone()
+        },
+        inbox: record.inbox.clone(),
+    };
+    round_trip("session record", &blocked);
+    // A format-6 value cut short of its fields, or a format-7 value without them, is corrupt.
+    assert!(decode::<SessionRecord>("session", &six[..six.len() - 1]).is_err());
+    let seven_short = [&FORMAT_VERSION.to_le_bytes()[..], &now[2..now.len() - 5]].concat();
+    assert!(decode::<SessionRecord>("session", &seven_short).is_err());
 }
 
 #[test]

@@ -471,6 +471,9 @@ impl<'a> From<&'a model::SessionRow> for SessionRow<'a> {
             active_from,
             compaction,
             pending,
+            // Format 7's, kept beside this record (see `v7::SessionRecord`).
+            budget: _,
+            blocked: _,
         } = row;
         SessionRow {
             id: id.into(),
@@ -525,6 +528,8 @@ impl TryFrom<SessionRow<'_>> for model::SessionRow {
             active_from: active_from.into(),
             compaction: compaction.map(Into::into),
             pending,
+            budget: model::Budget::default(),
+            blocked: None,
         })
     }
 }

@@ -451,7 +451,7 @@ impl Store for PgStore {
         new: NewSession,
     ) -> BoxFuture<'static, Result<agenthost_model::SessionRow>> {
         crate::expect_outcome(self.submit(Op::Create(new)), |o| match o {
-            Outcome::Session(row) => Some(row),
+            Outcome::Session(row) => Some(*row),
             _ => None,
         })
     }

@@ -273,6 +273,28 @@ pub(super) async fn scenario(store: &RedbStore) {
         },
         Event::ScheduleCancelled { id: weekly },
     ];
+    store.append(s.clone(), events).await.expect("appended");
+    // Format 7: a budget of the session's own, and an exchange the budget blocked (and a user
+    // then interrupted, releasing its claim).
+    let events = vec![
+        Event::BudgetSet {
+            budget: agenthost_model::Budget {
+                max_tokens: Some(200_000),
+                max_cost_nanos: Some(1_500_000_000),
+                turn_max_tokens: None,
+                turn_max_cost_nanos: Some(100_000_000),
+            },
+        },
+        Event::ExecutionStarted { forced: true },
+        Event::BudgetExhausted {
+            which: agenthost_model::Limit::TurnCost,
+            spent: 99_000_000,
+            limit: 100_000_000,
+        },
+        Event::ExecutionInterrupted {
+            reason: agenthost_model::InterruptReason::User,
+        },
+    ];
     store.append(s, events).await.expect("appended");
 }
 

@@ -53,6 +53,8 @@ pub(crate) fn session_row(id: &str, pending: u32, claim: Option<Claim>) -> Sessi
         active_from: Seq::ZERO,
         compaction: None,
         pending,
+        budget: Default::default(),
+        blocked: None,
     }
 }
 
