@@ -252,6 +252,22 @@ impl Client {
         self.get(self.session_url(id, &[])).await
     }
 
+    /// `PATCH /api/session/{id}`: changes the session (its own budget); a session its budget
+    /// blocked goes on where it stopped.
+    pub async fn update_session(
+        &self,
+        id: &str,
+        body: &wire::UpdateSession,
+    ) -> Result<wire::Session, Error> {
+        self.call(
+            Method::PATCH,
+            self.session_url(id, &[]),
+            Some(body),
+            REQUEST_TIMEOUT,
+        )
+        .await
+    }
+
     /// `POST /api/session/{id}/prompt`: admits the input durably and returns its receipt. A
     /// retry with the same prompt id returns the original receipt.
     pub async fn prompt(&self, id: &str, body: &wire::Prompt) -> Result<wire::Admitted, Error> {

@@ -13,6 +13,8 @@ use serde_json::{Value, json};
 
 #[path = "e2e/approvals.rs"]
 mod approvals;
+#[path = "e2e/budgets.rs"]
+mod budgets;
 #[path = "e2e/cluster.rs"]
 mod cluster;
 #[path = "e2e/laws.rs"]
@@ -1518,6 +1520,23 @@ async fn the_rust_client_drives_every_route() {
     assert_eq!(session.id, "ses_client");
     let again = client.create_session(&create).await.expect("same session");
     assert_eq!(again.created, session.created);
+    let budget = wire::Budget {
+        max_tokens: Some(1_000_000),
+        max_cost_usd: Some(2.5),
+        ..Default::default()
+    };
+    let updated = client
+        .update_session(
+            "ses_client",
+            &wire::UpdateSession {
+                budget: Some(budget),
+            },
+        )
+        .await
+        .expect("updated");
+    let state = updated.budget.expect("the budget");
+    assert_eq!(state.own, budget);
+    assert_eq!(state.left.max_tokens, Some(1_000_000));
     let page = client
         .sessions(&wire::ListQuery {
             limit: Some(10),
