@@ -427,6 +427,18 @@ impl Runtime {
         }
     }
 
+    /// [`Runtime::interrupt`], then, when it interrupted something, a record that `by` (a
+    /// token's name) asked for it.
+    pub async fn interrupt_by(&self, session: &SessionId, by: Option<String>) -> Result<bool> {
+        let interrupted = self.interrupt(session).await?;
+        if let (true, Some(by)) = (interrupted, by) {
+            let mut actions = self.fence(session);
+            actions.push(Action::Append(Event::InterruptRequested { by }));
+            self.shared.store.write(session.clone(), actions).await?;
+        }
+        Ok(interrupted)
+    }
+
     /// Interrupts the running drain and returns after its durable cleanup, with whether a drain
     /// was running. A claimed session with no drain (a restart that has not resumed it yet) has
     /// the turn its stopped execution left ended the same way, and answers true. A no-op (false)

@@ -1208,6 +1208,10 @@ export interface components {
             /** @enum {string} */
             type: "budget_exhausted";
             which: string;
+        } | {
+            by: string;
+            /** @enum {string} */
+            type: "interrupt_requested";
         };
         /** @enum {string} */
         FailureKind: "aborted" | "restarted" | "provider" | "context_overflow" | "internal";
@@ -2134,6 +2138,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
+            /** @description The summary's call could pass the session's budget (`budget_exhausted`) */
+            402: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description The token's role does not allow this route, or the request's `Host` is not a name this server answers to */
             403: {
                 headers: {
@@ -2290,6 +2303,15 @@ export interface operations {
                 };
             };
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The call could pass the session's budget (`budget_exhausted`) */
+            402: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -532,6 +532,7 @@ impl From<&model::Stored> for Event {
                 spent: *spent,
                 limit: *limit,
             },
+            E::InterruptRequested { by } => EventBody::InterruptRequested { by: by.clone() },
         };
         Event {
             seq: stored.seq.0,

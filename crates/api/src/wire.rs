@@ -908,6 +908,10 @@ pub enum EventBody {
         spent: u64,
         limit: u64,
     },
+    /// The interrupt just before was asked by the token named `by`.
+    InterruptRequested {
+        by: String,
+    },
 }
 
 /// Limits on what a session spends on model calls, over its life and per user turn (since its

@@ -210,6 +210,10 @@ pub enum Event {
         spent: u64,
         limit: u64,
     },
+    /// Who interrupted the exchange (a named token), recorded right after the interrupt.
+    InterruptRequested {
+        by: String,
+    },
 }
 
 impl Event {
@@ -240,6 +244,7 @@ impl Event {
                 by.as_ref().map_or(0, String::len) + reason.as_ref().map_or(0, String::len)
             }
             Event::ScheduleSet { schedule } => schedule.prompt.size(),
+            Event::InterruptRequested { by } => by.len(),
             _ => 0,
         };
         std::mem::size_of::<Event>() + text
@@ -272,7 +277,8 @@ impl Event {
             | Event::ScheduleFired { .. }
             | Event::ScheduleCancelled { .. }
             | Event::BudgetSet { .. }
-            | Event::BudgetExhausted { .. } => None,
+            | Event::BudgetExhausted { .. }
+            | Event::InterruptRequested { .. } => None,
             Event::SessionCreated { .. }
             | Event::ExecutionStarted { .. }
             | Event::ExecutionSucceeded
@@ -318,6 +324,7 @@ impl Event {
             Event::ScheduleCancelled { .. } => "schedule_cancelled",
             Event::BudgetSet { .. } => "budget_set",
             Event::BudgetExhausted { .. } => "budget_exhausted",
+            Event::InterruptRequested { .. } => "interrupt_requested",
         }
     }
 }

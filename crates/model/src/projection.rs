@@ -530,6 +530,8 @@ pub fn apply<P: Projection>(
             }
             row.blocked = Some(*which);
         }
+        // A record of who asked; the interrupt itself is `ExecutionInterrupted`.
+        Event::InterruptRequested { .. } => {}
         Event::UsageRecorded { usage } => row.usage.add(usage),
         Event::StepUsage { id, usage } => {
             let mut a = open_assistant(p, session, id)?;

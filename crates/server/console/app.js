@@ -518,7 +518,7 @@ function renderSessions(app) {
   const filter = h(
     "select",
     { id: "status-filter" },
-    ["all", "idle", "running", "waiting"].map((value) =>
+    ["all", "idle", "running", "waiting", "blocked"].map((value) =>
       h("option", { value, selected: value === sessionsState.filter }, value),
     ),
   );

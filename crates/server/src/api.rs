@@ -448,6 +448,7 @@ pub(crate) async fn prompt(
         (status = 401, body = ErrorEnvelope),
         (status = 404, body = ErrorEnvelope),
         (status = 409, description = "A drain is running, or a previous run's work is not recovered yet (`session_busy`)", body = ErrorEnvelope),
+        (status = 402, description = "The summary's call could pass the session's budget (`budget_exhausted`)", body = ErrorEnvelope),
         (status = 502, description = "The summary request failed", body = ErrorEnvelope),
         (status = 503, description = "Overloaded, or the runtime is shutting down", body = ErrorEnvelope),
     ),
@@ -535,11 +536,9 @@ pub(crate) async fn interrupt(
     _: RouteOptions<wire::NoOptions>,
 ) -> Result<Response, ApiError> {
     row(&shared, &id).await?;
-    let interrupted = shared.runtime.interrupt(&id).await?;
-    if interrupted {
-        let by = caller.and_then(|c| c.0.name);
-        tracing::info!(session_id = %id, by = by.as_deref().unwrap_or("-"), "interrupted");
-    }
+    // A named token's interrupt is recorded as its own.
+    let by = caller.and_then(|c| c.0.name);
+    let interrupted = shared.runtime.interrupt_by(&id, by).await?;
     Ok(data(wire::Interrupted { interrupted }))
 }
 
@@ -589,6 +588,7 @@ pub(crate) async fn wait(
         (status = 400, description = "Empty prompt, malformed body", body = ErrorEnvelope),
         (status = 401, body = ErrorEnvelope),
         (status = 404, body = ErrorEnvelope),
+        (status = 402, description = "The call could pass the session's budget (`budget_exhausted`)", body = ErrorEnvelope),
         (status = 422, description = "The history plus prompt does not fit the context window", body = ErrorEnvelope),
         (status = 502, description = "The provider failed", body = ErrorEnvelope),
         (status = 503, body = ErrorEnvelope),

@@ -1262,6 +1262,78 @@ async fn each_role_reaches_exactly_its_routes() {
     assert_eq!(send("get", "/api/session", None).await.0, 401);
 }
 
+/// An interrupt made with a named token records the token's name, durably, after the
+/// interrupt; one that interrupts nothing records nothing.
+#[tokio::test]
+async fn an_interrupt_records_the_tokens_name() {
+    use agenthost_server::auth::{NamedToken, Role, Tokens};
+    let options = Options {
+        tokens: Some(Arc::new(Tokens::new(vec![NamedToken {
+            name: "ops-bot".into(),
+            role: Role::Write,
+            token: Token::new("writer-token-0123456789").expect("a token"),
+        }]))),
+        ..Options::default()
+    };
+    let h = harness_with(vec![Script::new().hang()], options, |_| {}).await;
+    let as_writer = |method: Method, uri: &str, body: Option<&str>| {
+        Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(header::AUTHORIZATION, "Bearer writer-token-0123456789")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body.map_or_else(Body::empty, |b| Body::from(b.to_owned())))
+            .expect("request")
+    };
+    let created = h.send(as_writer(Method::POST, "/api/session", None)).await;
+    let s = created.json["data"]["id"].as_str().expect("id").to_owned();
+    let interrupt = format!("/api/session/{s}/interrupt");
+    // Nothing runs: nothing to interrupt, nothing recorded.
+    let idle = h.send(as_writer(Method::POST, &interrupt, None)).await;
+    assert_eq!(idle.json["data"]["interrupted"], false, "{}", idle.json);
+    h.send(as_writer(
+        Method::POST,
+        &format!("/api/session/{s}/prompt"),
+        Some(r#"{"text": "go"}"#),
+    ))
+    .await;
+    let id = agenthost_model::SessionId::parse(&s).expect("id");
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while !h.api.runtime().is_active(&id) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the turn never started"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let reply = h.send(as_writer(Method::POST, &interrupt, None)).await;
+    assert_eq!(reply.json["data"]["interrupted"], true, "{}", reply.json);
+    let log = h
+        .api
+        .runtime()
+        .snapshot()
+        .expect("snapshot")
+        .events(&id, agenthost_model::Seq::ZERO, usize::MAX)
+        .expect("events");
+    let kinds: Vec<&str> = log.iter().map(|e| e.event.kind()).collect();
+    let at = kinds
+        .iter()
+        .position(|k| *k == "interrupt_requested")
+        .expect("recorded");
+    assert_eq!(kinds[at - 1], "execution_interrupted", "{kinds:?}");
+    assert_eq!(
+        kinds
+            .iter()
+            .filter(|k| **k == "interrupt_requested")
+            .count(),
+        1
+    );
+    assert!(matches!(
+        &log[at].event,
+        agenthost_model::Event::InterruptRequested { by } if by == "ops-bot"
+    ));
+}
+
 /// A forwarded request is served only when a node of the cluster signed exactly it, recently
 /// and once: a forged header, a token instead of a signature, a changed body, path or caller, a
 /// signature from outside the window, another secret and a replay are all refused with 401 and

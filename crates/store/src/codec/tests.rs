@@ -407,6 +407,7 @@ fn events() -> Vec<Event> {
             budget: Budget::default(),
         },
     ]);
+    events.push(Event::InterruptRequested { by: "ops".into() });
     events.extend(
         [
             Limit::Tokens,
@@ -459,9 +460,10 @@ fn variant(event: &Event) -> usize {
         Event::ScheduleCancelled { .. } => 29,
         Event::BudgetSet { .. } => 30,
         Event::BudgetExhausted { .. } => 31,
+        Event::InterruptRequested { .. } => 32,
     }
 }
-const EVENT_VARIANTS: usize = 32;
+const EVENT_VARIANTS: usize = 33;
 
 fn assistant(parts: Vec<Part>, settled: bool) -> AssistantMessage {
     AssistantMessage {
@@ -1131,6 +1133,8 @@ fn format_7_budgets_are_appended_and_older_session_records_read_without_one() {
         limit: 9,
     });
     assert_eq!(exhausted[2..], [0, 0, 32, 3, 5, 9]);
+    let by = at_zero(Event::InterruptRequested { by: "ops".into() });
+    assert_eq!(by[2..], [&[0, 0, 33, 3][..], b"ops"].concat()[..]);
 
     // A session record of format 6 is format 3's: without the budget's fields after it. It
     // reads as a session with no budget of its own, unblocked.

@@ -1,5 +1,6 @@
-//! Format 7: format 6 with the records of budgets appended. Two event variants (`BudgetSet`,
-//! `BudgetExhausted`) are new, with the budget and its limits they hold, and the session record
+//! Format 7: format 6 with the records of budgets and of who interrupted appended. Three event
+//! variants (`BudgetSet`, `BudgetExhausted`, `InterruptRequested`) are new, with the budget and
+//! its limits they hold, and the session record
 //! has two more fields (the session's own budget and the limit that blocks it): a new shape, so a
 //! session record is decoded by the format its value was written in (`SessionRecord::decode`),
 //! and a format-3 to format-6 record reads as a session with no budget of its own, unblocked.
@@ -212,6 +213,9 @@ pub(crate) enum Event<'a> {
         which: Limit,
         spent: u64,
         limit: u64,
+    },
+    InterruptRequested {
+        by: Cow<'a, str>,
     },
 }
 
@@ -434,6 +438,7 @@ impl<'a> From<&'a model::Event> for Event<'a> {
                 spent: *spent,
                 limit: *limit,
             },
+            M::InterruptRequested { by } => Event::InterruptRequested { by: borrowed(by) },
         }
     }
 }
@@ -657,6 +662,9 @@ impl TryFrom<Event<'_>> for model::Event {
                 which: which.into(),
                 spent,
                 limit,
+            },
+            Event::InterruptRequested { by } => M::InterruptRequested {
+                by: by.into_owned(),
             },
         })
     }

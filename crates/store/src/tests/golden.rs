@@ -294,6 +294,7 @@ pub(super) async fn scenario(store: &RedbStore) {
         Event::ExecutionInterrupted {
             reason: agenthost_model::InterruptReason::User,
         },
+        Event::InterruptRequested { by: "ops".into() },
     ];
     store.append(s, events).await.expect("appended");
 }
