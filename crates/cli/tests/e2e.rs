@@ -1203,6 +1203,18 @@ async fn inspect_is_read_only_and_scriptable() {
 }
 
 /// Starts `serve` on the built-in mock with `server` as the `[server]` section.
+/// `agenthost serve --config CONFIG` on a free loopback port, its URL read.
+fn serve_config(dir: &Path, name: &str, config: &Path) -> Proc {
+    let config = config.to_str().expect("utf-8 path");
+    let mut server = Proc::spawn(
+        name,
+        dir,
+        &["serve", "--config", config, "--bind", "127.0.0.1:0"],
+    );
+    server.url_cached();
+    server
+}
+
 fn serve_with(dir: &Path, name: &str, server: &str) -> Proc {
     let path = dir.join(format!("{name}.toml"));
     let text = format!(

@@ -65,6 +65,14 @@ fn limited(max_tokens: u64) -> impl FnOnce(&mut Config) {
     }
 }
 
+/// A budget that leaves room for everything these tests call.
+fn ample() -> Budget {
+    Budget {
+        max_tokens: Some(100_000),
+        ..Budget::default()
+    }
+}
+
 fn exhausted(log: &[Event]) -> Vec<Limit> {
     log.iter()
         .filter_map(|e| match e {
@@ -120,10 +128,7 @@ async fn a_session_pauses_before_the_call_its_budget_cannot_pay_and_goes_on_when
     assert_eq!(h.row(&s).pending, 1);
 
     // Raised: the exchange goes on where it stopped, then the queued input runs.
-    let raised = Budget {
-        max_tokens: Some(100_000),
-        ..Budget::default()
-    };
+    let raised = ample();
     let row = h.runtime.set_budget(&s, raised).await.expect("raised");
     assert_eq!(row.budget, raised);
     h.idle(&s).await;
@@ -185,16 +190,7 @@ async fn a_retry_is_a_call_like_any_other() {
     assert_eq!(exhausted(&log), [Limit::Tokens]);
     assert!(log.iter().any(|e| matches!(e, Event::StepUsage { .. })));
     assert_eq!(h.row(&s).usage.input + h.row(&s).usage.output, 150);
-    h.runtime
-        .set_budget(
-            &s,
-            Budget {
-                max_tokens: Some(10_000),
-                ..Budget::default()
-            },
-        )
-        .await
-        .expect("raised");
+    h.runtime.set_budget(&s, ample()).await.expect("raised");
     h.idle(&s).await;
     assert_eq!(h.provider.requests().len(), 2);
     let log = h.log(&s);
@@ -243,16 +239,7 @@ async fn generate_over_budget_is_refused_and_a_sessions_own_budget_wins() {
         other => panic!("refused for its budget, got {other:?}"),
     }
     assert!(h.provider.requests().is_empty());
-    h.runtime
-        .set_budget(
-            &s,
-            Budget {
-                max_tokens: Some(10_000),
-                ..Budget::default()
-            },
-        )
-        .await
-        .expect("set");
+    h.runtime.set_budget(&s, ample()).await.expect("set");
     assert_eq!(
         h.runtime.generate(&s, "recap").await.expect("generated"),
         "a recap"
@@ -314,16 +301,7 @@ async fn a_restart_keeps_a_blocked_session_blocked() {
         .expect("exists");
     assert_eq!(row.blocked, Some(Limit::Tokens));
     assert_eq!(row.resume_attempts, 0, "a block is no crash");
-    runtime
-        .set_budget(
-            &s,
-            Budget {
-                max_tokens: Some(10_000),
-                ..Budget::default()
-            },
-        )
-        .await
-        .expect("raised");
+    runtime.set_budget(&s, ample()).await.expect("raised");
     runtime
         .wait_idle(&s, std::time::Duration::from_secs(30))
         .await

@@ -6,17 +6,6 @@
 use super::wire::{Tool, Wire, calls_tools_named_in_the_prompt, shown};
 use super::*;
 
-fn serve(dir: &Path, name: &str, config: &Path) -> Proc {
-    let config = config.to_str().expect("utf-8 path");
-    let mut server = Proc::spawn(
-        name,
-        dir,
-        &["serve", "--config", config, "--bind", "127.0.0.1:0"],
-    );
-    server.url_cached();
-    server
-}
-
 /// `wire`'s config with the default agent asking before `pay` (idempotent as given), its
 /// approvals expiring after `ttl_ms`.
 fn config(wire: &Wire, dir: &Path, idempotent: bool, ttl_ms: u64) -> PathBuf {
@@ -81,7 +70,7 @@ async fn an_approval_is_asked_decided_once_and_the_call_runs_once() {
     let d = dir.path();
     let wire = Wire::start(calls_tools_named_in_the_prompt(&["pay"]), &[]).await;
     let cfg = config(&wire, d, false, 86_400_000);
-    let server = serve(d, "serve", &cfg);
+    let server = serve_config(d, "serve", &cfg);
     let http = Http::new(&server.cached_url());
     let s = http.session("default").await;
     let approval = asked(&http, &s).await;
@@ -178,7 +167,7 @@ async fn a_denial_reaches_the_model_and_an_interrupt_withdraws_an_approval() {
     let d = dir.path();
     let wire = Wire::start(calls_tools_named_in_the_prompt(&["pay"]), &[]).await;
     let cfg = config(&wire, d, false, 86_400_000);
-    let server = serve(d, "serve", &cfg);
+    let server = serve_config(d, "serve", &cfg);
     let http = Http::new(&server.cached_url());
     let s = http.session("default").await;
     let approval = asked(&http, &s).await;
@@ -226,13 +215,13 @@ async fn an_approval_and_its_call_survive_sigkills_in_every_state() {
     )
     .await;
     let cfg = config(&wire, d, false, 86_400_000);
-    let mut server = serve(d, "serve-1", &cfg);
+    let mut server = serve_config(d, "serve-1", &cfg);
     let http = Http::new(&server.cached_url());
     let s = http.session("default").await;
     let approval = asked(&http, &s).await;
     server.sigkill();
 
-    let mut server = serve(d, "serve-2", &cfg);
+    let mut server = serve_config(d, "serve-2", &cfg);
     let http = Http::new(&server.cached_url());
     idle(&http, &s).await;
     let session = http.get(&format!("/api/session/{s}")).await;
@@ -250,7 +239,7 @@ async fn an_approval_and_its_call_survive_sigkills_in_every_state() {
         .await;
     server.sigkill();
 
-    let server = serve(d, "serve-3", &cfg);
+    let server = serve_config(d, "serve-3", &cfg);
     let http = Http::new(&server.cached_url());
     idle(&http, &s).await;
     assert_eq!(wire.calls().len(), 1, "not run again: {:?}", wire.calls());
@@ -271,14 +260,14 @@ async fn an_approval_expires_across_a_restart() {
     let d = dir.path();
     let wire = Wire::start(calls_tools_named_in_the_prompt(&["pay"]), &[]).await;
     let cfg = config(&wire, d, false, 1_000);
-    let mut server = serve(d, "serve-1", &cfg);
+    let mut server = serve_config(d, "serve-1", &cfg);
     let http = Http::new(&server.cached_url());
     let s = http.session("default").await;
     asked(&http, &s).await;
     server.sigkill();
     tokio::time::sleep(Duration::from_millis(1_500)).await;
 
-    let server = serve(d, "serve-2", &cfg);
+    let server = serve_config(d, "serve-2", &cfg);
     let http = Http::new(&server.cached_url());
     idle(&http, &s).await;
     assert!(wire.calls().is_empty());
@@ -318,7 +307,7 @@ async fn a_named_token_decides_as_itself_and_the_tokens_file_is_reloaded() {
         tokens.display()
     ));
     std::fs::write(&cfg, text).expect("config written");
-    let server = serve(d, "serve", &cfg);
+    let server = serve_config(d, "serve", &cfg);
     let as_token = |token: &str| {
         let mut headers = reqwest::header::HeaderMap::new();
         headers.insert(

@@ -11,17 +11,6 @@ use super::*;
 /// What the scripted model reports for every call.
 const PER_CALL: u64 = 15;
 
-fn serve(dir: &Path, name: &str, config: &Path) -> Proc {
-    let config = config.to_str().expect("utf-8 path");
-    let mut server = Proc::spawn(
-        name,
-        dir,
-        &["serve", "--config", config, "--bind", "127.0.0.1:0"],
-    );
-    server.url_cached();
-    server
-}
-
 async fn session_info(http: &Http, s: &str) -> Value {
     http.get(&format!("/api/session/{s}")).await["data"].clone()
 }
@@ -67,7 +56,7 @@ async fn a_tool_loop_stops_at_its_budget_keeps_its_spend_through_a_sigkill_and_g
     );
     assert!(text.contains("budget = "), "{text}");
     std::fs::write(&cfg, text).expect("config written");
-    let mut server = serve(d, "serve", &cfg);
+    let mut server = serve_config(d, "serve", &cfg);
     let http = Http::new(&server.cached_url());
     let s = http.session("default").await;
     http.post(
@@ -122,7 +111,7 @@ async fn a_tool_loop_stops_at_its_budget_keeps_its_spend_through_a_sigkill_and_g
     // SIGKILL: the spend is what the provider reported, no more and no less, and the session
     // is still blocked after the restart (its recovery makes no call).
     server.sigkill();
-    let server = serve(d, "serve-again", &cfg);
+    let server = serve_config(d, "serve-again", &cfg);
     let http = Http::new(&server.cached_url());
     idle(&http, &s).await;
     let info = session_info(&http, &s).await;

@@ -6,17 +6,6 @@
 use super::wire::{Tool, Wire, calls_tools_named_in_the_prompt, last_user, shown};
 use super::*;
 
-fn serve(dir: &Path, name: &str, config: &Path) -> Proc {
-    let config = config.to_str().expect("utf-8 path");
-    let mut server = Proc::spawn(
-        name,
-        dir,
-        &["serve", "--config", config, "--bind", "127.0.0.1:0"],
-    );
-    server.url_cached();
-    server
-}
-
 /// Waits until the session is idle, with whatever recovery it owed done.
 async fn idle(http: &Http, session: &str) {
     let idle = http
@@ -37,7 +26,7 @@ async fn a_deferred_input_waits_for_a_resume_across_sweeps_and_restarts() {
     let wire = Wire::start(calls_tools_named_in_the_prompt(&[]), &[]).await;
     // The lost-wake sweep every 50 ms: a deferred input it took for a lost wake would run at once.
     let cfg = wire.config(d, &[], "wake_sweep_ms = 50");
-    let mut server = serve(d, "serve-1", &cfg);
+    let mut server = serve_config(d, "serve-1", &cfg);
     let http = Http::new(&server.cached_url());
     let s = http.session("default").await;
     let admitted = http
@@ -57,7 +46,7 @@ async fn a_deferred_input_waits_for_a_resume_across_sweeps_and_restarts() {
 
     server.signal("-TERM");
     assert_eq!(server.wait_exit().code(), Some(0), "{}", server.log_text());
-    let server = serve(d, "serve-2", &cfg);
+    let server = serve_config(d, "serve-2", &cfg);
     let http = Http::new(&server.cached_url());
     idle(&http, &s).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -89,7 +78,7 @@ async fn a_queued_follow_up_waits_for_a_tool_exchange_a_crash_cut() {
     )
     .await;
     let cfg = wire.config(d, &[("lookup", true)], "");
-    let mut server = serve(d, "serve-1", &cfg);
+    let mut server = serve_config(d, "serve-1", &cfg);
     let http = Http::new(&server.cached_url());
     let s = http.session("default").await;
     http.post(
@@ -107,7 +96,7 @@ async fn a_queued_follow_up_waits_for_a_tool_exchange_a_crash_cut() {
     let before = wire.requests().len();
     server.sigkill();
 
-    let server = serve(d, "serve-2", &cfg);
+    let server = serve_config(d, "serve-2", &cfg);
     let http = Http::new(&server.cached_url());
     idle(&http, &s).await;
     let requests = wire.requests();
@@ -144,7 +133,7 @@ async fn a_tool_a_graceful_stop_cut_reads_as_after_a_crash() {
     )
     .await;
     let cfg = wire.config(d, &[("mail", false), ("fetch", true)], "");
-    let mut server = serve(d, "serve-1", &cfg);
+    let mut server = serve_config(d, "serve-1", &cfg);
     let http = Http::new(&server.cached_url());
     let mut sessions = Vec::new();
     for (n, text) in ["use mail", "use fetch"].into_iter().enumerate() {
@@ -161,7 +150,7 @@ async fn a_tool_a_graceful_stop_cut_reads_as_after_a_crash() {
     server.signal("-TERM");
     assert_eq!(server.wait_exit().code(), Some(0), "{}", server.log_text());
 
-    let server = serve(d, "serve-2", &cfg);
+    let server = serve_config(d, "serve-2", &cfg);
     let http = Http::new(&server.cached_url());
     for s in &sessions {
         idle(&http, s).await;

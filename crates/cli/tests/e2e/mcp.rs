@@ -14,17 +14,6 @@ fn fixtures() -> Option<agenthost_mcp::testing::Fixtures> {
     agenthost_mcp::testing::fixtures("the MCP end-to-end tests")
 }
 
-fn serve(dir: &Path, name: &str, config: &Path) -> Proc {
-    let config = config.to_str().expect("utf-8 path");
-    let mut server = Proc::spawn(
-        name,
-        dir,
-        &["serve", "--config", config, "--bind", "127.0.0.1:0"],
-    );
-    server.url_cached();
-    server
-}
-
 /// A model that, asked `call <tool> <json>`, calls `<tool>` with those arguments once, and
 /// otherwise answers with the text it was asked.
 fn calls_what_it_is_told() -> super::wire::Script {
@@ -111,7 +100,7 @@ async fn killed_during(
     tool: &str,
     args: &str,
 ) -> (Proc, String, String) {
-    let mut server = serve(d, "serve-1", cfg);
+    let mut server = serve_config(d, "serve-1", cfg);
     let http = Http::new(&server.cached_url());
     ready(&http).await;
     let s = http.session("default").await;
@@ -127,7 +116,7 @@ async fn killed_during(
     }
     let key = journal(d)[0].clone();
     server.sigkill();
-    let server = serve(d, "serve-2", cfg);
+    let server = serve_config(d, "serve-2", cfg);
     let http = Http::new(&server.cached_url());
     idle(&http, &s).await;
     let _ = wire;
@@ -226,7 +215,7 @@ async fn a_server_that_dies_mid_call_and_a_call_past_its_deadline_read_as_errors
     let d = dir.path();
     let wire = Wire::start(calls_what_it_is_told(), &[]).await;
     let cfg = config(&wire, d, &f, true, 700);
-    let server = serve(d, "serve", &cfg);
+    let server = serve_config(d, "serve", &cfg);
     let http = Http::new(&server.cached_url());
     ready(&http).await;
     let s = http.session("default").await;

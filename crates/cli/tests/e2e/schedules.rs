@@ -6,17 +6,6 @@
 use super::wire::{Wire, calls_tools_named_in_the_prompt, last_user};
 use super::*;
 
-fn serve(dir: &Path, name: &str, config: &Path) -> Proc {
-    let config = config.to_str().expect("utf-8 path");
-    let mut server = Proc::spawn(
-        name,
-        dir,
-        &["serve", "--config", config, "--bind", "127.0.0.1:0"],
-    );
-    server.url_cached();
-    server
-}
-
 async fn schedule(http: &Http, s: &str, body: Value) -> (u16, Value) {
     http.call(
         reqwest::Method::POST,
@@ -58,7 +47,7 @@ async fn a_one_shot_schedule_fires_once_and_bad_ones_change_nothing() {
     let d = dir.path();
     let wire = Wire::start(calls_tools_named_in_the_prompt(&[]), &[]).await;
     let cfg = wire.config(d, &[], "schedules_per_session = 3");
-    let server = serve(d, "serve", &cfg);
+    let server = serve_config(d, "serve", &cfg);
     let http = Http::new(&server.cached_url());
     let s = http.session("default").await;
     let last_seq = http.get(&format!("/api/session/{s}")).await["data"]["last_seq"].clone();
@@ -151,7 +140,7 @@ async fn a_restart_between_setting_and_firing_fires_once_after_start() {
     let d = dir.path();
     let wire = Wire::start(calls_tools_named_in_the_prompt(&[]), &[]).await;
     let cfg = wire.config(d, &[], "");
-    let mut server = serve(d, "serve-1", &cfg);
+    let mut server = serve_config(d, "serve-1", &cfg);
     let http = Http::new(&server.cached_url());
     let s = http.session("default").await;
     let (status, _) = schedule(
@@ -166,7 +155,7 @@ async fn a_restart_between_setting_and_firing_fires_once_after_start() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(wire.requests().is_empty());
 
-    let server = serve(d, "serve-2", &cfg);
+    let server = serve_config(d, "serve-2", &cfg);
     let http = Http::new(&server.cached_url());
     asked(&wire, "while you were away").await;
     let idle = http
@@ -186,7 +175,7 @@ async fn a_sigkill_around_the_firing_admits_it_once() {
         let d = dir.path();
         let wire = Wire::start(calls_tools_named_in_the_prompt(&[]), &[]).await;
         let cfg = wire.config(d, &[], "");
-        let mut server = serve(d, "serve-1", &cfg);
+        let mut server = serve_config(d, "serve-1", &cfg);
         let http = Http::new(&server.cached_url());
         let s = http.session("default").await;
         let (status, set) =
@@ -201,7 +190,7 @@ async fn a_sigkill_around_the_firing_admits_it_once() {
         tokio::time::sleep(Duration::from_millis(wait)).await;
         server.sigkill();
 
-        let server = serve(d, "serve-2", &cfg);
+        let server = serve_config(d, "serve-2", &cfg);
         let http = Http::new(&server.cached_url());
         asked(&wire, "fire once").await;
         let idle = http
@@ -227,7 +216,7 @@ async fn a_firing_missed_during_downtime_is_caught_up_once_or_skipped() {
         let d = dir.path();
         let wire = Wire::start(calls_tools_named_in_the_prompt(&[]), &[]).await;
         let cfg = wire.config(d, &[], "schedule_grace_ms = 200");
-        let mut server = serve(d, "serve-1", &cfg);
+        let mut server = serve_config(d, "serve-1", &cfg);
         let http = Http::new(&server.cached_url());
         let s = http.session("default").await;
         let (status, set) = schedule(
@@ -240,7 +229,7 @@ async fn a_firing_missed_during_downtime_is_caught_up_once_or_skipped() {
         server.sigkill();
         // Down well past the firing and its grace.
         tokio::time::sleep(Duration::from_millis(1200)).await;
-        let server = serve(d, "serve-2", &cfg);
+        let server = serve_config(d, "serve-2", &cfg);
         let http = Http::new(&server.cached_url());
         let deadline = Instant::now() + LIMIT;
         loop {
@@ -274,7 +263,7 @@ async fn a_cron_schedule_fires_on_each_tick_until_cancelled() {
     let d = dir.path();
     let wire = Wire::start(calls_tools_named_in_the_prompt(&[]), &[]).await;
     let cfg = wire.config(d, &[], "");
-    let server = serve(d, "serve", &cfg);
+    let server = serve_config(d, "serve", &cfg);
     let http = Http::new(&server.cached_url());
     let s = http.session("default").await;
     let (status, _) = schedule(
