@@ -106,11 +106,27 @@ async fn with_host(
     path: &str,
     host: &str,
 ) -> (u16, String) {
+    raw(addr, method, path, host, "").await
+}
+
+/// A `GET` naming `host` and claiming to be another node's forward, unsigned.
+async fn with_forwarded(addr: std::net::SocketAddr, path: &str, host: &str) -> (u16, String) {
+    raw(addr, "GET", path, host, "x-agenthost-forwarded-by: n9\r\n").await
+}
+
+/// One request with `extra` header lines over a fresh connection: the status and the body.
+async fn raw(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    host: &str,
+    extra: &str,
+) -> (u16, String) {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let body = if method == "POST" { "{}" } else { "" };
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n\
+        "{method} {path} HTTP/1.1\r\nhost: {host}\r\n{extra}content-type: application/json\r\n\
          content-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     );
@@ -170,6 +186,13 @@ async fn a_rebinding_page_is_refused_by_its_host() {
             assert_eq!(json["error"]["type"], "forbidden", "{body}");
         }
     }
+    // A forward names the owner's host, and passes the check to be judged by its signature,
+    // which a page cannot make: refused as unsigned, not served. Nothing else is let through by
+    // the header.
+    let (status, body) = with_forwarded(addr, "/api/session", "attacker.example").await;
+    assert_eq!(status, 401, "{body}");
+    let (status, body) = with_forwarded(addr, "/metrics", "attacker.example").await;
+    assert_eq!(status, 403, "{body}");
     // Nothing was created by the refused POSTs.
     let (_, listed) = with_host(addr, "GET", "/api/session", "127.0.0.1").await;
     let listed: Value = serde_json::from_str(&listed).expect("JSON");
