@@ -24,7 +24,7 @@ use tokio::sync::Notify;
 use crate::config::Agent;
 use crate::hooks::{Permission, ToolRequest};
 use crate::shared::Shared;
-use crate::tools::{Tools, allowed, permits};
+use crate::tools::{Tool, Tools, glob_match, last_match, permits};
 
 /// The digest of a call: SHA-256 over the tool's name, a newline and its input as canonical JSON
 /// (object keys sorted, no whitespace), as `sha256:<hex>`. Two calls with the same name and the
@@ -98,8 +98,8 @@ pub(crate) struct Policy<'a> {
 }
 
 impl Policy<'_> {
-    /// Decides a call: refused (last step, unknown tool, not allowed, invalid JSON, a hook's
-    /// denial), held for approval (the agent's `ask` patterns, or a hook), or run.
+    /// Decides a call: refused (last step, unknown tool, not allowed, invalid JSON, a denial by
+    /// policy or by a hook), held for approval (by policy, or a hook), or run.
     pub(crate) fn gate(&self, call: &llm::ToolCall) -> Gate {
         let shared = self.shared;
         if self.last_step {
@@ -108,9 +108,13 @@ impl Policy<'_> {
         let Some(tool) = self.tools.get(&call.name) else {
             return Gate::Refuse(format!("unknown tool {:?}", call.name));
         };
-        let (patterns, ask) = match self.agent {
-            Some(agent) => (agent.tools.as_slice(), agent.ask.as_slice()),
-            None => (&[][..], &[][..]),
+        let (patterns, ask, rules) = match self.agent {
+            Some(agent) => (
+                agent.tools.as_slice(),
+                agent.ask.as_slice(),
+                agent.permission.as_slice(),
+            ),
+            None => (&[][..], &[][..], &[][..]),
         };
         if !permits(patterns, tool) {
             return Gate::Refuse(format!(
@@ -129,10 +133,7 @@ impl Policy<'_> {
             input: &input,
         };
         let decided = shared.hooks.iter().find_map(|h| h.permission(&request));
-        let permission = decided.unwrap_or(match allowed(ask, &call.name) {
-            true => Permission::Ask,
-            false => Permission::Allow,
-        });
+        let permission = decided.unwrap_or_else(|| policy(tool, ask, rules));
         match permission {
             Permission::Allow => Gate::Run,
             Permission::Ask => Gate::Ask {
@@ -149,6 +150,22 @@ impl Policy<'_> {
             .map_or(crate::config::DEFAULT_APPROVAL_TTL, |a| a.approval_ttl);
         Timestamp(now.0.saturating_add(ttl.as_millis() as u64))
     }
+}
+
+/// What configuration says of a call of `tool`: the tool's own permission, then the agent's
+/// `ask` patterns, then its rules; the last that matches decides.
+fn policy(tool: &Tool, ask: &[String], rules: &[(String, Permission)]) -> Permission {
+    let mut permission = match last_match(ask, &tool.name) {
+        Some(true) => Permission::Ask,
+        Some(false) => Permission::Allow,
+        None => tool.permission.clone(),
+    };
+    for (pattern, rule) in rules {
+        if glob_match(pattern, &tool.name) {
+            permission = rule.clone();
+        }
+    }
+    permission
 }
 
 /// A pending approval, as listed.
@@ -355,6 +372,69 @@ mod tests {
         assert_ne!(digest("send", &a), digest("mail", &a));
         assert!(digest("send", &a).starts_with("sha256:"));
         assert_eq!(digest("send", &a).len(), 7 + 64);
+    }
+
+    #[test]
+    fn the_last_matching_rule_decides_over_ask_and_over_the_tools_own_permission() {
+        #[derive(Debug)]
+        struct Nothing;
+        impl crate::Executor for Nothing {
+            fn execute(
+                &self,
+                _call: crate::Call,
+            ) -> futures::future::BoxFuture<'static, Result<String, String>> {
+                Box::pin(async { Ok(String::new()) })
+            }
+        }
+        let tool = |name: &str, permission: Permission| Tool {
+            permission,
+            ..Tool::new(
+                name,
+                "",
+                serde_json::json!({}),
+                std::sync::Arc::new(Nothing),
+            )
+        };
+        let ask = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let deny = Permission::Deny("by policy".into());
+        let rules = |v: &[(&str, &Permission)]| {
+            v.iter()
+                .map(|(p, r)| (p.to_string(), (*r).clone()))
+                .collect::<Vec<_>>()
+        };
+        let plain = tool("read_file", Permission::Allow);
+        assert_eq!(policy(&plain, &[], &[]), Permission::Allow, "the default");
+        let asks = tool("pay", Permission::Ask);
+        assert_eq!(policy(&asks, &[], &[]), Permission::Ask, "the tool's own");
+        assert_eq!(
+            policy(&asks, &ask(&["!pay"]), &[]),
+            Permission::Allow,
+            "a negated ask lets it run"
+        );
+        assert_eq!(
+            policy(&plain, &ask(&["read_*"]), &[]),
+            Permission::Ask,
+            "ask over the tool"
+        );
+        let ordered = rules(&[
+            ("*", &Permission::Ask),
+            ("read_*", &Permission::Allow),
+            ("rm", &deny),
+        ]);
+        assert_eq!(policy(&plain, &[], &ordered), Permission::Allow);
+        assert_eq!(policy(&asks, &[], &ordered), Permission::Ask);
+        assert_eq!(policy(&tool("rm", Permission::Allow), &[], &ordered), deny);
+        assert_eq!(
+            policy(&plain, &ask(&["*"]), &rules(&[("read_file", &deny)])),
+            deny,
+            "rules come after ask"
+        );
+        let reversed = rules(&[("read_*", &Permission::Allow), ("*", &Permission::Ask)]);
+        assert_eq!(
+            policy(&plain, &[], &reversed),
+            Permission::Ask,
+            "the last match wins"
+        );
     }
 
     #[test]

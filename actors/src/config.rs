@@ -148,8 +148,13 @@ pub struct Agent {
     /// Tool name patterns: `*`, `fs_*`, `!shell`. Later patterns win.
     pub tools: Vec<String>,
     /// Tool name patterns (the syntax of `tools`) of calls that wait for a person's approval
-    /// before they run. A hook may decide per call instead ([`crate::Hook::permission`]).
+    /// before they run; a negated pattern lets a call run. A hook may decide per call instead
+    /// ([`crate::Hook::permission`]).
     pub ask: Vec<String>,
+    /// Rules after `ask`: a tool name pattern (`*`, a name, or one `*`) and what a call it
+    /// matches does. The last matching rule decides, over `ask` and over the tool's own
+    /// [`crate::Tool::permission`]; a hook decides over all of them.
+    pub permission: Vec<(String, crate::Permission)>,
     /// How long an approval waits before it is settled as expired.
     pub approval_ttl: Duration,
     /// What new steering input does to approvals the session waits for.
@@ -177,6 +182,7 @@ impl Default for Agent {
             steps: 25,
             tools: vec!["*".into()],
             ask: Vec::new(),
+            permission: Vec::new(),
             approval_ttl: DEFAULT_APPROVAL_TTL,
             on_new_input: OnNewInput::Keep,
             temperature: None,

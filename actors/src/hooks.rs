@@ -80,7 +80,8 @@ pub trait Hook: Send + Sync + fmt::Debug {
     fn on_step(&self, _report: &StepReport) {}
     fn on_tool(&self, _report: &ToolReport) {}
     /// Decides whether a call runs, waits for approval or is refused; `None` leaves it to the
-    /// agent's `ask` patterns. The first hook with an answer decides.
+    /// configured policy (the tool's `permission`, the agent's `ask` and `permission`). The
+    /// first hook with an answer decides.
     fn permission(&self, _call: &ToolRequest<'_>) -> Option<Permission> {
         None
     }

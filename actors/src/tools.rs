@@ -13,6 +13,8 @@ use agenthost_model::{MessageId, SessionId};
 use futures::future::BoxFuture;
 use serde_json::Value;
 
+use crate::hooks::Permission;
+
 /// What a tool execution knows about its call.
 #[derive(Debug, Clone)]
 pub struct Call {
@@ -49,6 +51,9 @@ pub struct Tool {
     /// One of the runtime's own tools: an agent has it only when its `tools` name it exactly
     /// (a glob such as `*` never matches it).
     pub builtin: bool,
+    /// Whether a call runs, waits for a person's approval or is refused, unless the agent's
+    /// rules or a hook say otherwise (ARCHITECTURE.md, "Approvals"). `Allow` by default.
+    pub permission: Permission,
 }
 
 impl Tool {
@@ -66,6 +71,7 @@ impl Tool {
             timeout: Duration::from_secs(120),
             executor,
             builtin: false,
+            permission: Permission::Allow,
         }
     }
 
@@ -230,20 +236,26 @@ pub fn permits(patterns: &[String], tool: &Tool) -> bool {
 /// `fs_*`, or any of those negated with `!`; the last matching pattern decides, and nothing
 /// matching means denied.
 pub fn allowed(patterns: &[String], name: &str) -> bool {
-    let mut verdict = false;
+    last_match(patterns, name).unwrap_or(false)
+}
+
+/// What the last of `patterns` matching `name` says: `Some(true)` for a plain pattern,
+/// `Some(false)` for a negated one, `None` when none matches.
+pub(crate) fn last_match(patterns: &[String], name: &str) -> Option<bool> {
+    let mut verdict = None;
     for pattern in patterns {
         let (allow, glob) = match pattern.strip_prefix('!') {
             Some(rest) => (false, rest),
             None => (true, pattern.as_str()),
         };
         if glob_match(glob, name) {
-            verdict = allow;
+            verdict = Some(allow);
         }
     }
     verdict
 }
 
-fn glob_match(glob: &str, name: &str) -> bool {
+pub(crate) fn glob_match(glob: &str, name: &str) -> bool {
     match glob.split_once('*') {
         None => glob == name,
         Some((prefix, suffix)) => {

@@ -314,11 +314,62 @@ struct Agent {
     steps: Option<u32>,
     tools: Option<Vec<String>>,
     ask: Option<Vec<String>>,
+    permission: Option<Rules>,
     approval_ttl_ms: Option<u64>,
     on_new_input: Option<String>,
     temperature: Option<f64>,
     /// What each session of the agent may spend.
     budget: Option<agenthost_api::wire::Budget>,
+}
+
+/// An agent's `permission`: one decision for every tool (`permission = "ask"`), or a table of
+/// tool name patterns to decisions, in the file's order: the last pattern matching a call
+/// decides.
+#[derive(Debug)]
+enum Rules {
+    All(String),
+    Each(Vec<(String, String)>),
+}
+
+impl<'de> Deserialize<'de> for Rules {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Rules;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(
+                    "\"allow\", \"ask\" or \"deny\", or a table of tool name patterns to one \
+                     of them",
+                )
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Rules, E> {
+                Ok(Rules::All(v.to_owned()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Rules, A::Error> {
+                let mut rules = Vec::new();
+                while let Some(entry) = map.next_entry::<String, String>()? {
+                    rules.push(entry);
+                }
+                Ok(Rules::Each(rules))
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
+}
+
+/// `"allow"`, `"ask"` or `"deny"`; a denial tells the model `denied`.
+fn decision(value: &str, denied: impl FnOnce() -> String) -> Result<actors::Permission, String> {
+    match value {
+        "allow" => Ok(actors::Permission::Allow),
+        "ask" => Ok(actors::Permission::Ask),
+        "deny" => Ok(actors::Permission::Deny(denied())),
+        other => Err(format!(
+            "unknown value {other:?}; expected \"allow\", \"ask\" or \"deny\""
+        )),
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -329,6 +380,7 @@ struct Tool {
     url: String,
     #[serde(default)]
     idempotent: bool,
+    permission: Option<String>,
     #[serde(default)]
     description: String,
     parameters: Option<serde_json::Value>,
@@ -1017,6 +1069,30 @@ fn agents(
             check_patterns(&invalid, &key("ask"), patterns)?;
             agent.ask = patterns.clone();
         }
+        let denied = || format!("the policy of agent {aname:?} denies it");
+        agent.permission = match &a.permission {
+            None => Vec::new(),
+            Some(Rules::All(value)) => vec![(
+                "*".to_owned(),
+                decision(value, denied).map_err(|reason| invalid(&key("permission"), reason))?,
+            )],
+            Some(Rules::Each(rules)) => {
+                let mut out = Vec::with_capacity(rules.len());
+                for (pattern, value) in rules {
+                    let at = key(&format!("permission.{pattern:?}"));
+                    if pattern.starts_with('!') {
+                        return Err(invalid(
+                            &at,
+                            "a rule's pattern is not negated: give it the decision instead".into(),
+                        ));
+                    }
+                    check_patterns(&invalid, &at, std::slice::from_ref(pattern))?;
+                    let rule = decision(value, denied).map_err(|reason| invalid(&at, reason))?;
+                    out.push((pattern.clone(), rule));
+                }
+                out
+            }
+        };
         if let Some(ttl) = a.approval_ttl_ms {
             // Up to a year: an approval that may wait longer is one nobody will decide.
             if !(1..=365 * 24 * 3_600_000).contains(&ttl) {
@@ -1232,6 +1308,13 @@ fn tools(name: &str, file: &[Tool]) -> Result<Vec<tools::Spec>, Error> {
             Some(ms) => Duration::from_millis(ms),
             None => Duration::from_secs(120),
         };
+        let permission = match &t.permission {
+            None => actors::Permission::Allow,
+            Some(value) => decision(value, || {
+                format!("the configuration of tool {:?} denies it", t.name)
+            })
+            .map_err(|reason| invalid(&key("permission"), reason))?,
+        };
         let spec = tools::Spec {
             name: t.name.clone(),
             description: t.description.clone(),
@@ -1239,6 +1322,7 @@ fn tools(name: &str, file: &[Tool]) -> Result<Vec<tools::Spec>, Error> {
             url: t.url.clone(),
             idempotent: t.idempotent,
             timeout,
+            permission,
         };
         // Build once here so that a tool that cannot be built is a configuration error.
         spec.build()
@@ -1432,6 +1516,15 @@ fn postgres(
     Ok(Some(pg))
 }
 
+/// How `config check` shows a permission: its configured word.
+fn permission_name(permission: &actors::Permission) -> &'static str {
+    match permission {
+        actors::Permission::Allow => "allow",
+        actors::Permission::Ask => "ask",
+        actors::Permission::Deny(_) => "deny",
+    }
+}
+
 /// The effective configuration `settings` (resolved from `file`, named `name`) describe, as
 /// JSON, for `agenthost config check`. Secrets never appear: a token, an API key or a database
 /// URL shows only the variable it comes from and whether it is set.
@@ -1489,6 +1582,11 @@ pub fn effective(name: &str, file: &File, settings: &Settings) -> serde_json::Va
                 "steps": a.steps,
                 "tools": a.tools,
                 "ask": a.ask,
+                "permission": a
+                    .permission
+                    .iter()
+                    .map(|(pattern, rule)| json!([pattern, permission_name(rule)]))
+                    .collect::<Vec<_>>(),
                 "approval_ttl_ms": a.approval_ttl.as_millis() as u64,
                 "on_new_input": match a.on_new_input {
                     actors::OnNewInput::Keep => "keep",
@@ -1565,6 +1663,7 @@ pub fn effective(name: &str, file: &File, settings: &Settings) -> serde_json::Va
             "name": t.name,
             "url": t.url,
             "idempotent": t.idempotent,
+            "permission": permission_name(&t.permission),
             "timeout_ms": ms(t.timeout),
         })).collect::<Vec<_>>(),
         // Which environment variables and headers are set, never their values.
@@ -1872,6 +1971,44 @@ auto = false
     }
 
     #[test]
+    fn permission_rules_keep_the_files_order_and_tools_carry_their_own() {
+        let s = settings(
+            "[agents.default.permission]\n\"*\" = \"ask\"\n\"read_*\" = \"allow\"\n\
+             \"delete_all\" = \"deny\"\n\"a_*\" = \"ask\"\n\
+             [agents.solo]\npermission = \"deny\"\n\
+             [[tools]]\nname = \"pay\"\nkind = \"http\"\nurl = \"http://127.0.0.1:9/pay\"\n\
+             permission = \"ask\"",
+        )
+        .expect("valid");
+        let runtime = s.runtime(PathBuf::from("x"));
+        let denied = actors::Permission::Deny("the policy of agent \"default\" denies it".into());
+        assert_eq!(
+            runtime.agents["default"].permission,
+            [
+                ("*".to_owned(), actors::Permission::Ask),
+                ("read_*".to_owned(), actors::Permission::Allow),
+                ("delete_all".to_owned(), denied),
+                ("a_*".to_owned(), actors::Permission::Ask),
+            ],
+            "in the file's order, not sorted"
+        );
+        assert_eq!(
+            runtime.agents["solo"].permission,
+            [(
+                "*".to_owned(),
+                actors::Permission::Deny("the policy of agent \"solo\" denies it".into())
+            )]
+        );
+        assert_eq!(s.tools[0].permission, actors::Permission::Ask);
+        let defaults = settings("").expect("defaults");
+        assert!(
+            defaults.runtime(PathBuf::from("x")).agents["default"]
+                .permission
+                .is_empty()
+        );
+    }
+
+    #[test]
     fn an_agents_budget_is_read_in_dollars_and_kept_in_billionths() {
         let s = settings(
             "[agents.default]\nbudget = { max_tokens = 5000, max_cost_usd = 0.25, \
@@ -2135,6 +2272,30 @@ auto = false
             ("[recovery]\nmode = \"later\"", "unknown variant `later`"),
             ("[recovery]\nmax_attempts = 0", "`recovery.max_attempts`"),
             ("[agents.default]\nask = [\"a*b*\"]", "`agents.default.ask`"),
+            (
+                "[agents.default]\npermission = \"maybe\"",
+                "`agents.default.permission`",
+            ),
+            (
+                "[agents.default]\npermission = 3",
+                "a table of tool name patterns",
+            ),
+            (
+                "[agents.default.permission]\n\"pay\" = \"sometimes\"",
+                "`agents.default.permission.\"pay\"`",
+            ),
+            (
+                "[agents.default.permission]\n\"!pay\" = \"ask\"",
+                "is not negated",
+            ),
+            (
+                "[agents.default.permission]\n\"a*b*\" = \"ask\"",
+                "`agents.default.permission.\"a*b*\"`",
+            ),
+            (
+                "[[tools]]\nname = \"t\"\nkind = \"http\"\nurl = \"http://x\"\npermission = \"never\"",
+                "`tools[0].permission`",
+            ),
             (
                 "[agents.default]\napproval_ttl_ms = 0",
                 "`agents.default.approval_ttl_ms`",

@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agenthost_actors::{Call, Executor, Tool};
+use agenthost_actors::{Call, Executor, Permission, Tool};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
@@ -44,6 +44,8 @@ pub struct Spec {
     pub idempotent: bool,
     /// Longest wait for the tool server's answer.
     pub timeout: Duration,
+    /// Whether a call runs, waits for approval or is refused (agents' rules may say otherwise).
+    pub permission: Permission,
 }
 
 impl Spec {
@@ -58,6 +60,7 @@ impl Spec {
         );
         tool.idempotent = self.idempotent;
         tool.timeout = self.timeout;
+        tool.permission = self.permission.clone();
         Ok(tool)
     }
 }
@@ -314,9 +317,11 @@ mod tests {
             url: "http://127.0.0.1:1/x".into(),
             idempotent: true,
             timeout: Duration::from_secs(3),
+            permission: Permission::Ask,
         };
         let tool = spec.build().expect("valid spec");
         assert!(tool.idempotent);
+        assert_eq!(tool.permission, Permission::Ask);
         assert_eq!(tool.timeout, Duration::from_secs(3));
     }
 }

@@ -388,3 +388,68 @@ async fn a_named_token_decides_as_itself_and_the_tokens_file_is_reloaded() {
         server.log_text()
     );
 }
+
+/// The policy as configuration states it: a tool's own `permission`, and an agent's rules in
+/// the file's order, the last matching one deciding (`*` asks, `read_*` runs, `rm` is refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permission_rules_ask_allow_and_deny_in_the_files_order() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let wire = Wire::start(
+        calls_tools_named_in_the_prompt(&["read_x", "rm", "pay"]),
+        &[],
+    )
+    .await;
+    let path = wire.config(d, &[("read_x", true), ("rm", false), ("pay", false)], "");
+    let text = std::fs::read_to_string(&path).expect("config");
+    let text = text
+        .replace(
+            "[agents.default]\nmodel = \"default\"\n",
+            "[agents.default]\nmodel = \"default\"\n\
+             permission = { \"*\" = \"ask\", \"read_*\" = \"allow\", \"rm\" = \"deny\" }\n\
+             [agents.plain]\nmodel = \"default\"\n",
+        )
+        .replace(
+            "name = \"pay\"\nkind = \"http\"\n",
+            "name = \"pay\"\nkind = \"http\"\npermission = \"ask\"\n",
+        );
+    std::fs::write(&path, &text).expect("config written");
+    assert!(text.contains("permission = \"ask\""), "{text}");
+    let server = serve_config(d, "serve", &path);
+    let http = Http::new(&server.cached_url());
+    let pending = |s: &str| format!("/api/session/{s}/approvals");
+
+    let s = http.session("default").await;
+    for (prompt, ran) in [("use read_x", 1), ("use rm", 1)] {
+        http.post(
+            &format!("/api/session/{s}/prompt"),
+            Some(json!({"text": prompt})),
+        )
+        .await;
+        idle(&http, &s).await;
+        assert_eq!(wire.calls().len(), ran, "{prompt}: {:?}", wire.calls());
+        assert!(
+            http.get(&pending(&s)).await["data"]
+                .as_array()
+                .is_some_and(Vec::is_empty),
+            "{prompt} asks nobody"
+        );
+    }
+    let requests = wire.requests();
+    let refused = shown(requests.last().expect("a request"))
+        .into_iter()
+        .rfind(|m| m.starts_with("tool: "))
+        .unwrap_or_default();
+    assert!(
+        refused.contains("the policy of agent \"default\" denies it"),
+        "{refused}"
+    );
+    let approval = asked(&http, &s).await;
+    assert_eq!(approval["name"], "pay", "`*` asks: {approval}");
+
+    // Another agent without rules: `pay` asks by its own permission.
+    let t = http.session("plain").await;
+    let approval = asked(&http, &t).await;
+    assert_eq!(approval["name"], "pay", "{approval}");
+    assert_eq!(wire.calls().len(), 1, "only read_x ran: {:?}", wire.calls());
+}
