@@ -1,7 +1,7 @@
 //! Admissions per second at N concurrent sessions, with what criterion does not show: bytes
 //! written per admission (redb's copy-on-write pages) and operations per commit.
 //!
-//! `cargo run --release -p agenthost-benches --example admit_probe -- [sessions] [per round] [minted|named] [rounds] [linger ms] [max batch]`
+//! `cargo run --release -p agenthost-benches --example admit_probe -- [sessions] [per round] [minted|named] [rounds] [linger ms] [max batch] [fold rows]`
 //!
 //! A linger makes batches full even when the threads run one at a time, as under callgrind, so
 //! an instruction count sees the batch sizes of a real run.
@@ -29,6 +29,7 @@ fn main() {
     let mut config = Config::new(dir.path().join("p.redb"));
     config.max_wait = std::time::Duration::from_millis(arg(5, 0) as u64);
     config.max_batch = arg(6, config.max_batch);
+    config.fold_rows = arg(7, config.fold_rows);
     let store = Arc::new(RedbStore::open(config).expect("store"));
     let ids: Vec<SessionId> = (0..sessions)
         .map(|i| SessionId::mint(system_clock(), entropy(i)))
