@@ -72,7 +72,8 @@ impl Pair {
 /// What the writer keeps across batches, as of the last batch it planned: session records, so a
 /// session's record is read from its B-tree and decoded once, not once per batch; and the
 /// pending inputs it admitted or read, so a promotion a few commits after the admission does not
-/// read the prompt back from the log. Only the writer changes records, and an input's row never
+/// read the prompt back from the log; an input leaves it when a batch promotes it, so it holds
+/// what is pending, not what was. Only the writer changes records, and an input's row never
 /// changes, so the cache is exact. It runs ahead of what is durable by at most the batch being
 /// committed; when a commit fails the writer drops the whole cache (nothing of that batch, or of
 /// the one planned on top of it, took effect).
@@ -124,6 +125,9 @@ impl Committed {
             .filter_map(|e| e.now)
             .collect();
         self.update(records, cached.inputs.into_iter().collect());
+        for key in &cached.promoted {
+            self.inputs.remove(key);
+        }
     }
 }
 
@@ -155,6 +159,11 @@ impl<K: std::hash::Hash + Eq, V> Recent<K, V> {
 
     fn get(&self, key: &K) -> Option<&V> {
         self.recent.get(key).or_else(|| self.older.get(key))
+    }
+
+    fn remove(&mut self, key: &K) {
+        self.recent.remove(key);
+        self.older.remove(key);
     }
 }
 
@@ -334,6 +343,8 @@ pub(crate) struct Finished {
 pub(crate) struct Cached {
     sessions: HashMap<SessionId, SessionEntry>,
     inputs: HashMap<(SessionId, Seq), InboxRow>,
+    /// Inputs the batch took out of their inbox: no longer pending, so the cache lets them go.
+    promoted: Vec<(SessionId, Seq)>,
 }
 
 /// The tables of one batch: read through a read transaction under the batches being
@@ -367,6 +378,8 @@ pub(crate) struct Tables<'t> {
     changed_messages: HashMap<(SessionId, Seq), Message>,
     /// Pending inputs whose event this batch wrote or read.
     inputs: HashMap<(SessionId, Seq), InboxRow>,
+    /// Inputs this batch took out of their inbox.
+    promoted: Vec<(SessionId, Seq)>,
     changed_index: HashMap<MessageId, IndexEntry>,
     /// Index entries read from the table (`None`: absent), as an admission checks its id and the
     /// projector checks it again.
@@ -421,6 +434,7 @@ impl<'t> Tables<'t> {
             joined: HashSet::default(),
             changed_messages: HashMap::default(),
             inputs: HashMap::default(),
+            promoted: Vec::new(),
             changed_index: HashMap::default(),
             read_index: HashMap::default(),
             index_last,
@@ -570,6 +584,7 @@ impl<'t> Tables<'t> {
             cached: Cached {
                 sessions: std::mem::take(&mut self.session_rows),
                 inputs: std::mem::take(&mut self.inputs),
+                promoted: std::mem::take(&mut self.promoted),
             },
         })
     }
@@ -762,6 +777,7 @@ impl Projection for Tables<'_> {
             record.inbox.remove(seq);
         }
         self.inputs.remove(&(session.clone(), seq));
+        self.promoted.push((session.clone(), seq));
         Ok(())
     }
 
@@ -1074,5 +1090,36 @@ mod tests {
             None,
             "two rotations drop an unused session"
         );
+    }
+
+    #[test]
+    fn an_input_leaves_the_cache_once_a_batch_promotes_it() {
+        let mut cache = Committed::default();
+        let session = SessionId::parse("ses_a").expect("id");
+        let input = |seq: u64| {
+            let row = InboxRow {
+                id: MessageId::parse(&format!("msg_{seq}")).expect("id"),
+                admitted_seq: Seq(seq),
+                delivery: agenthost_model::Delivery::Steer,
+                prompt: agenthost_model::Prompt::text("hi"),
+                wake: true,
+            };
+            ((session.clone(), Seq(seq)), row)
+        };
+        let batch = |inputs: Vec<((SessionId, Seq), InboxRow)>, promoted| Cached {
+            sessions: HashMap::default(),
+            inputs: inputs.into_iter().collect(),
+            promoted,
+        };
+        cache.take(batch(vec![input(1), input(2)], Vec::new()));
+        assert!(cache.inputs.get(&(session.clone(), Seq(1))).is_some());
+        // Promoted in a later batch, which admitted a third.
+        cache.take(batch(vec![input(3)], vec![(session.clone(), Seq(1))]));
+        assert!(cache.inputs.get(&(session.clone(), Seq(1))).is_none());
+        assert!(cache.inputs.get(&(session.clone(), Seq(2))).is_some());
+        assert!(cache.inputs.get(&(session.clone(), Seq(3))).is_some());
+        // Admitted and promoted by the same batch: never cached.
+        cache.take(batch(Vec::new(), vec![(session.clone(), Seq(4))]));
+        assert_eq!(cache.inputs.recent.len() + cache.inputs.older.len(), 2);
     }
 }
