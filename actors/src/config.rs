@@ -259,6 +259,12 @@ pub struct Limits {
     /// bounds what a burst of sessions holds in memory: the state of a few hundred running
     /// drains, not of every session with work.
     pub concurrent_drains: usize,
+    /// Session actors alive at once. At the bound a session without an actor waits in line for
+    /// a place (a wake is kept for it; other callers wait for it within their timeout), and
+    /// every idle actor passivates at once instead of after `passivate_after`. Restarts after a
+    /// failure are not held back. This bounds what many sessions with work hold in memory: a
+    /// live actor costs about 7 KiB before its history cache.
+    pub live_sessions: usize,
     /// Admitted, unpromoted inputs a session may hold; more are refused as unavailable.
     pub pending_per_session: u32,
     /// Callers waiting on one session actor (joined resumes, idle waiters).
@@ -288,6 +294,7 @@ impl Default for Limits {
         Limits {
             concurrent_streams: 512,
             concurrent_drains: 512,
+            live_sessions: 1024,
             wake_sweep: Duration::from_secs(2),
             pending_per_session: 1024,
             waiters_per_session: 4096,

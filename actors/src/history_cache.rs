@@ -3,14 +3,22 @@
 //! unsettled one on) instead of the whole active history.
 //!
 //! Why it is safe: a user or system message never changes, and an assistant message never
-//! changes once it is settled with no tool running or held for approval. Which messages are active depends only on the
-//! row's compaction and `active_from`; the cache starts over when either moves. The cache lives
-//! in one actor and goes with it (passivation, restart), and only the session's drain, one at a
+//! changes once it is settled with no tool running or held for approval. Which messages are
+//! active depends only on the row's compaction and `active_from`; the cache starts over when
+//! either moves, or when the row is another one (its creation time). The cache lives in one
+//! actor and goes with it (idle passivation, restart), and only the session's drain, one at a
 //! time, uses it. Debug builds check every cached history against a full read.
 //!
 //! Its memory is bounded across all sessions by [`Budget`]: a history that does not fit is read
 //! whole every step, as if there were no cache.
+//!
+//! An actor that gives its place up to a session waiting for one (ARCHITECTURE.md "Live
+//! sessions") parks its cache in the budget instead of dropping it: the session is likely to
+//! come back soon, and its next actor takes the cache up again rather than reading the whole
+//! history cold. Parked caches stay charged to the budget; a cache that needs room evicts the
+//! oldest parked ones, and the registry drops them all once nobody waits.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -20,32 +28,102 @@ use agenthost_store::Snapshot;
 
 use crate::error::Result;
 
-/// Bytes all caches may hold together (approximate: text and a fixed overhead per message).
+/// Bytes all caches may hold together (approximate: text and a fixed overhead per message),
+/// the parked ones included.
 #[derive(Debug)]
 pub(crate) struct Budget {
     limit: usize,
     used: AtomicUsize,
+    /// A std mutex: held to move one cache in or out, never across an await.
+    parked: std::sync::Mutex<Parked>,
 }
+
+/// Caches of sessions without an actor, oldest first. Each parking gets a ticket; an entry of
+/// `order` whose ticket is not its session's cache's (taken up, or parked again since) is stale,
+/// skipped by eviction and compacted away before stale entries outnumber live ones.
+#[derive(Debug, Default)]
+struct Parked {
+    order: VecDeque<(SessionId, u64)>,
+    caches: HashMap<SessionId, Kept>,
+    tickets: u64,
+}
+
+impl Parked {
+    fn is_current(&self, (session, ticket): &(SessionId, u64)) -> bool {
+        self.caches
+            .get(session)
+            .is_some_and(|kept| kept.ticket == *ticket)
+    }
+
+    /// The oldest parked cache, removed.
+    fn evict(&mut self) -> Option<Kept> {
+        while let Some(entry) = self.order.pop_front() {
+            if self.is_current(&entry) {
+                return self.caches.remove(&entry.0);
+            }
+        }
+        None
+    }
+}
+
+/// What a cache holds, without its budget.
+#[derive(Debug)]
+struct Kept {
+    key: Key,
+    summary: Option<String>,
+    messages: Vec<Message>,
+    bytes: usize,
+    next: Seq,
+    ticket: u64,
+}
+
+/// The row a cached selection was made for: its creation time, compaction and `active_from`.
+type Key = (agenthost_model::Timestamp, Option<Seq>, Seq);
 
 impl Budget {
     pub(crate) fn new(limit: usize) -> Arc<Self> {
         Arc::new(Budget {
             limit,
             used: AtomicUsize::new(0),
+            parked: Default::default(),
         })
     }
 
-    /// Takes `bytes` more if they fit.
+    /// Takes `bytes` more if they fit, evicting parked caches, oldest first, to make room.
     fn take(&self, bytes: usize) -> bool {
-        self.used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                used.checked_add(bytes).filter(|total| *total <= self.limit)
-            })
-            .is_ok()
+        loop {
+            let taken = self
+                .used
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                    used.checked_add(bytes).filter(|total| *total <= self.limit)
+                })
+                .is_ok();
+            if taken || bytes > self.limit {
+                return taken;
+            }
+            let evicted = lock(&self.parked).evict();
+            match evicted {
+                Some(kept) => self.give_back(kept.bytes),
+                None => return false,
+            }
+        }
     }
 
     fn give_back(&self, bytes: usize) {
         self.used.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    /// Drops every parked cache: nobody waits for a place any more, so the sessions they
+    /// belong to cost no memory again until they run.
+    pub(crate) fn drop_parked(&self) {
+        let parked = std::mem::take(&mut *lock(&self.parked));
+        let bytes = parked.caches.values().map(|kept| kept.bytes).sum();
+        self.give_back(bytes);
+    }
+
+    #[cfg(test)]
+    fn parked(&self) -> usize {
+        lock(&self.parked).caches.len()
     }
 
     #[cfg(test)]
@@ -54,15 +132,23 @@ impl Budget {
     }
 }
 
+/// A poisoned lock still guards consistent data: every critical section is a few map updates
+/// that cannot panic halfway.
+fn lock(parked: &std::sync::Mutex<Parked>) -> std::sync::MutexGuard<'_, Parked> {
+    parked
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// One session's cache.
 #[derive(Debug)]
 pub(crate) struct HistoryCache {
     budget: Arc<Budget>,
-    /// The row's `(compaction, active_from)` the cached selection was made for; none while the
-    /// messages are lent out by [`HistoryCache::load`], so a history never handed back (a
-    /// panicking hook) makes the next step start over.
-    key: Option<(Option<Seq>, Seq)>,
-    lent: Option<(Option<Seq>, Seq)>,
+    /// The row the cached selection was made for; none while the messages are lent out by
+    /// [`HistoryCache::load`], so a history never handed back (a panicking hook) makes the next
+    /// step start over.
+    key: Option<Key>,
+    lent: Option<Key>,
     summary: Option<String>,
     /// Settled messages of the active history, in seq order.
     messages: Vec<Message>,
@@ -85,6 +171,54 @@ impl HistoryCache {
         }
     }
 
+    /// The session's parked cache, taken up again, or an empty one.
+    pub(crate) fn unpark(budget: Arc<Budget>, session: &SessionId) -> Self {
+        let kept = lock(&budget.parked).caches.remove(session);
+        match kept {
+            Some(kept) => HistoryCache {
+                budget,
+                key: Some(kept.key),
+                lent: None,
+                summary: kept.summary,
+                messages: kept.messages,
+                bytes: kept.bytes,
+                next: kept.next,
+            },
+            None => HistoryCache::new(budget),
+        }
+    }
+
+    /// Parks what the cache holds for the session's next actor (see the module's docs). An
+    /// empty cache, or one whose history is lent out, parks nothing.
+    pub(crate) fn park(mut self, session: &SessionId) {
+        let Some(key) = self.key.take() else {
+            return;
+        };
+        if self.messages.is_empty() && self.summary.is_none() {
+            return;
+        }
+        let mut parked = lock(&self.budget.parked);
+        parked.tickets += 1;
+        let ticket = parked.tickets;
+        let kept = Kept {
+            key,
+            summary: self.summary.take(),
+            messages: std::mem::take(&mut self.messages),
+            bytes: std::mem::take(&mut self.bytes),
+            next: self.next,
+            ticket,
+        };
+        if let Some(old) = parked.caches.insert(session.clone(), kept) {
+            // Two actors of one session never live at once; if they did, the older cache goes.
+            self.budget.give_back(old.bytes);
+        }
+        parked.order.push_back((session.clone(), ticket));
+        if parked.order.len() > 2 * parked.caches.len() + 64 {
+            let order = std::mem::take(&mut parked.order);
+            parked.order = order.into_iter().filter(|e| parked.is_current(e)).collect();
+        }
+    }
+
     /// The active history of `row` in `snap` (as `Snapshot::history` with [`Mode::All`] selects
     /// it). Hand it back with [`HistoryCache::keep`] once used.
     pub(crate) fn load(
@@ -93,7 +227,7 @@ impl HistoryCache {
         session: &SessionId,
         row: &SessionRow,
     ) -> Result<History> {
-        let key = (row.compaction, row.active_from);
+        let key = (row.created, row.compaction, row.active_from);
         if self.key != Some(key) {
             self.clear();
             self.key = Some(key);
@@ -282,7 +416,7 @@ mod tests {
 
     /// As `load` leaves the cache: its messages lent out for the key of a row.
     fn lend(cache: &mut HistoryCache) -> &mut HistoryCache {
-        cache.lent = Some((None, Seq::ZERO));
+        cache.lent = Some((Timestamp(0), None, Seq::ZERO));
         cache
     }
 
@@ -368,5 +502,79 @@ mod tests {
         lend(&mut none).keep(history(vec![user(1, "one")]));
         assert!(none.messages.is_empty());
         assert_eq!(off.used(), 0);
+    }
+
+    fn session(n: u32) -> SessionId {
+        SessionId::parse(&format!("ses_p{n}")).expect("valid")
+    }
+
+    #[test]
+    fn a_parked_cache_is_taken_up_evicted_oldest_first_or_dropped() {
+        let budget = Budget::new(1 << 20);
+        let mut first = HistoryCache::new(budget.clone());
+        lend(&mut first).keep(history(vec![user(1, "one"), user(2, "two")]));
+        let charged = first.bytes;
+        first.park(&session(1));
+        assert_eq!(
+            (budget.parked(), budget.used()),
+            (1, charged),
+            "still charged"
+        );
+        // The session's next actor takes it up whole; another session's starts empty.
+        let again = HistoryCache::unpark(budget.clone(), &session(1));
+        assert_eq!((again.messages.len(), again.next), (2, Seq(3)));
+        assert!(again.holds_a_short_history());
+        assert!(
+            HistoryCache::unpark(budget.clone(), &session(2))
+                .key
+                .is_none()
+        );
+        assert_eq!((budget.parked(), budget.used()), (0, charged));
+        drop(again);
+        assert_eq!(budget.used(), 0);
+        // An empty cache parks nothing.
+        HistoryCache::new(budget.clone()).park(&session(3));
+        assert_eq!(budget.parked(), 0);
+
+        // A cache that needs room evicts parked ones, oldest first.
+        let one = {
+            let mut c = HistoryCache::new(budget.clone());
+            lend(&mut c).keep(history(vec![user(1, "x")]));
+            c.bytes
+        };
+        let tight = Budget::new(2 * one);
+        for n in [1, 2] {
+            let mut c = HistoryCache::new(tight.clone());
+            lend(&mut c).keep(history(vec![user(1, "x")]));
+            c.park(&session(n));
+        }
+        let mut live = HistoryCache::new(tight.clone());
+        lend(&mut live).keep(history(vec![user(1, "y")]));
+        assert_eq!(live.messages.len(), 1, "room was made");
+        assert!(
+            HistoryCache::unpark(tight.clone(), &session(1))
+                .key
+                .is_none(),
+            "evicted"
+        );
+        assert!(
+            HistoryCache::unpark(tight.clone(), &session(2))
+                .key
+                .is_some(),
+            "kept"
+        );
+        // Parking the same session over and over keeps its stale tickets bounded.
+        for _ in 0..1000 {
+            let c = HistoryCache::unpark(tight.clone(), &session(2));
+            c.park(&session(2));
+        }
+        assert!(
+            lock(&tight.parked).order.len() <= 2 + 64 + 1,
+            "one parked cache, its stale tickets compacted"
+        );
+        // Nobody waits any more: every parked cache goes, and gives its bytes back.
+        drop(live);
+        tight.drop_parked();
+        assert_eq!((tight.parked(), tight.used()), (0, 0));
     }
 }

@@ -5,6 +5,12 @@
 //! in a shared concurrent map first and only asks the registry when no live actor is there.
 //! The registry keeps its own table; ractor's global named registry is never used.
 //!
+//! Live actors are bounded (`limits.live_sessions`, ARCHITECTURE.md "Live sessions"): at the
+//! bound a session without an actor waits in line, in arrival order, and the registry asks every
+//! idle actor to passivate at once; each actor that stops gives its place to the first in line.
+//! A wake waits in line without its caller (the input it announces is durable already); any other
+//! request's caller waits for the actor, bounded by its own timeout.
+//!
 //! Supervision: session actors are spawned linked to the registry. ractor restarts nothing by
 //! itself, so when one fails the registry applies the restart policy: up to `max_restarts`
 //! restarts within `window`, each after an exponential backoff (a message for the session
@@ -14,6 +20,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use agenthost_model::history;
 use agenthost_model::{Event, SessionId, owed};
@@ -29,17 +36,43 @@ use crate::shared::Shared;
 
 #[derive(Debug)]
 pub(crate) enum Msg {
-    /// The live actor of a session, spawned if the session exists; `None` for an unknown one.
-    /// The flag says the caller knows the session exists (it has just admitted input to it), so
-    /// spawning skips the store lookup: the registry spawns one actor at a time, and a lookup
-    /// for each of a thousand sessions woken at once made the last ones wait.
-    Get(
-        SessionId,
-        bool,
-        RpcReplyPort<Result<Option<ActorRef<session::Msg>>>>,
-    ),
+    /// The live actor of a session, spawned if the session exists and there is a place for it.
+    Get(SessionId, Ask, RpcReplyPort<Result<Placed>>),
     /// Restart a failed session actor (after its backoff).
     Restart(SessionId),
+}
+
+/// What a caller of [`Msg::Get`] wants.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Ask {
+    /// The caller knows the session exists (it has just admitted input to it), so spawning skips
+    /// the store lookup: the registry spawns one actor at a time, and a lookup for each of a
+    /// thousand sessions woken at once made the last ones wait.
+    pub known: bool,
+    /// The caller only wakes the session: if it must wait in line, the registry wakes the actor
+    /// itself once it has a place, and the caller goes on at once.
+    pub wake: bool,
+}
+
+/// A session's actor, or the caller's place in line.
+pub(crate) type Placement = Result<Option<ActorRef<session::Msg>>>;
+
+/// The answer to [`Msg::Get`].
+#[derive(Debug)]
+pub(crate) enum Placed {
+    /// The live actor; `None` for an unknown session.
+    Now(Option<ActorRef<session::Msg>>),
+    /// Every place is taken: the session waits in line. The actor comes on the receiver; a wake
+    /// gets none, as the registry wakes the actor itself.
+    Later(Option<tokio::sync::oneshot::Receiver<Placement>>),
+}
+
+/// A session waiting in line for a place among the live actors.
+#[derive(Debug, Default)]
+struct Waiting {
+    known: bool,
+    wake: bool,
+    callers: Vec<tokio::sync::oneshot::Sender<Placement>>,
 }
 
 #[derive(Debug)]
@@ -91,6 +124,49 @@ pub(crate) struct State {
     /// Sessions whose failed actor waits out its restart backoff. A message for one of them
     /// starts the restarted actor at once, which then settles what the dead one left.
     restarting: HashSet<SessionId>,
+    /// Sessions waiting for a place among the live actors, in arrival order, each once.
+    line: VecDeque<SessionId>,
+    waiting: HashMap<SessionId, Waiting>,
+}
+
+impl State {
+    /// Whether every place for a live actor is taken.
+    fn at_bound(&self) -> bool {
+        self.by_actor.len() >= self.shared.limits.live_sessions
+    }
+
+    /// Whether a session without an actor must wait in line: no place, or others before it.
+    fn full(&self) -> bool {
+        self.at_bound() || !self.line.is_empty()
+    }
+
+    /// Puts the session in line (once, however often it is asked for) and returns what its
+    /// caller waits on. The first session in line makes the runtime crowded: every idle actor is
+    /// asked to passivate now instead of after its idle time.
+    fn queue(
+        &mut self,
+        session: SessionId,
+        ask: Ask,
+    ) -> Option<tokio::sync::oneshot::Receiver<Placement>> {
+        let waiting = self.waiting.entry(session.clone()).or_insert_with(|| {
+            self.line.push_back(session.clone());
+            self.shared.parked.insert(session, ());
+            Waiting::default()
+        });
+        waiting.known |= ask.known;
+        waiting.wake |= ask.wake;
+        let receiver = (!ask.wake).then(|| {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            waiting.callers.push(tx);
+            rx
+        });
+        if !self.shared.crowded.swap(true, Ordering::AcqRel) {
+            for actor in self.actors.iter() {
+                let _ = actor.value().cast(session::Msg::Idle);
+            }
+        }
+        receiver
+    }
 }
 
 impl Registry {
@@ -112,6 +188,58 @@ impl Registry {
         state.by_actor.insert(actor.get_id(), session.clone());
         state.actors.insert(session, actor.clone());
         Ok(actor)
+    }
+
+    /// The session's actor, spawned if the session exists (`known` skips the lookup).
+    async fn place(
+        myself: &ActorRef<Msg>,
+        state: &mut State,
+        session: SessionId,
+        known: bool,
+        start: Start,
+    ) -> Result<Option<ActorRef<session::Msg>>> {
+        if !known && start == Start::Fresh && !session_exists(&state.shared, &session).await? {
+            return Ok(None);
+        }
+        Registry::spawn(myself, state, session, start)
+            .await
+            .map(Some)
+    }
+
+    /// Gives the places that are free to the sessions first in line. Called whenever an actor
+    /// stops, so a free place and a waiting session never coexist for longer than that.
+    async fn admit(myself: &ActorRef<Msg>, state: &mut State) {
+        while !state.at_bound() && !state.shared.is_shutting_down() {
+            let Some(session) = state.line.pop_front() else {
+                break;
+            };
+            let Some(waiting) = state.waiting.remove(&session) else {
+                continue;
+            };
+            state.shared.parked.remove(&session);
+            // Callers that gave up (their timeout) need no actor; a wake always does.
+            if !waiting.wake && waiting.callers.iter().all(|c| c.is_closed()) {
+                continue;
+            }
+            let live = state.actors.get(&session).map(|a| a.clone());
+            let placed = match live {
+                Some(actor) => Ok(Some(actor)),
+                None => {
+                    Registry::place(myself, state, session.clone(), waiting.known, Start::Fresh)
+                        .await
+                }
+            };
+            if let (Ok(Some(actor)), true) = (&placed, waiting.wake) {
+                let (tx, _rx) = ractor::concurrency::oneshot();
+                let _ = actor.cast(session::Msg::Wake(tx.into()));
+            }
+            for caller in waiting.callers {
+                let _ = caller.send(placed.clone());
+            }
+        }
+        if state.line.is_empty() && state.shared.crowded.swap(false, Ordering::AcqRel) {
+            state.shared.history_budget.drop_parked();
+        }
     }
 
     async fn on_failure(
@@ -165,6 +293,8 @@ impl Actor for Registry {
             by_actor: HashMap::new(),
             restarts: Intensity::default(),
             restarting: HashSet::new(),
+            line: VecDeque::new(),
+            waiting: HashMap::new(),
         })
     }
 
@@ -175,27 +305,23 @@ impl Actor for Registry {
         state: &mut State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            Msg::Get(session, known, reply) => {
+            Msg::Get(session, ask, reply) => {
                 let live = state.actors.get(&session).map(|a| a.clone());
                 let start = match state.restarting.remove(&session) {
                     true => Start::Restarted,
                     false => Start::Fresh,
                 };
                 let result = match live {
-                    Some(actor) => Ok(Some(actor)),
+                    Some(actor) => Ok(Placed::Now(Some(actor))),
                     None if state.shared.is_shutting_down() => Err(Error::ShuttingDown),
-                    None if known || start == Start::Restarted => {
-                        Registry::spawn(&myself, state, session, start)
-                            .await
-                            .map(Some)
+                    // A restart takes a place even at the bound: it settles what a failed actor
+                    // left, and that actor's place is free already.
+                    None if start == Start::Fresh && state.full() => {
+                        Ok(Placed::Later(state.queue(session, ask)))
                     }
-                    None => match session_exists(&state.shared, &session).await {
-                        Ok(true) => Registry::spawn(&myself, state, session, start)
-                            .await
-                            .map(Some),
-                        Ok(false) => Ok(None),
-                        Err(e) => Err(e),
-                    },
+                    None => Registry::place(&myself, state, session, ask.known, start)
+                        .await
+                        .map(Placed::Now),
                 };
                 let _ = reply.send(result);
             }
@@ -233,6 +359,7 @@ impl Actor for Registry {
             SupervisionEvent::ActorFailed(cell, error) => {
                 self.on_failure(&myself, state, cell, error.to_string())
                     .await;
+                Registry::admit(&myself, state).await;
             }
             SupervisionEvent::ActorTerminated(cell, _, _) => {
                 // A clean stop (passivation, shutdown): forget it.
@@ -241,6 +368,7 @@ impl Actor for Registry {
                         .actors
                         .remove_if(&session, |_, a| a.get_id() == cell.get_id());
                 }
+                Registry::admit(&myself, state).await;
             }
             _ => {}
         }

@@ -50,7 +50,8 @@ pub(crate) enum Msg {
     },
     /// The backoff of a stranded claim is over: run the drain that retries it.
     Retry,
-    /// The passivation tick ([`passivate`]): stop if the actor has been idle long enough.
+    /// The passivation tick ([`passivate`]): stop if the actor has been idle long enough, or
+    /// at once if idle while sessions wait for a place (the registry sends it then too).
     Idle,
 }
 
@@ -80,6 +81,9 @@ pub(crate) struct State {
     drains: u64,
     /// When the last message other than the passivation tick arrived.
     last_active: tokio::time::Instant,
+    /// A message other than the passivation tick has arrived: an actor spawned for a caller is
+    /// not passivated for crowding before that caller's message reaches it.
+    served: bool,
     /// The settled front of the session's history, for its drains' steps.
     history: Arc<Mutex<HistoryCache>>,
     /// A drain failed and could not record it (the store refused writes): the claim it may have
@@ -224,6 +228,26 @@ impl State {
             && self.queued_resumes.is_empty()
             && self.stranded.is_none()
     }
+
+    /// Idle with nobody waiting on it: stopping loses nothing.
+    fn may_passivate(&self) -> bool {
+        self.is_idle() && self.idle_waiters.is_empty()
+    }
+
+    /// Stops the actor. It leaves the routing table first: a message already routed here is
+    /// dropped with the mailbox and its caller routes again, to a fresh actor. While sessions
+    /// wait for a place, its history cache is parked for the session's next actor.
+    fn passivate(&self, myself: &ActorRef<Msg>) {
+        self.actors
+            .remove_if(&self.session, |_, a| a.get_id() == myself.get_id());
+        if self.shared.is_crowded() {
+            let mut cache = self.history.lock().unwrap_or_else(|p| p.into_inner());
+            let empty = HistoryCache::new(self.shared.history_budget.clone());
+            std::mem::replace(&mut *cache, empty).park(&self.session);
+        }
+        self.shared.metrics.passivations.inc();
+        myself.stop(Some("passivated".into()));
+    }
 }
 
 /// `tracing::Instrument` under a name that reads well at the call site.
@@ -247,7 +271,18 @@ impl Actor for SessionActor {
         _myself: ActorRef<Msg>,
         (session, shared, actors, start): Self::Arguments,
     ) -> Result<State, ActorProcessingErr> {
-        let history = Arc::new(Mutex::new(HistoryCache::new(shared.history_budget.clone())));
+        // A restarted actor trusts only the store, not a cache parked before the failure.
+        let cache = match start {
+            Start::Fresh => HistoryCache::unpark(shared.history_budget.clone(), &session),
+            Start::Restarted => {
+                drop(HistoryCache::unpark(
+                    shared.history_budget.clone(),
+                    &session,
+                ));
+                HistoryCache::new(shared.history_budget.clone())
+            }
+        };
+        let history = Arc::new(Mutex::new(cache));
         Ok(State {
             session,
             start,
@@ -259,6 +294,7 @@ impl Actor for SessionActor {
             idle_waiters: Vec::new(),
             drains: 0,
             last_active: tokio::time::Instant::now(),
+            served: false,
             history,
             stranded: None,
             retry_in: FIRST_RETRY_IN,
@@ -286,6 +322,7 @@ impl Actor for SessionActor {
     ) -> Result<(), ActorProcessingErr> {
         if !matches!(msg, Msg::Idle) {
             state.last_active = tokio::time::Instant::now();
+            state.served = true;
         }
         match msg {
             Msg::Wake(reply) => {
@@ -448,20 +485,17 @@ impl Actor for SessionActor {
                 }
             }
             Msg::Idle => {
-                let idle_for = state.last_active.elapsed();
-                if state.is_idle()
-                    && state.idle_waiters.is_empty()
-                    && idle_for >= state.shared.passivate_after
+                if state.may_passivate()
+                    && state.last_active.elapsed() >= state.shared.passivate_after
                 {
-                    // Leave the routing table first: a message already routed here is dropped
-                    // with the mailbox and its caller routes again, to a fresh actor.
-                    state
-                        .actors
-                        .remove_if(&state.session, |_, a| a.get_id() == myself.get_id());
-                    state.shared.metrics.passivations.inc();
-                    myself.stop(Some("passivated".into()));
+                    state.passivate(&myself);
+                    return Ok(());
                 }
             }
+        }
+        // Sessions wait for a place among the live actors: an idle one gives its place up now.
+        if state.served && state.shared.is_crowded() && state.may_passivate() {
+            state.passivate(&myself);
         }
         Ok(())
     }

@@ -32,6 +32,12 @@ pub(crate) struct Shared {
     pub drains: Arc<Semaphore>,
     /// Drains waiting for one of those slots right now.
     pub drains_waiting: AtomicUsize,
+    /// Sessions waiting in the registry's line for a place among the live actors
+    /// (`limits.live_sessions`).
+    pub parked: IdMap<SessionId, ()>,
+    /// Some session waits for a place: idle actors passivate at once rather than after
+    /// `passivate_after`. Set and cleared by the registry.
+    pub crowded: AtomicBool,
     /// Sessions with a drain in progress in this process.
     pub active: IdMap<SessionId, ()>,
     /// Sessions waiting for approvals, by their earliest expiry (the approval timer's).
@@ -62,5 +68,9 @@ pub(crate) struct Shared {
 impl Shared {
     pub(crate) fn is_shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn is_crowded(&self) -> bool {
+        self.crowded.load(Ordering::Acquire)
     }
 }

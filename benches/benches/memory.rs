@@ -104,6 +104,8 @@ async fn stored_sessions(
     let dir = tempfile::tempdir().expect("tempdir");
     let mut config = Config::new(dir.path().join("store.redb"));
     config.passivate_after = passivate_after;
+    // Every woken session's actor stays live: this measures what a live actor costs.
+    config.limits.live_sessions = TOTAL;
     let runtime = Runtime::start(config).await.expect("runtime starts");
     runtime.recovered().await;
     let sessions = ids("mem", TOTAL);

@@ -48,7 +48,12 @@ struct Host {
     _dir: tempfile::TempDir,
 }
 
-async fn start(tool_call_ratio: f64, passivate_after: Duration) -> Host {
+/// `live_sessions`: the bound on live actors (`None`: the default).
+async fn start(
+    tool_call_ratio: f64,
+    passivate_after: Duration,
+    live_sessions: Option<usize>,
+) -> Host {
     let dir = tempfile::tempdir().expect("tempdir");
     let mock = agenthost_llm::Mock::new(agenthost_llm::mock::Config {
         latency: Duration::ZERO,
@@ -60,6 +65,9 @@ async fn start(tool_call_ratio: f64, passivate_after: Duration) -> Host {
     let mut config =
         Config::new(dir.path().join("store.redb")).with_provider("mock", Arc::new(mock));
     config.passivate_after = passivate_after;
+    if let Some(live) = live_sessions {
+        config.limits.live_sessions = live;
+    }
     let mut extensions = Extensions::default();
     if tool_call_ratio > 0.0 {
         let mut tools = Tools::default();
@@ -158,7 +166,7 @@ fn turn_benches(c: &mut Criterion) {
         for &sessions in sizes {
             // Sessions of finished samples passivate instead of piling up; a session in use is
             // never idle this long.
-            let host = rt.block_on(start(tool_call_ratio, Duration::from_secs(10)));
+            let host = rt.block_on(start(tool_call_ratio, Duration::from_secs(10), None));
             let mut sample = 0u64;
             let mut cpu = Duration::ZERO;
             let mut wall = Duration::ZERO;
@@ -200,7 +208,8 @@ fn wake_routing(c: &mut Criterion) {
     const SESSIONS: usize = 10_000;
     const TASKS: usize = 8;
     let rt = tokio_runtime();
-    let host = rt.block_on(start(0.0, Duration::from_secs(3600)));
+    // Every session's actor stays live: this measures routing to live actors.
+    let host = rt.block_on(start(0.0, Duration::from_secs(3600), Some(SESSIONS)));
     let ids = rt.block_on(fresh_sessions(&host.runtime, "wake", SESSIONS));
     assert_eq!(host.runtime.live(), SESSIONS);
     let mut group = c.benchmark_group("wake_routing");

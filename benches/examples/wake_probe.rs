@@ -60,8 +60,10 @@ fn main() {
             busy: busy.to_string(),
             started: Mutex::new(HashMap::new()),
         });
-        let config =
+        let mut config =
             Config::new(dir.path().join("s.redb")).with_provider("timed", provider.clone());
+        // Every session's actor stays live: this measures a wake among that many live actors.
+        config.limits.live_sessions = usize::MAX;
         let runtime = Runtime::start(config).await.expect("runtime");
         runtime.recovered().await;
         // `live` session actors, each woken once so its actor is alive.

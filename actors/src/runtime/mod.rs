@@ -155,6 +155,8 @@ impl Runtime {
             streams: Arc::new(Semaphore::new(config.limits.concurrent_streams.max(1))),
             drains: Arc::new(Semaphore::new(config.limits.concurrent_drains.max(1))),
             drains_waiting: Default::default(),
+            parked: IdMap::default(),
+            crowded: AtomicBool::new(false),
             active: IdMap::default(),
             deadlines: Default::default(),
             blocked: Default::default(),
@@ -366,7 +368,8 @@ impl Runtime {
 
     async fn notify(&self, session: &SessionId, known: bool) -> Result<()> {
         let timeout = self.shared.limits.call_timeout;
-        self.ask_routed(session, known, "wake", Some(timeout), session::Msg::Wake)
+        let ask = registry::Ask { known, wake: true };
+        self.ask_routed(session, ask, "wake", Some(timeout), session::Msg::Wake)
             .await
             .map(|_| ())
     }
@@ -392,7 +395,10 @@ impl Runtime {
     ) -> Result<impl Future<Output = Result<Outcome>> + Send + 'static> {
         self.check_open()?;
         for _ in 0..3 {
-            let Some(actor) = self.route(session, false).await? else {
+            let Some(actor) = self
+                .route(session, registry::Ask::default(), "resume", None)
+                .await?
+            else {
                 return Err(Error::SessionNotFound(session.clone()));
             };
             let (tx, rx) = ractor::concurrency::oneshot();
@@ -557,6 +563,11 @@ impl Runtime {
     /// Drains waiting for a slot among those running at once (`limits.concurrent_drains`).
     pub fn drains_waiting(&self) -> usize {
         self.shared.drains_waiting.load(Ordering::Relaxed)
+    }
+
+    /// Sessions waiting for a place among the live session actors (`limits.live_sessions`).
+    pub fn sessions_waiting(&self) -> usize {
+        self.shared.parked.len()
     }
 
     /// Sessions with a drain in progress in this process.
@@ -751,11 +762,15 @@ impl Runtime {
     }
 
     /// Routes to the session's live actor: the concurrent map first, the registry only when no
-    /// live actor is there. `None` for an unknown session.
+    /// live actor is there. `None` for an unknown session, and for a wake the registry keeps
+    /// while the session waits for a place. Any other caller waits for that place up to `wait`
+    /// (`None`: as long as it takes), as it would for the actor's answer.
     async fn route(
         &self,
         session: &SessionId,
-        known: bool,
+        ask: registry::Ask,
+        what: &'static str,
+        wait: Option<Duration>,
     ) -> Result<Option<ActorRef<session::Msg>>> {
         if let Some(actor) = self.actors.get(session) {
             return Ok(Some(actor.clone()));
@@ -770,15 +785,37 @@ impl Runtime {
         match self
             .registry
             .call(
-                |reply| registry::Msg::Get(session.clone(), known, reply),
+                |reply| registry::Msg::Get(session.clone(), ask, reply),
                 Some(timeout),
             )
             .await
         {
-            Ok(CallResult::Success(result)) => result,
+            Ok(CallResult::Success(Ok(registry::Placed::Now(actor)))) => Ok(actor),
+            Ok(CallResult::Success(Ok(registry::Placed::Later(None)))) => Ok(None),
+            Ok(CallResult::Success(Ok(registry::Placed::Later(Some(placed))))) => {
+                let placed =
+                    match wait {
+                        Some(wait) => tokio::time::timeout(wait, placed).await.map_err(|_| {
+                            Error::Timeout {
+                                session: session.clone(),
+                                what,
+                            }
+                        })?,
+                        None => placed.await,
+                    };
+                // The registry drops the line when it stops.
+                placed.unwrap_or_else(|_| Err(self.registry_gone()))
+            }
+            Ok(CallResult::Success(Err(e))) => Err(e),
             Ok(CallResult::Timeout) => Err(Error::Unavailable("the registry is overloaded".into())),
-            _ if self.shared.is_shutting_down() => Err(Error::ShuttingDown),
-            _ => Err(Error::Unavailable("the registry stopped".into())),
+            _ => Err(self.registry_gone()),
+        }
+    }
+
+    fn registry_gone(&self) -> Error {
+        match self.shared.is_shutting_down() {
+            true => Error::ShuttingDown,
+            false => Error::Unavailable("the registry stopped".into()),
         }
     }
 
@@ -792,20 +829,21 @@ impl Runtime {
         timeout: Option<Duration>,
         build: impl Fn(RpcReplyPort<T>) -> session::Msg,
     ) -> Result<Option<T>> {
-        self.ask_routed(session, false, what, timeout, build).await
+        self.ask_routed(session, registry::Ask::default(), what, timeout, build)
+            .await
     }
 
-    /// [`Runtime::ask`], saying whether the session is known to exist (see `registry::Msg::Get`).
+    /// [`Runtime::ask`], saying what the caller wants of the registry (see `registry::Ask`).
     async fn ask_routed<T: Send + 'static>(
         &self,
         session: &SessionId,
-        known: bool,
+        ask: registry::Ask,
         what: &'static str,
         timeout: Option<Duration>,
         build: impl Fn(RpcReplyPort<T>) -> session::Msg,
     ) -> Result<Option<T>> {
         for _ in 0..3 {
-            let Some(actor) = self.route(session, known).await? else {
+            let Some(actor) = self.route(session, ask, what, timeout).await? else {
                 return Ok(None);
             };
             match actor.call(&build, timeout).await {

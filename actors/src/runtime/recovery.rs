@@ -285,6 +285,10 @@ pub(crate) async fn watch(runtime: &Runtime) {
             }
         };
         for session in unwoken.due(found) {
+            // Waiting in line for a place: the registry holds its wake already.
+            if runtime.shared.parked.contains_key(&session) {
+                continue;
+            }
             tracing::info!(session_id = %session, "waking admitted input that was never woken");
             if let Err(e) = runtime.wake(&session).await {
                 tracing::warn!(session_id = %session, error = %e, "lost-wake sweep");

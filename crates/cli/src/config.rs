@@ -421,6 +421,7 @@ struct Compaction {
 struct Limits {
     concurrent_streams: Option<usize>,
     concurrent_drains: Option<usize>,
+    live_sessions: Option<usize>,
     pending_per_session: Option<u32>,
     waiters_per_session: Option<usize>,
     schedules_per_session: Option<usize>,
@@ -1696,6 +1697,7 @@ pub fn effective(name: &str, file: &File, settings: &Settings) -> serde_json::Va
         "limits": {
             "concurrent_streams": l.concurrent_streams,
             "concurrent_drains": l.concurrent_drains,
+            "live_sessions": l.live_sessions,
             "pending_per_session": l.pending_per_session,
             "waiters_per_session": l.waiters_per_session,
             "schedules_per_session": l.schedules_per_session,
@@ -1729,6 +1731,9 @@ fn limits(name: &str, file: &Limits) -> Result<(actors::Limits, Option<Duration>
     }
     if let Some(n) = file.concurrent_drains {
         limits.concurrent_drains = positive("concurrent_drains", n as u64)? as usize;
+    }
+    if let Some(n) = file.live_sessions {
+        limits.live_sessions = positive("live_sessions", n as u64)? as usize;
     }
     if let Some(n) = file.pending_per_session {
         limits.pending_per_session = positive("pending_per_session", u64::from(n))? as u32;
@@ -1895,7 +1900,7 @@ auto = false
     fn limits_take_units_in_their_names() {
         let s = settings(
             "[limits]\nconcurrent_streams = 3\nconcurrent_drains = 4\npending_per_session = 7\n\
-             waiters_per_session = 9\n\
+             waiters_per_session = 9\nlive_sessions = 5\n\
              tool_output_bytes = 1000\nhistory_cache_bytes = 0\ncall_timeout_ms = 1500\n\
              shutdown_timeout_ms = 2500\nwake_sweep_ms = 0\npassivate_after_ms = 60000\n\
              [server]\nbody_limit_bytes = 2048\n[store]\ncommit_linger_us = 250\n",
@@ -1905,6 +1910,7 @@ auto = false
         assert_eq!(s.limits.concurrent_drains, 4);
         assert_eq!(s.limits.pending_per_session, 7);
         assert_eq!(s.limits.waiters_per_session, 9);
+        assert_eq!(s.limits.live_sessions, 5);
         assert_eq!(s.limits.tool_output, 1000);
         assert_eq!(s.limits.history_cache, 0);
         assert_eq!(s.limits.call_timeout, Duration::from_millis(1500));
@@ -2101,6 +2107,7 @@ auto = false
                 "[limits]\nconcurrent_drains = 0",
                 "`limits.concurrent_drains`",
             ),
+            ("[limits]\nlive_sessions = 0", "`limits.live_sessions`"),
             ("[limits]\ncall_timeout_ms = 0", "`limits.call_timeout_ms`"),
             ("[server]\nbody_limit = 10", "unknown field `body_limit`"),
             ("[store]\ncache_mib = 0", "`store.cache_mib`"),

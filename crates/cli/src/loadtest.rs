@@ -58,6 +58,9 @@ pub struct Args {
     /// Embedded: the store's page cache, in MiB.
     #[arg(long, default_value_t = crate::config::DEFAULT_CACHE_MIB)]
     cache_mib: usize,
+    /// Embedded: session actors alive at once (`[limits] live_sessions`; default: the runtime's).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    live_sessions: Option<u64>,
     /// Embedded: the mock's delay before the first token, in milliseconds.
     #[arg(long, default_value_t = 0)]
     latency_ms: u64,
@@ -499,6 +502,9 @@ pub async fn run(args: Args) -> Result<(), Failure> {
             let mut config = Config::new(crate::store_path(&dir))
                 .with_provider("mock", timings.wrap("mock", provider));
             config.store.cache_size = Some(args.cache_mib << 20);
+            if let Some(live) = args.live_sessions {
+                config.limits.live_sessions = usize::try_from(live).unwrap_or(usize::MAX);
+            }
             let mut tools = Tools::default();
             if args.tool_ratio > 0.0 {
                 tools.register(Tool::new(

@@ -224,6 +224,13 @@ impl Http {
         (status, json)
     }
 
+    /// A page that is not JSON (`/metrics`), as text.
+    async fn text(&self, path: &str) -> String {
+        let (status, page) = self.call(reqwest::Method::GET, path, None).await;
+        assert_eq!(status, 200, "GET {path}: {page}");
+        page.as_str().expect("text").to_owned()
+    }
+
     async fn get(&self, path: &str) -> Value {
         let (status, json) = self.call(reqwest::Method::GET, path, None).await;
         assert_eq!(status, 200, "GET {path}: {json}");

@@ -68,6 +68,7 @@ pub(crate) struct Metrics {
     live: Gauge,
     active: Gauge,
     waiting: Gauge,
+    parked: Gauge,
     approvals: Gauge,
     blocked: Gauge,
     health: Gauge,
@@ -87,6 +88,7 @@ impl Metrics {
             live: Gauge::default(),
             active: Gauge::default(),
             waiting: Gauge::default(),
+            parked: Gauge::default(),
             approvals: Gauge::default(),
             blocked: Gauge::default(),
             health: Gauge::default(),
@@ -108,6 +110,11 @@ impl Metrics {
             "agenthost_drains_waiting",
             "Drains waiting for a slot among those running at once (limits.concurrent_drains)",
             metrics.waiting.clone(),
+        );
+        r.register(
+            "agenthost_sessions_waiting_place",
+            "Sessions waiting for a place among the live session actors (limits.live_sessions)",
+            metrics.parked.clone(),
         );
         r.register(
             "agenthost_sessions_waiting_approval",
@@ -278,6 +285,7 @@ impl Metrics {
         self.live.set(runtime.live() as i64);
         self.active.set(runtime.active().len() as i64);
         self.waiting.set(runtime.drains_waiting() as i64);
+        self.parked.set(runtime.sessions_waiting() as i64);
         self.approvals.set(runtime.waiting() as i64);
         self.blocked.set(runtime.blocked() as i64);
         // From memory: a scrape reads no store.

@@ -472,6 +472,70 @@ async fn running_drains_are_bounded_and_waiting_ones_run_in_order() {
     );
 }
 
+/// At most `live_sessions` session actors live at once. A prompt to a session beyond the bound
+/// is admitted and answered at once while its session waits in line (nothing read or written
+/// for it yet); the actor ahead passivates as soon as it is idle, and every session's turn runs,
+/// in arrival order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_actors_are_bounded_and_sessions_wait_in_line() {
+    let (h, gate, a) = first_held_at_a_gate(|c| c.limits.live_sessions = 1).await;
+    let (b, c) = (h.session().await, h.session().await);
+    h.prompt(&b, "second").await;
+    h.prompt(&c, "third").await;
+    assert_eq!(h.runtime.sessions_waiting(), 2);
+    assert_eq!(h.runtime.live(), 1);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for s in [&b, &c] {
+        assert_eq!(
+            h.kinds(s).last(),
+            Some(&"prompt_admitted"),
+            "{:?}",
+            h.kinds(s)
+        );
+    }
+    // A caller other than a wake waits for the place within its own timeout.
+    assert!(matches!(
+        h.runtime.wait_idle(&c, Duration::from_millis(20)).await,
+        Err(agenthost_actors::Error::Timeout { .. })
+    ));
+    gate.release();
+    for s in [&a, &b, &c] {
+        h.idle(s).await;
+        assert_eq!(h.count(s, "execution_succeeded"), 1, "{:?}", h.kinds(s));
+    }
+    assert_eq!(h.runtime.sessions_waiting(), 0);
+    assert!(h.runtime.live() <= 1);
+    assert_eq!(
+        h.request_order(),
+        [a.to_string(), b.to_string(), c.to_string()],
+        "in line"
+    );
+}
+
+/// An idle actor gives its place up when another session needs one, long before its own idle
+/// time is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_actor_gives_its_place_to_a_waiting_session() {
+    let h = Harness::start_with(
+        [text("a"), text("b"), text("a again")],
+        |c| c.limits.live_sessions = 1,
+        Extensions::default(),
+    )
+    .await;
+    let (a, b) = (h.session().await, h.session().await);
+    h.prompt(&a, "first").await;
+    h.idle(&a).await;
+    assert_eq!(h.runtime.live(), 1, "idle, within its passivation time");
+    h.prompt(&b, "second").await;
+    h.idle(&b).await;
+    h.prompt(&a, "third").await;
+    h.idle(&a).await;
+    for (s, turns) in [(&a, 2), (&b, 1)] {
+        assert_eq!(h.count(s, "execution_succeeded"), turns, "{:?}", h.kinds(s));
+    }
+    assert_eq!(h.runtime.live(), 1);
+}
+
 /// A drain gives its slot back while its tools run: a tool that waits on another session (here,
 /// for as long as the other session's turn takes) cannot hold up the runtime.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

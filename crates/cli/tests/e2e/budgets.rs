@@ -155,8 +155,7 @@ async fn a_tool_loop_stops_at_its_budget_keeps_its_spend_through_a_sigkill_and_g
     assert_eq!(info["pending"], 0, "{info}");
     assert!(info["budget"]["blocked"].is_null(), "{info}");
     assert_eq!(info["budget"]["spent_tokens"], total * PER_CALL, "{info}");
-    let (_, metrics) = http.call(reqwest::Method::GET, "/metrics", None).await;
-    let metrics = metrics.as_str().expect("text").to_owned();
+    let metrics = http.text("/metrics").await;
     assert!(
         metrics.contains("agenthost_spend_tokens_total{agent=\"default\",model=\"scripted\"} 30"),
         "this process spent two calls: {metrics}"

@@ -181,3 +181,76 @@ async fn a_tool_a_graceful_stop_cut_reads_as_after_a_crash() {
     );
     assert_eq!(answered("fetch"), ["tool: done"], "{requests:#?}");
 }
+
+/// `limits.live_sessions` bounds live session actors: with one place, held by a session whose
+/// tool hangs, prompts to other sessions are admitted at once and wait in line (as the metrics
+/// show); a SIGKILL then loses none of them, and after the restart every input is answered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_beyond_the_live_bound_wait_in_line_and_survive_a_crash() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let wire = Wire::start(
+        calls_tools_named_in_the_prompt(&["lookup"]),
+        &[("lookup", Tool::HangsOnce)],
+    )
+    .await;
+    let cfg = wire.config(d, &[("lookup", true)], "live_sessions = 1");
+    let mut server = serve_config(d, "serve-1", &cfg);
+    let http = Http::new(&server.cached_url());
+    let holder = http.session("default").await;
+    http.post(
+        &format!("/api/session/{holder}/prompt"),
+        Some(json!({"text": "use lookup"})),
+    )
+    .await;
+    wire.until("the tool call", |_, calls| !calls.is_empty())
+        .await;
+    let mut waiting = Vec::new();
+    for n in 0..3 {
+        let s = http.session("default").await;
+        let admitted = http
+            .post(
+                &format!("/api/session/{s}/prompt"),
+                Some(json!({ "text": format!("question {n}") })),
+            )
+            .await;
+        assert_eq!(admitted["data"]["admitted_seq"], 1, "{admitted}");
+        waiting.push(s);
+    }
+    let metrics = http.text("/metrics").await;
+    assert!(
+        metrics.contains("agenthost_sessions_waiting_place 3\n"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("agenthost_sessions_live 1\n"), "{metrics}");
+    // A caller that waits for a waiting session is told it is not idle yet.
+    let wait = http
+        .post(
+            &format!("/api/session/{}/wait?timeout_ms=100", waiting[0]),
+            None,
+        )
+        .await;
+    assert_eq!(wait["data"]["idle"], false, "{wait}");
+    assert_eq!(wire.requests().len(), 1, "{:#?}", wire.requests());
+    server.sigkill();
+
+    let server = serve_config(d, "serve-2", &cfg);
+    let http = Http::new(&server.cached_url());
+    for s in waiting.iter().chain([&holder]) {
+        idle(&http, s).await;
+        let row = http.get(&format!("/api/session/{s}")).await;
+        assert_eq!(row["data"]["pending"], 0, "{row}");
+    }
+    let requests = wire.requests();
+    for n in 0..3 {
+        let asked = format!("question {n}");
+        let answered = requests.iter().filter(|r| last_user(r) == asked).count();
+        assert_eq!(answered, 1, "{asked}: {requests:#?}");
+    }
+    let metrics = http.text("/metrics").await;
+    assert!(
+        metrics.contains("agenthost_sessions_waiting_place 0\n"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("agenthost_sessions_live 1\n"), "{metrics}");
+}
