@@ -188,6 +188,16 @@ impl HistoryCache {
         }
     }
 
+    /// Parks what an actor's cache holds for the session's next actor, leaving it empty.
+    pub(crate) fn park_shared(cache: &std::sync::Mutex<HistoryCache>, session: &SessionId) {
+        // A poisoned cache is parked all the same: `keep` leaves it consistent or empty.
+        let mut cache = cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let empty = HistoryCache::new(cache.budget.clone());
+        std::mem::replace(&mut *cache, empty).park(session);
+    }
+
     /// Parks what the cache holds for the session's next actor (see the module's docs). An
     /// empty cache, or one whose history is lent out, parks nothing.
     pub(crate) fn park(mut self, session: &SessionId) {

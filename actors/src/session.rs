@@ -241,9 +241,7 @@ impl State {
         self.actors
             .remove_if(&self.session, |_, a| a.get_id() == myself.get_id());
         if self.shared.is_crowded() {
-            let mut cache = self.history.lock().unwrap_or_else(|p| p.into_inner());
-            let empty = HistoryCache::new(self.shared.history_budget.clone());
-            std::mem::replace(&mut *cache, empty).park(&self.session);
+            HistoryCache::park_shared(&self.history, &self.session);
         }
         self.shared.metrics.passivations.inc();
         myself.stop(Some("passivated".into()));

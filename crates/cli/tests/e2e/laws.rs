@@ -1,6 +1,7 @@
 //! The core's laws at the edges a user meets through the binary: a deferred input waits for a
 //! resume, a queued follow-up waits for a tool exchange a restart cut, and a tool a graceful
-//! stop cut reads to the model as after a crash. The model is the scripted one of `wire`, which
+//! stop cut reads to the model as after a crash, and sessions beyond the live bound wait in line
+//! and survive a crash. The model is the scripted one of `wire`, which
 //! keeps every request across the restarts.
 
 use super::wire::{Tool, Wire, calls_tools_named_in_the_prompt, last_user, shown};
@@ -65,6 +66,42 @@ async fn a_deferred_input_waits_for_a_resume_across_sweeps_and_restarts() {
     assert_eq!(last_user(&requests[0]), "later");
 }
 
+/// A server (`serve-1`, with `limits` in its `[limits]`) whose one session is held in a
+/// `lookup` tool that hangs the first time it runs.
+struct Held {
+    wire: Wire,
+    cfg: std::path::PathBuf,
+    server: Proc,
+    http: Http,
+    session: String,
+}
+
+async fn held_in_a_tool(d: &std::path::Path, limits: &str) -> Held {
+    let wire = Wire::start(
+        calls_tools_named_in_the_prompt(&["lookup"]),
+        &[("lookup", Tool::HangsOnce)],
+    )
+    .await;
+    let cfg = wire.config(d, &[("lookup", true)], limits);
+    let server = serve_config(d, "serve-1", &cfg);
+    let http = Http::new(&server.cached_url());
+    let session = http.session("default").await;
+    http.post(
+        &format!("/api/session/{session}/prompt"),
+        Some(json!({"text": "use lookup"})),
+    )
+    .await;
+    wire.until("the tool call", |_, calls| !calls.is_empty())
+        .await;
+    Held {
+        wire,
+        cfg,
+        server,
+        http,
+        session,
+    }
+}
+
 /// A queued follow-up waits until the session would otherwise go idle, recovery or not: after a
 /// SIGKILL while a tool ran, the first call answers the cut tool exchange without it, and the
 /// follow-up starts its own exchange after.
@@ -72,22 +109,13 @@ async fn a_deferred_input_waits_for_a_resume_across_sweeps_and_restarts() {
 async fn a_queued_follow_up_waits_for_a_tool_exchange_a_crash_cut() {
     let dir = tempfile::tempdir().expect("temp dir");
     let d = dir.path();
-    let wire = Wire::start(
-        calls_tools_named_in_the_prompt(&["lookup"]),
-        &[("lookup", Tool::HangsOnce)],
-    )
-    .await;
-    let cfg = wire.config(d, &[("lookup", true)], "");
-    let mut server = serve_config(d, "serve-1", &cfg);
-    let http = Http::new(&server.cached_url());
-    let s = http.session("default").await;
-    http.post(
-        &format!("/api/session/{s}/prompt"),
-        Some(json!({"text": "use lookup"})),
-    )
-    .await;
-    wire.until("the tool call", |_, calls| !calls.is_empty())
-        .await;
+    let Held {
+        wire,
+        cfg,
+        mut server,
+        http,
+        session: s,
+    } = held_in_a_tool(d, "").await;
     http.post(
         &format!("/api/session/{s}/prompt"),
         Some(json!({"text": "follow-up", "delivery": "queue"})),
@@ -189,22 +217,13 @@ async fn a_tool_a_graceful_stop_cut_reads_as_after_a_crash() {
 async fn sessions_beyond_the_live_bound_wait_in_line_and_survive_a_crash() {
     let dir = tempfile::tempdir().expect("temp dir");
     let d = dir.path();
-    let wire = Wire::start(
-        calls_tools_named_in_the_prompt(&["lookup"]),
-        &[("lookup", Tool::HangsOnce)],
-    )
-    .await;
-    let cfg = wire.config(d, &[("lookup", true)], "live_sessions = 1");
-    let mut server = serve_config(d, "serve-1", &cfg);
-    let http = Http::new(&server.cached_url());
-    let holder = http.session("default").await;
-    http.post(
-        &format!("/api/session/{holder}/prompt"),
-        Some(json!({"text": "use lookup"})),
-    )
-    .await;
-    wire.until("the tool call", |_, calls| !calls.is_empty())
-        .await;
+    let Held {
+        wire,
+        cfg,
+        mut server,
+        http,
+        session: holder,
+    } = held_in_a_tool(d, "live_sessions = 1").await;
     let mut waiting = Vec::new();
     for n in 0..3 {
         let s = http.session("default").await;
