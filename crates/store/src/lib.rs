@@ -165,10 +165,11 @@ pub struct Config {
     pub pending_limit: u32,
     /// redb page cache in bytes; redb's default (1 GiB, allocated as used) when `None`.
     pub cache_size: Option<usize>,
-    /// New events and inbox rows are written to a front area keyed for locality and folded into
-    /// the per-session tables once it holds this many rows; a new generation of the front starts
-    /// every `fold_rows / 8` rows (see `log`). Larger folds copy
-    /// each session's pages less often; each fold makes one commit longer.
+    /// New events are written to a front area keyed for locality and folded into the
+    /// per-session tables once it holds this many (or 64 generations); a commit of at least
+    /// `fold_rows / 64` events has a generation of the front to itself, smaller ones share one
+    /// of up to `fold_rows / 8` (see `log`). Larger folds copy each session's pages less often;
+    /// each fold makes one commit longer.
     pub fold_rows: usize,
     pub clock: Clock,
     pub on_commit: Option<CommitHook>,

@@ -226,8 +226,10 @@ pub(crate) struct SessionEntry {
 /// a row an operation changes again replaces its earlier encoding.
 #[derive(Default)]
 pub(crate) struct Writes {
-    /// Runs of events for the front: `(generation, session, first seq)` → run.
-    front: BTreeMap<(u64, SessionId, Seq), Vec<u8>>,
+    /// Runs of events for the front: `(session, first seq)` → run, all in one generation.
+    front: BTreeMap<(SessionId, Seq), Vec<u8>>,
+    /// The generation of the front they go to (see `log::Front::place`).
+    pub(crate) generation: u64,
     sessions: BTreeMap<SessionId, Vec<u8>>,
     by_created: Vec<(u64, SessionId)>,
     working: Vec<SessionId>,
@@ -245,11 +247,14 @@ impl Writes {
     /// readers whatever the batch wrote.
     pub(crate) fn apply(&self, txn: &WriteTransaction) -> Result<()> {
         let mut front = txn.open_table(EVENTS_FRONT).map_err(storage)?;
-        for ((generation, session, first), run) in &self.front {
-            front
-                .insert((*generation, session.as_str(), first.0), run.as_slice())
-                .map_err(storage)?;
-        }
+        let runs: Vec<_> = self
+            .front
+            .iter()
+            .map(|((session, first), run)| {
+                ((self.generation, session.as_str(), first.0), run.as_slice())
+            })
+            .collect();
+        put_sorted(&mut front, &runs)?;
         put_by_id(
             txn,
             SESSIONS,
@@ -271,11 +276,12 @@ impl Writes {
                 .insert((session.as_str(), seq.0), message.as_slice())
                 .map_err(storage)?;
         }
-        put_by_id(
-            txn,
-            INDEX,
-            self.index.iter().map(|(id, v)| (id.as_str(), v)),
-        )?;
+        let entries: Vec<_> = self
+            .index
+            .iter()
+            .map(|(id, entry)| (id.as_str(), entry.as_slice()))
+            .collect();
+        put_sorted(&mut txn.open_table(INDEX).map_err(storage)?, &entries)?;
         put_by_id(
             txn,
             INSTRUCTIONS,
@@ -296,6 +302,38 @@ impl Writes {
         txn.open_table(EVENTS).map_err(storage)?;
         Ok(())
     }
+}
+
+/// Inserts rows given in ascending key order. Those above the table's greatest key (new
+/// generations of the front, minted ids in the index) go in through one cursor at the table's
+/// end, which redb packs into full leaves with one update of their parents instead of a descent
+/// per row; the others (a row changed again, a key among the existing ones) one at a time.
+fn put_sorted<'r, K: redb::Key + 'static>(
+    table: &mut redb::Table<'_, K, Bytes>,
+    rows: &[(K::SelfType<'r>, &'r [u8])],
+) -> Result<()> {
+    let last: Option<Vec<u8>> = table
+        .last()
+        .map_err(storage)?
+        .map(|(key, _)| K::as_bytes(&key.value()).as_ref().to_vec());
+    let above = rows.partition_point(|(key, _)| {
+        last.as_deref().is_some_and(|last| {
+            K::compare(K::as_bytes(key).as_ref(), last) != std::cmp::Ordering::Greater
+        })
+    });
+    for (key, value) in &rows[..above] {
+        table.insert(key, *value).map_err(storage)?;
+    }
+    if above < rows.len() {
+        let mut end = table
+            .upper_bound_mut(std::ops::Bound::<K::SelfType<'r>>::Unbounded)
+            .map_err(storage)?;
+        for (key, value) in &rows[above..] {
+            end.insert_before(key, *value).map_err(storage)?;
+        }
+        end.close().map_err(storage)?;
+    }
+    Ok(())
 }
 
 /// Inserts rows keyed by an id into one table.
@@ -357,7 +395,7 @@ pub(crate) struct Tables<'t> {
     instructions: ReadOnlyTable<&'static str, Bytes>,
     schedules: ReadOnlyTable<(&'static str, &'static str), Bytes>,
     working: ReadOnlyTable<&'static str, ()>,
-    /// The front's generations, oldest first; the last is the one new rows go to.
+    /// The generations the front holds, oldest first.
     generations: Vec<u64>,
     writes: Writes,
     /// Rows this batch added to the front.
@@ -393,20 +431,15 @@ pub(crate) struct Tables<'t> {
 }
 
 impl<'t> Tables<'t> {
-    /// Opens every table for reading; new rows go to front generation `generation`. `in_flight`
-    /// are the batches being committed, newest first: `txn` must have begun after every earlier
-    /// batch was durable.
+    /// Opens every table for reading. `in_flight` are the batches being committed, newest
+    /// first: `txn` must have begun after every earlier batch was durable.
     pub(crate) fn open(
         txn: &ReadTransaction,
-        generation: u64,
         committed: &'t Committed,
         in_flight: Vec<&'t Changes>,
     ) -> Result<Self> {
         let events = Pair::open(txn)?;
-        let mut generations = log::generations(&events.front)?;
-        if generations.last() != Some(&generation) {
-            generations.push(generation);
-        }
+        let generations = log::generations(&events.front)?;
         let index: ReadOnlyTable<&'static str, Bytes> = txn.open_table(INDEX).map_err(storage)?;
         let index_last = index
             .last()
@@ -494,14 +527,6 @@ impl<'t> Tables<'t> {
         Ok(rows)
     }
 
-    /// The generation new rows go to.
-    fn newest(&self) -> u64 {
-        *self
-            .generations
-            .last()
-            .expect("invariant: the current generation")
-    }
-
     /// Writes one operation's consecutive events of a session to the front, as one run.
     fn put_events(&mut self, session: &SessionId, events: &[&Stored]) -> Result<()> {
         let Some(first) = events.first() else {
@@ -509,10 +534,9 @@ impl<'t> Tables<'t> {
         };
         let encoded: Vec<Vec<u8>> = events.iter().map(|stored| encode(*stored)).collect();
         let records: Vec<&[u8]> = encoded.iter().map(Vec::as_slice).collect();
-        let newest = self.newest();
         self.writes
             .front
-            .insert((newest, session.clone(), first.seq), codec::run(&records));
+            .insert((session.clone(), first.seq), codec::run(&records));
         self.front_rows += events.len();
         Ok(())
     }
@@ -1055,6 +1079,55 @@ mod tests {
         SessionRecord {
             row,
             inbox: Default::default(),
+        }
+    }
+
+    proptest::proptest! {
+        /// Rows put in key order land as a plain map says, whether they go above the table's
+        /// greatest key (through the cursor at its end), among its keys, or replace one.
+        #[test]
+        fn rows_put_in_order_land_as_a_map_says(
+            existing in proptest::collection::btree_map(0u32..400, 0u8..255, 0..60),
+            batch in proptest::collection::btree_map(0u32..600, 0u8..255, 0..120),
+        ) {
+            const TABLE: redb::TableDefinition<'_, &str, &[u8]> = redb::TableDefinition::new("t");
+            let key = |k: &u32| format!("k{k:05}");
+            let dir = tempfile::tempdir().expect("tempdir");
+            let db = redb::Database::create(dir.path().join("t.redb")).expect("db");
+            let mut model = BTreeMap::new();
+            for (k, v) in &existing {
+                model.insert(key(k), vec![*v]);
+            }
+            let txn = db.begin_write().expect("write");
+            {
+                let mut table = txn.open_table(TABLE).expect("table");
+                for (k, v) in &model {
+                    table.insert(k.as_str(), v.as_slice()).expect("insert");
+                }
+            }
+            txn.commit().expect("commit");
+            let rows: Vec<(String, Vec<u8>)> =
+                batch.iter().map(|(k, v)| (key(k), vec![*v, *v])).collect();
+            let txn = db.begin_write().expect("write");
+            {
+                let mut table = txn.open_table(TABLE).expect("table");
+                let sorted: Vec<(&str, &[u8])> =
+                    rows.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
+                put_sorted(&mut table, &sorted).expect("put");
+            }
+            txn.commit().expect("commit");
+            model.extend(rows);
+            let txn = redb::ReadableDatabase::begin_read(&db).expect("read");
+            let table = txn.open_table(TABLE).expect("table");
+            let stored: BTreeMap<String, Vec<u8>> = table
+                .iter()
+                .expect("iter")
+                .map(|entry| {
+                    let (k, v) = entry.expect("entry");
+                    (k.value().to_owned(), v.value().to_vec())
+                })
+                .collect();
+            proptest::prop_assert_eq!(stored, model);
         }
     }
 

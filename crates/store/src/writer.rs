@@ -401,7 +401,7 @@ impl Planner {
         while self.in_flight.front().is_some_and(|(n, _)| *n <= flow.done) {
             self.in_flight.pop_front();
         }
-        let fold = self.front.rows >= self.front.fold_rows;
+        let fold = self.front.due();
         let mut replies = Replies::new();
         let mut events = Vec::new();
         let finished = match self.gather(inbox, flow, fold, &mut replies, &mut events) {
@@ -421,11 +421,13 @@ impl Planner {
         };
         let n = flow.handed + 1;
         let ops = replies.len();
+        let mut writes = finished.writes;
+        writes.generation = self.front.place(fold, finished.front_rows);
         let plan = Plan {
             n,
             epoch: self.epoch,
             fold,
-            writes: finished.writes,
+            writes,
             replies,
             events,
         };
@@ -440,7 +442,6 @@ impl Planner {
         self.last_batch = ops;
         flow.working_since.get_or_insert_with(Instant::now);
         flow.linger_pause = flow.linger_pause.saturating_sub(1);
-        self.front.committed(fold, finished.front_rows);
         self.committed.take(finished.cached);
         let mut changes = finished.changes;
         changes.prunes = fold;
@@ -463,8 +464,8 @@ impl Planner {
             .and_then(|db| db.begin_read().map_err(storage))
             .map_err(|e| Failure::of(&e))?;
         let in_flight: Vec<&Changes> = self.in_flight.iter().rev().map(|(_, c)| c).collect();
-        let mut tables = Tables::open(&read, self.front.generation, &self.committed, in_flight)
-            .map_err(|e| Failure::of(&e))?;
+        let mut tables =
+            Tables::open(&read, &self.committed, in_flight).map_err(|e| Failure::of(&e))?;
         let now = (self.clock)();
         let mut lingering: Option<Lingering> = None;
         loop {

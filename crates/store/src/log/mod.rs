@@ -3,10 +3,12 @@
 //! runs into the front, `snapshot` reads through `read`.
 //!
 //! An event written by a commit goes first into the log's *front*, keyed
-//! `(generation, session, seq)`. The generation is a counter the writer advances every few
-//! thousand events, so the events one commit writes for a thousand sessions land side by side on
-//! a few pages instead of on a page per session: redb copies every page a transaction touches,
-//! and with session-major keys that copy, not the event, was the cost of a write. When the front
+//! `(generation, session, seq)`. The generation is a counter the writer advances as it commits
+//! ([`Front`]): a commit of a few hundred events has one of its own, above every row the front
+//! holds, so its events go in at the table's end, side by side on few pages, instead of on a
+//! page per session: redb copies every page a transaction touches, and with session-major keys
+//! that copy, not the event, was the cost of a write. Smaller commits share a generation until
+//! it holds a few thousand events. When the front
 //! holds enough events the writer *folds* it into the *base*, keyed `(session, seq)`, in one
 //! transaction and in key order, so each session's page is copied once for many events.
 //!
@@ -38,19 +40,32 @@ pub(crate) type BaseKey = (&'static str, u64);
 pub(crate) type FrontKey = (u64, &'static str, u64);
 pub(crate) type Bytes = &'static [u8];
 
-/// How the writer fills the front and when it folds it.
+/// How the writer fills the front and when it folds it. A batch with many events gets a
+/// generation of its own, new, so that its keys sort above every row the front holds and go in
+/// at the table's end, where redb packs them into full leaves (see `rows::put_sorted`), instead
+/// of landing one by one among the rows earlier batches wrote; the next batch starts another.
+/// Smaller batches share a generation until it holds `generation_rows`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Front {
-    /// The generation new rows go to.
-    pub(crate) generation: u64,
-    /// Rows added since the last fold, and since the current generation began.
-    pub(crate) rows: usize,
-    pub(crate) in_generation: usize,
-    /// Fold once the front holds this many rows.
-    pub(crate) fold_rows: usize,
-    /// Start a new generation after this many rows.
-    pub(crate) generation_rows: usize,
+    /// The generation batches go to.
+    generation: u64,
+    /// Events added since the last fold, and to the current generation.
+    rows: usize,
+    in_generation: usize,
+    /// Generations begun since the last fold: readers visit each, so they are bounded too.
+    generations: usize,
+    /// The current generation takes no more batches.
+    closed: bool,
+    /// Fold once the front holds this many events, or this many generations.
+    fold_rows: usize,
+    /// A batch of at least this many events gets a generation of its own.
+    own_rows: usize,
+    /// Start a new generation after this many events.
+    generation_rows: usize,
 }
+
+/// Most generations between folds.
+const FOLD_GENERATIONS: usize = 64;
 
 impl Front {
     pub(crate) fn new(fold_rows: usize) -> Self {
@@ -59,23 +74,45 @@ impl Front {
             generation: 0,
             rows: 0,
             in_generation: 0,
+            generations: 0,
+            closed: false,
             fold_rows,
-            // A handful of generations between folds: each stays small enough that a commit's
-            // rows land on few pages, and readers visit few of them.
+            // Batches of a few hundred events, as a busy writer commits, each get their own;
+            // a fold's worth of them stays within `FOLD_GENERATIONS`.
+            own_rows: fold_rows.div_ceil(FOLD_GENERATIONS),
             generation_rows: fold_rows.div_ceil(8),
         }
     }
 
-    /// Records a committed transaction that added `added` rows, after folding or not.
-    pub(crate) fn committed(&mut self, folded: bool, added: usize) {
+    /// Whether the next batch folds the front first.
+    pub(crate) fn due(&self) -> bool {
+        self.rows >= self.fold_rows || self.generations >= FOLD_GENERATIONS
+    }
+
+    /// Places a batch that adds `added` events to the front, after folding it or not, in the
+    /// order batches are committed: returns the generation its events go to.
+    pub(crate) fn place(&mut self, folded: bool, added: usize) -> u64 {
         if folded {
+            // The front is empty: the current generation starts over.
             self.rows = 0;
+            self.in_generation = 0;
+            self.generations = 0;
+            self.closed = false;
         }
-        self.rows += added;
-        self.in_generation += added;
-        if self.in_generation >= self.generation_rows {
+        if added == 0 {
+            return self.generation;
+        }
+        let own = added >= self.own_rows;
+        if self.in_generation > 0 && (own || self.closed) {
             self.generation += 1;
             self.in_generation = 0;
         }
+        if self.in_generation == 0 {
+            self.generations += 1;
+        }
+        self.rows += added;
+        self.in_generation += added;
+        self.closed = own || self.in_generation >= self.generation_rows;
+        self.generation
     }
 }

@@ -57,15 +57,13 @@ pub(crate) fn for_each(
             return Ok(());
         }
     }
+    // A session has a run or two in a generation of the front, if any: one seek per
+    // generation, and the records before `from` are passed over undecoded.
     for &generation in generations {
-        let holding = front
-            .range((generation, session, 0)..=(generation, session, from))
-            .map_err(storage)?
-            .next_back();
-        let later = front
-            .range((generation, session, from.saturating_add(1))..=(generation, session, u64::MAX))
+        let runs = front
+            .range((generation, session, 0)..=(generation, session, u64::MAX))
             .map_err(storage)?;
-        for entry in holding.into_iter().chain(later) {
+        for entry in runs {
             let (key, value) = entry.map_err(storage)?;
             if !emit(key.value().2, value.value(), from, &mut each)? {
                 return Ok(());

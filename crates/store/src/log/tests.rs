@@ -139,3 +139,39 @@ proptest! {
         prop_assert!(generations(&front).expect("generations").is_empty());
     }
 }
+
+proptest! {
+    /// Batches placed as the writer places them, folding when the front says so: generations
+    /// only grow; a large batch has a generation to itself, new, so its keys are above every
+    /// row the front holds; and a fold's worth of generations stays bounded.
+    #[test]
+    fn the_front_places_large_batches_in_generations_of_their_own(
+        fold_rows in 1usize..2_000,
+        batches in prop::collection::vec(prop_oneof![2 => 0usize..40, 1 => 0usize..600], 1..300),
+    ) {
+        let mut front = super::Front::new(fold_rows);
+        // Generations used since the last fold, with the batches in each.
+        let mut used: BTreeMap<u64, usize> = BTreeMap::new();
+        let mut newest: Option<u64> = None;
+        let mut own_before = false;
+        for added in batches {
+            let fold = front.due();
+            if fold {
+                used.clear();
+            }
+            let generation = front.place(fold, added);
+            if added == 0 {
+                continue;
+            }
+            prop_assert!(newest.is_none_or(|n| generation >= n));
+            let own = added >= front.own_rows;
+            if own || own_before {
+                prop_assert!(!used.contains_key(&generation), "a large batch shares a generation");
+            }
+            *used.entry(generation).or_default() += 1;
+            prop_assert!(used.len() <= super::FOLD_GENERATIONS);
+            newest = Some(generation);
+            own_before = own;
+        }
+    }
+}
