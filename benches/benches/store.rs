@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use agenthost_benches::entropy;
+use agenthost_benches::message_id;
 use agenthost_model::history::Mode;
 use agenthost_model::{Delivery, Event, MessageId, Prompt, SessionId};
-use agenthost_store::{Admission, Config, NewSession, RedbStore, Store, system_clock};
+use agenthost_store::{Admission, Config, NewSession, RedbStore, Store};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
 /// Ids minted so far, so that every admission of every sample has its own.
@@ -69,7 +69,7 @@ fn admissions(c: &mut Criterion) {
                                             // Minted as the runtime mints an id the client
                                             // did not supply.
                                             let n = MINTED.fetch_add(1, Ordering::Relaxed);
-                                            let id = MessageId::mint(system_clock(), entropy(n));
+                                            let id = message_id(n);
                                             let admission = Admission {
                                                 session: session(s),
                                                 id,

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use agenthost_benches::{entropy, thread_cpu, tokio_runtime, written_bytes};
+use agenthost_benches::{entropy, message_id, thread_cpu, tokio_runtime, written_bytes};
 use agenthost_model::{Delivery, MessageId, Prompt, SessionId};
 use agenthost_store::{Admission, Config, NewSession, RedbStore, Store, system_clock};
 
@@ -78,10 +78,7 @@ fn main() {
                 tasks.spawn(async move {
                     for i in 0..per {
                         let mid = match minted {
-                            true => MessageId::mint(
-                                system_clock(),
-                                entropy((round * sessions + s) * per + i),
-                            ),
+                            true => message_id((round * sessions + s) * per + i),
                             false => {
                                 MessageId::parse(&format!("msg_r{round}s{s}i{i}")).expect("valid")
                             }

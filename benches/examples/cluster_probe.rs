@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use agenthost_benches::{entropy, tokio_runtime};
-use agenthost_model::{Delivery, MessageId, Prompt, SessionId};
+use agenthost_benches::{entropy, message_id, tokio_runtime};
+use agenthost_model::{Delivery, Prompt, SessionId};
 use agenthost_store::{
     Admission, Config, NewSession, PgConfig, PgStore, RedbStore, Store, system_clock,
 };
@@ -111,7 +111,7 @@ fn main() {
                 while Instant::now() < stop {
                     let admission = Admission {
                         session: id.clone(),
-                        id: MessageId::mint(system_clock(), entropy(i * 1_000_000 + n as usize)),
+                        id: message_id(i * 1_000_000 + n as usize),
                         prompt: Prompt::text("work"),
                         delivery: Delivery::Queue,
                         wake: true,

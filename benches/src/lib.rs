@@ -46,6 +46,19 @@ pub fn entropy(n: usize) -> u128 {
     (n as u128 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835)
 }
 
+/// Mints a message id as the runtime mints one the client did not supply: from the clock, in
+/// minting order within a millisecond too (one `Monotonic` minter for the process), with
+/// entropy from `n`.
+pub fn message_id(n: usize) -> agenthost_model::MessageId {
+    static MINTER: std::sync::Mutex<agenthost_model::Monotonic> =
+        std::sync::Mutex::new(agenthost_model::Monotonic::new());
+    let (now, bits) = MINTER
+        .lock()
+        .expect("minter")
+        .next(agenthost_store::system_clock(), entropy(n));
+    agenthost_model::MessageId::mint(now, bits)
+}
+
 /// CPU time (user + system) from a `/proc` `stat` line, in clock ticks of 10 ms
 /// (`getconf CLK_TCK` is 100 on Linux).
 fn stat_cpu(stat: &str) -> std::time::Duration {

@@ -170,9 +170,78 @@ impl fmt::Display for Seq {
 #[serde(transparent)]
 pub struct Timestamp(pub u64);
 
+/// Keeps the ids one minter makes in the order it makes them, within a millisecond too: the
+/// time and entropy for each next id, from the clock's time and fresh entropy. Ids minted in
+/// order are appended to the store's index instead of landing among the ones before them.
+#[derive(Debug, Default)]
+pub struct Monotonic {
+    last: Option<(u64, u128)>,
+}
+
+/// A ULID's entropy: 80 bits.
+const ENTROPY: u128 = (1 << 80) - 1;
+
+impl Monotonic {
+    pub const fn new() -> Self {
+        Monotonic { last: None }
+    }
+
+    /// `now` and `entropy` when `now` is past the last id's millisecond. Otherwise (the same
+    /// millisecond, or a clock that stepped back) the last id's millisecond and its entropy
+    /// raised by a random step of at most 2^32, so the id sorts after the last one and is still
+    /// hard to guess; when that overflows, the next millisecond with fresh entropy.
+    pub fn next(&mut self, now: Timestamp, entropy: u128) -> (Timestamp, u128) {
+        let entropy = entropy & ENTROPY;
+        let next = match self.last {
+            Some((ms, last)) if now.0 <= ms => {
+                let step = 1 + (entropy & 0xFFFF_FFFF);
+                match last.checked_add(step).filter(|raised| *raised <= ENTROPY) {
+                    Some(raised) => (ms, raised),
+                    None => (ms + 1, entropy),
+                }
+            }
+            _ => (now.0, entropy),
+        };
+        self.last = Some(next);
+        (Timestamp(next.0), next.1)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// Whatever the clock does, a minter's ids only grow; with the clock moving on, each is
+        /// the plain mint of its time and entropy.
+        #[test]
+        fn a_minters_ids_only_grow(
+            draws in proptest::collection::vec((0u64..6, proptest::prelude::any::<u128>()), 1..200),
+        ) {
+            let mut minter = Monotonic::new();
+            let mut last: Option<(Timestamp, MessageId)> = None;
+            for (now, entropy) in draws {
+                let (time, bits) = minter.next(Timestamp(now), entropy);
+                let id = MessageId::mint(time, bits);
+                if last.as_ref().is_none_or(|(ms, _)| now > ms.0) {
+                    proptest::prop_assert_eq!(&id, &MessageId::mint(Timestamp(now), entropy));
+                }
+                if let Some((_, last)) = &last {
+                    proptest::prop_assert!(*last < id, "{} then {}", last, id);
+                }
+                last = Some((time, id));
+            }
+        }
+    }
+
+    #[test]
+    fn a_minter_spills_into_the_next_millisecond_when_the_entropy_is_spent() {
+        let mut minter = Monotonic::new();
+        let first = minter.next(Timestamp(7), ENTROPY - 3);
+        assert_eq!(first, (Timestamp(7), ENTROPY - 3));
+        let second = minter.next(Timestamp(7), 5);
+        assert_eq!(second, (Timestamp(8), 5));
+    }
 
     #[test]
     fn minted_ids_sort_by_time_and_round_trip() {

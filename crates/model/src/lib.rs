@@ -30,7 +30,7 @@ mod tests;
 pub use budget::{Budget, Limit, Spend};
 pub use error::{Error, Violation};
 pub use event::{Event, FailureKind, InterruptReason, StepError, Stored};
-pub use ids::{MessageId, ScheduleId, Seq, SessionId, Timestamp};
+pub use ids::{MessageId, Monotonic, ScheduleId, Seq, SessionId, Timestamp};
 pub use memory::Projections;
 pub use message::{
     Approval, AssistantMessage, CompactionState, Decision, Finish, InboxRow, IndexEntry,

@@ -1,5 +1,8 @@
 //! The fold: the whole front of the log moved into its base, runs joined.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
 use redb::{ReadableTable as _, WriteTransaction};
 
 use super::{Bytes, FrontKey};
@@ -19,8 +22,8 @@ const RUN_BYTES: usize = 16 * 1024;
 ///
 /// Each generation of the front is in `(session, seq)` order already, and a session's events in
 /// an older generation precede those in a newer one, so the fold merges one cursor per
-/// generation instead of reading and sorting the whole front, and copies only the run it is
-/// building.
+/// generation (a heap of their heads: there may be dozens) instead of reading and sorting the
+/// whole front, and copies only the run it is building.
 pub(crate) fn fold(txn: &WriteTransaction) -> Result<usize> {
     let moved = {
         let front = txn.open_table(EVENTS_FRONT).map_err(storage)?;
@@ -29,44 +32,34 @@ pub(crate) fn fold(txn: &WriteTransaction) -> Result<usize> {
             return Ok(0);
         }
         let mut base = txn.open_table(EVENTS).map_err(storage)?;
-        // One cursor per generation, with its head's session and first seq decoded once.
+        // One cursor per generation, and the heads of all of them by their (session, first
+        // seq): the least is the next run in base key order.
         let mut cursors = Vec::with_capacity(generations.len());
+        let mut heads = BinaryHeap::with_capacity(generations.len());
         for &generation in &generations {
             let rows = front
                 .range((generation, "", 0)..(generation + 1, "", 0))
                 .map_err(storage)?;
-            let mut cursor = (rows, None, String::new(), 0);
-            advance(&mut cursor)?;
+            let mut cursor = (rows, None);
+            if let Some(head) = advance(&mut cursor)? {
+                heads.push(Reverse((head, cursors.len())));
+            }
             cursors.push(cursor);
         }
         let mut run = codec::RunBuilder::default();
         // The session and first seq of the run being built, and the seq it expects next.
         let mut joined: (String, u64, u64) = (String::new(), 0, 0);
         let mut moved = 0;
-        loop {
-            // The cursor at the least (session, seq); a handful of generations, so a scan.
-            let mut least: Option<usize> = None;
-            for (i, (_, head, session, first)) in cursors.iter().enumerate() {
-                if head.is_some()
-                    && least.is_none_or(|l| {
-                        (session.as_str(), *first) < (cursors[l].2.as_str(), cursors[l].3)
-                    })
-                {
-                    least = Some(i);
-                }
-            }
-            let Some(i) = least else {
-                break;
-            };
+        while let Some(Reverse(((session, first), i))) = heads.pop() {
             let cursor = &mut cursors[i];
             let (_, value) = cursor
                 .1
                 .take()
-                .expect("invariant: the least cursor has a head");
+                .expect("invariant: a cursor in the heap has a head");
             let records = codec::records("event", value.value())?;
             moved += records.len();
-            for (seq, record) in (cursor.3..).zip(records) {
-                let joins = joined.0 == cursor.2
+            for (seq, record) in (first..).zip(records) {
+                let joins = joined.0 == session
                     && joined.2 == seq
                     && run.count() < RUN_EVENTS
                     && run.bytes() < RUN_BYTES;
@@ -75,14 +68,16 @@ pub(crate) fn fold(txn: &WriteTransaction) -> Result<usize> {
                         base.insert((joined.0.as_str(), joined.1), run.finish())
                             .map_err(storage)?;
                     }
-                    joined.0.clone_from(&cursor.2);
+                    joined.0.clone_from(&session);
                     joined.1 = seq;
                 }
                 run.push(record);
                 joined.2 = seq + 1;
             }
             drop(value);
-            advance(cursor)?;
+            if let Some(head) = advance(cursor)? {
+                heads.push(Reverse((head, i)));
+            }
         }
         if run.count() > 0 {
             base.insert((joined.0.as_str(), joined.1), run.finish())
@@ -95,26 +90,20 @@ pub(crate) fn fold(txn: &WriteTransaction) -> Result<usize> {
     Ok(moved)
 }
 
-/// A fold's cursor over one generation: its rows, its head, and the head's session and first
-/// seq.
+/// A fold's cursor over one generation: its rows and its head.
 type Cursor<'t> = (
     redb::Range<'t, FrontKey, Bytes>,
     Option<(
         redb::AccessGuard<'t, FrontKey>,
         redb::AccessGuard<'t, Bytes>,
     )>,
-    String,
-    u64,
 );
 
-/// Moves a fold's cursor to its next row.
-fn advance(cursor: &mut Cursor<'_>) -> Result<()> {
+/// Moves a fold's cursor to its next row, returning that row's session and first seq.
+fn advance(cursor: &mut Cursor<'_>) -> Result<Option<(String, u64)>> {
     cursor.1 = cursor.0.next().transpose().map_err(storage)?;
-    if let Some((key, _)) = &cursor.1 {
+    Ok(cursor.1.as_ref().map(|(key, _)| {
         let (_, session, first) = key.value();
-        cursor.2.clear();
-        cursor.2.push_str(session);
-        cursor.3 = first;
-    }
-    Ok(())
+        (session.to_owned(), first)
+    }))
 }
