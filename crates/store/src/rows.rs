@@ -84,9 +84,6 @@ pub(crate) struct Committed {
     inputs: Recent<(SessionId, Seq), InboxRow>,
 }
 
-/// Pending inputs by session and admitted seq.
-pub(crate) type Inputs = Vec<((SessionId, Seq), InboxRow)>;
-
 /// Most sessions (and most inputs) one generation of the cache holds: the writer keeps at most
 /// twice as many.
 const CACHED_SESSIONS: usize = 65_536;
@@ -104,13 +101,14 @@ impl Default for Committed {
 impl Committed {
     /// Takes in the records a committed transaction read or wrote, and the inputs it admitted or
     /// read that were still pending at its end.
-    pub(crate) fn update(&mut self, records: Vec<SessionRecord>, inputs: Inputs) {
-        self.records.extend(
-            records
-                .into_iter()
-                .map(|record| (record.row.id.clone(), record)),
-        );
-        self.inputs.extend(inputs.into_iter());
+    pub(crate) fn update(
+        &mut self,
+        records: impl ExactSizeIterator<Item = SessionRecord>,
+        inputs: impl ExactSizeIterator<Item = ((SessionId, Seq), InboxRow)>,
+    ) {
+        self.records
+            .extend(records.map(|record| (record.row.id.clone(), record)));
+        self.inputs.extend(inputs);
     }
 
     fn get(&self, id: &SessionId) -> Option<&SessionRecord> {
@@ -119,12 +117,13 @@ impl Committed {
 
     /// Takes in what a batch read and wrote, once it is handed over.
     pub(crate) fn take(&mut self, cached: Cached) {
-        let records = cached
+        // Sessions the batch read and found missing have no record to keep.
+        let records: Vec<SessionRecord> = cached
             .sessions
             .into_values()
             .filter_map(|e| e.now)
             .collect();
-        self.update(records, cached.inputs.into_iter().collect());
+        self.update(records.into_iter(), cached.inputs.into_iter());
         for key in &cached.promoted {
             self.inputs.remove(key);
         }
@@ -152,7 +151,10 @@ impl<K: std::hash::Hash + Eq, V> Recent<K, V> {
 
     fn extend(&mut self, entries: impl ExactSizeIterator<Item = (K, V)>) {
         if self.recent.len() + entries.len() > self.capacity {
-            self.older = std::mem::take(&mut self.recent);
+            // The dropped generation's table, emptied, takes the new entries: it has grown to
+            // a generation's size already, so they go in without a rehash.
+            std::mem::swap(&mut self.older, &mut self.recent);
+            self.recent.clear();
         }
         self.recent.extend(entries);
     }
@@ -1142,20 +1144,23 @@ mod tests {
                 .get(&SessionId::parse(id).expect("id"))
                 .map(|r| r.row.last_seq.0)
         };
-        cache.update(vec![record("ses_a", 1), record("ses_b", 1)], Vec::new());
-        cache.update(vec![record("ses_c", 1)], Vec::new());
+        cache.update(
+            [record("ses_a", 1), record("ses_b", 1)].into_iter(),
+            std::iter::empty(),
+        );
+        cache.update([record("ses_c", 1)].into_iter(), std::iter::empty());
         assert_eq!(
             last(&cache, "ses_a"),
             Some(1),
             "the older generation still answers"
         );
-        cache.update(vec![record("ses_a", 2)], Vec::new());
+        cache.update([record("ses_a", 2)].into_iter(), std::iter::empty());
         assert_eq!(
             last(&cache, "ses_a"),
             Some(2),
             "the recent record shadows the older one"
         );
-        cache.update(vec![record("ses_d", 1)], Vec::new());
+        cache.update([record("ses_d", 1)].into_iter(), std::iter::empty());
         assert_eq!(last(&cache, "ses_a"), Some(2));
         assert_eq!(last(&cache, "ses_c"), Some(1));
         assert_eq!(
