@@ -12,9 +12,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use agenthost_benches::{entropy, message_id, thread_cpu, tokio_runtime, written_bytes};
+use agenthost_benches::{message_id, session_id, thread_cpu, tokio_runtime, written_bytes};
 use agenthost_model::{Delivery, MessageId, Prompt, SessionId};
-use agenthost_store::{Admission, Config, NewSession, RedbStore, Store, system_clock};
+use agenthost_store::{Admission, Config, NewSession, RedbStore, Store};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -31,9 +31,7 @@ fn main() {
     config.max_batch = arg(6, config.max_batch);
     config.fold_rows = arg(7, config.fold_rows);
     let store = Arc::new(RedbStore::open(config).expect("store"));
-    let ids: Vec<SessionId> = (0..sessions)
-        .map(|i| SessionId::mint(system_clock(), entropy(i)))
-        .collect();
+    let ids: Vec<SessionId> = (0..sessions).map(session_id).collect();
     // Created concurrently, so that they share commits as the admissions will.
     rt.block_on(async {
         let mut creating = tokio::task::JoinSet::new();

@@ -3,6 +3,8 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use agenthost_model::Timestamp;
+
 /// The benches run on the allocator the `agenthost` binary runs on.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -46,17 +48,30 @@ pub fn entropy(n: usize) -> u128 {
     (n as u128 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835)
 }
 
-/// Mints a message id as the runtime mints one the client did not supply: from the clock, in
-/// minting order within a millisecond too (one `Monotonic` minter for the process), with
-/// entropy from `n`.
+/// The time and entropy of the next id of a kind, as the runtime mints ids: from the clock, in
+/// minting order within a millisecond too (one `Monotonic` minter per kind), with entropy from
+/// `n`.
+fn next_id(minter: &std::sync::Mutex<agenthost_model::Monotonic>, n: usize) -> (Timestamp, u128) {
+    minter
+        .lock()
+        .expect("minter")
+        .next(agenthost_store::system_clock(), entropy(n))
+}
+
+/// Mints a message id as the runtime mints one the client did not supply (see `next_id`).
 pub fn message_id(n: usize) -> agenthost_model::MessageId {
     static MINTER: std::sync::Mutex<agenthost_model::Monotonic> =
         std::sync::Mutex::new(agenthost_model::Monotonic::new());
-    let (now, bits) = MINTER
-        .lock()
-        .expect("minter")
-        .next(agenthost_store::system_clock(), entropy(n));
+    let (now, bits) = next_id(&MINTER, n);
     agenthost_model::MessageId::mint(now, bits)
+}
+
+/// Mints a session id as the runtime mints one (see `next_id`).
+pub fn session_id(n: usize) -> agenthost_model::SessionId {
+    static MINTER: std::sync::Mutex<agenthost_model::Monotonic> =
+        std::sync::Mutex::new(agenthost_model::Monotonic::new());
+    let (now, bits) = next_id(&MINTER, n);
+    agenthost_model::SessionId::mint(now, bits)
 }
 
 /// CPU time (user + system) from a `/proc` `stat` line, in clock ticks of 10 ms

@@ -257,11 +257,12 @@ impl Writes {
             })
             .collect();
         put_sorted(&mut front, &runs)?;
-        put_by_id(
-            txn,
-            SESSIONS,
-            self.sessions.iter().map(|(id, v)| (id.as_str(), v)),
-        )?;
+        let records: Vec<_> = self
+            .sessions
+            .iter()
+            .map(|(id, record)| (id.as_str(), record.as_slice()))
+            .collect();
+        put_sorted(&mut txn.open_table(SESSIONS).map_err(storage)?, &records)?;
         let mut by_created = txn.open_table(SESSIONS_BY_CREATED).map_err(storage)?;
         for (created, id) in &self.by_created {
             by_created
