@@ -79,8 +79,9 @@ fn pick(first: u64, value: &[u8], seq: u64) -> Result<Option<Vec<u8>>> {
     Ok(records("event run", value)?.get(at).map(|r| r.to_vec()))
 }
 
-/// Finds one record: the newest generations first (recent events are the ones read back), then
-/// the base.
+/// Finds one record: in the base first, one seek, where an input that waited through a fold
+/// is; then the front, newest generation first (recent events are the ones read back), one
+/// seek each.
 pub(crate) fn find(
     base: &impl ReadableTable<BaseKey, Bytes>,
     front: &impl ReadableTable<FrontKey, Bytes>,
@@ -88,6 +89,16 @@ pub(crate) fn find(
     session: &str,
     seq: u64,
 ) -> Result<Option<Vec<u8>>> {
+    let holding = base
+        .range((session, 0)..=(session, seq))
+        .map_err(storage)?
+        .next_back();
+    if let Some(entry) = holding {
+        let (key, value) = entry.map_err(storage)?;
+        if let Some(record) = pick(key.value().1, value.value(), seq)? {
+            return Ok(Some(record));
+        }
+    }
     for &generation in generations.iter().rev() {
         let holding = front
             .range((generation, session, 0)..=(generation, session, seq))
@@ -100,17 +111,7 @@ pub(crate) fn find(
             }
         }
     }
-    let holding = base
-        .range((session, 0)..=(session, seq))
-        .map_err(storage)?
-        .next_back();
-    match holding {
-        Some(entry) => {
-            let (key, value) = entry.map_err(storage)?;
-            pick(key.value().1, value.value(), seq)
-        }
-        None => Ok(None),
-    }
+    Ok(None)
 }
 
 /// Calls `each` with every record of both tiers: the base in key order, then the front
