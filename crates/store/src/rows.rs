@@ -257,12 +257,11 @@ impl Writes {
             })
             .collect();
         put_sorted(&mut front, &runs)?;
-        let records: Vec<_> = self
-            .sessions
-            .iter()
-            .map(|(id, record)| (id.as_str(), record.as_slice()))
-            .collect();
-        put_sorted(&mut txn.open_table(SESSIONS).map_err(storage)?, &records)?;
+        put_by_id(
+            txn,
+            SESSIONS,
+            self.sessions.iter().map(|(id, v)| (id.as_str(), v)),
+        )?;
         let mut by_created = txn.open_table(SESSIONS_BY_CREATED).map_err(storage)?;
         for (created, id) in &self.by_created {
             by_created
@@ -279,12 +278,11 @@ impl Writes {
                 .insert((session.as_str(), seq.0), message.as_slice())
                 .map_err(storage)?;
         }
-        let entries: Vec<_> = self
-            .index
-            .iter()
-            .map(|(id, entry)| (id.as_str(), entry.as_slice()))
-            .collect();
-        put_sorted(&mut txn.open_table(INDEX).map_err(storage)?, &entries)?;
+        put_by_id(
+            txn,
+            INDEX,
+            self.index.iter().map(|(id, v)| (id.as_str(), v)),
+        )?;
         put_by_id(
             txn,
             INSTRUCTIONS,
@@ -339,17 +337,14 @@ fn put_sorted<'r, K: redb::Key + 'static>(
     Ok(())
 }
 
-/// Inserts rows keyed by an id into one table.
+/// Puts rows keyed by an id, given in key order, into one table (see [`put_sorted`]).
 fn put_by_id<'a>(
     txn: &WriteTransaction,
     table: redb::TableDefinition<'static, &'static str, Bytes>,
     rows: impl Iterator<Item = (&'a str, &'a Vec<u8>)>,
 ) -> Result<()> {
-    let mut table = txn.open_table(table).map_err(storage)?;
-    for (id, value) in rows {
-        table.insert(id, value.as_slice()).map_err(storage)?;
-    }
-    Ok(())
+    let rows: Vec<(&str, &[u8])> = rows.map(|(id, value)| (id, value.as_slice())).collect();
+    put_sorted(&mut txn.open_table(table).map_err(storage)?, &rows)
 }
 
 /// The rows a batch changed, decoded: what the next batch, planned while this one is being

@@ -89,29 +89,35 @@ pub(crate) fn find(
     session: &str,
     seq: u64,
 ) -> Result<Option<Vec<u8>>> {
-    let holding = base
-        .range((session, 0)..=(session, seq))
-        .map_err(storage)?
-        .next_back();
-    if let Some(entry) = holding {
-        let (key, value) = entry.map_err(storage)?;
-        if let Some(record) = pick(key.value().1, value.value(), seq)? {
+    let in_base = base.range((session, 0)..=(session, seq)).map_err(storage)?;
+    if let Some(record) = in_last_run(in_base, |(_, first)| first, seq)? {
+        return Ok(Some(record));
+    }
+    for &generation in generations.iter().rev() {
+        let in_generation = front
+            .range((generation, session, 0)..=(generation, session, seq))
+            .map_err(storage)?;
+        if let Some(record) = in_last_run(in_generation, |(_, _, first)| first, seq)? {
             return Ok(Some(record));
         }
     }
-    for &generation in generations.iter().rev() {
-        let holding = front
-            .range((generation, session, 0)..=(generation, session, seq))
-            .map_err(storage)?
-            .next_back();
-        if let Some(entry) = holding {
-            let (key, value) = entry.map_err(storage)?;
-            if let Some(record) = pick(key.value().2, value.value(), seq)? {
-                return Ok(Some(record));
-            }
-        }
-    }
     Ok(None)
+}
+
+/// The record at `seq` of the last run `runs` holds (the one starting at or before it), if
+/// that run reaches it; `first` reads a run's first seq from its key.
+fn in_last_run<K: redb::Key + 'static>(
+    mut runs: redb::Range<'_, K, Bytes>,
+    first: impl Fn(K::SelfType<'_>) -> u64,
+    seq: u64,
+) -> Result<Option<Vec<u8>>> {
+    match runs.next_back() {
+        Some(entry) => {
+            let (key, value) = entry.map_err(storage)?;
+            pick(first(key.value()), value.value(), seq)
+        }
+        None => Ok(None),
+    }
 }
 
 /// Calls `each` with every record of both tiers: the base in key order, then the front
