@@ -52,9 +52,10 @@ pub fn entropy(n: usize) -> u128 {
 /// minting order within a millisecond too (one `Monotonic` minter per kind), with entropy from
 /// `n`.
 fn next_id(minter: &std::sync::Mutex<agenthost_model::Monotonic>, n: usize) -> (Timestamp, u128) {
+    // A poisoned minter only means a thread panicked between two plain assignments.
     minter
         .lock()
-        .expect("minter")
+        .unwrap_or_else(|e| e.into_inner())
         .next(agenthost_store::system_clock(), entropy(n))
 }
 

@@ -305,9 +305,9 @@ impl Writes {
     }
 }
 
-/// Inserts rows given in ascending key order. Those above the table's greatest key (new
-/// generations of the front, minted ids in the index) go in through one cursor at the table's
-/// end, which redb packs into full leaves with one update of their parents instead of a descent
+/// Inserts rows given in ascending key order. Those above the table's greatest key (a new
+/// generation of the front, minted ids in the index, new sessions) go in through one cursor at
+/// the table's end, which redb splices in with one update of their parents instead of a descent
 /// per row; the others (a row changed again, a key among the existing ones) one at a time.
 fn put_sorted<'r, K: redb::Key + 'static>(
     table: &mut redb::Table<'_, K, Bytes>,
