@@ -1743,7 +1743,7 @@ export interface operations {
             path?: never;
             cookie?: never;
         };
-        /** @description All fields optional; no body, an empty body and `{}` are the same */
+        /** @description All fields optional; no body, an empty body and `{}` are the same. `id`, `agent`, `model` and `title` may be query parameters instead; the body wins */
         requestBody?: {
             content: {
                 "application/json": components["schemas"]["CreateSession"];

@@ -21,7 +21,7 @@ use axum::routing::{get, post};
 use serde::Serialize;
 
 use crate::error::{ApiError, ErrorType};
-use crate::extract::{Json, OptionalJson, Query, RouteOptions, SessionPath};
+use crate::extract::{Json, Query, RouteOptions, SessionPath};
 use crate::wire::{self, Data, ErrorEnvelope};
 use crate::{Shared, read};
 
@@ -234,7 +234,7 @@ pub(crate) async fn healthz(State(shared): AppState) -> Response {
 
 /// Creates a session, or returns the existing session when `id` names one.
 #[utoipa::path(post, path = "/api/session", operation_id = "createSession", tag = "session",
-    request_body(content = wire::CreateSession, description = "All fields optional; no body, an empty body and `{}` are the same"),
+    request_body(content = wire::CreateSession, description = "All fields optional; no body, an empty body and `{}` are the same. `id`, `agent`, `model` and `title` may be query parameters instead; the body wins"),
     responses(
         (status = 200, description = "The session", body = Data<wire::Session>),
         (status = 400, description = "Invalid id, unknown agent or model, malformed body", body = ErrorEnvelope),
@@ -244,7 +244,7 @@ pub(crate) async fn healthz(State(shared): AppState) -> Response {
     security((), ("bearer" = [])))]
 pub(crate) async fn create(
     State(shared): AppState,
-    OptionalJson(body): OptionalJson<wire::CreateSession>,
+    RouteOptions(body): RouteOptions<wire::CreateSession>,
 ) -> Result<Response, ApiError> {
     let id = body.id.as_deref().map(SessionId::parse).transpose()?;
     let row = shared

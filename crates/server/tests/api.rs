@@ -2072,6 +2072,34 @@ async fn post_routes_take_their_options_as_a_json_body_or_as_query_parameters() 
         )
         .await;
     assert_error(&reply, 400, "invalid_request");
+    // Creating a session takes its options in the query too: a client-chosen id there names
+    // the session, the body's id wins over it, and an unknown or malformed one is refused
+    // without creating anything.
+    let reply = h.post("/api/session?id=ses_from_query", None).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json);
+    assert_eq!(reply.json["data"]["id"], "ses_from_query", "{}", reply.json);
+    let reply = h
+        .post(
+            "/api/session?id=ses_query_loses&title=kept",
+            Some(r#"{"id": "ses_body_wins"}"#),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json);
+    assert_eq!(reply.json["data"]["id"], "ses_body_wins", "{}", reply.json);
+    assert_eq!(reply.json["data"]["title"], "kept", "{}", reply.json);
+    let listed = h.get("/api/session?limit=100").await;
+    let before = listed.json["data"]["sessions"].as_array().map(Vec::len);
+    for uri in ["/api/session?idd=ses_typo", "/api/session?id=bad%20id"] {
+        let reply = h.post(uri, None).await;
+        assert_error(&reply, 400, "invalid_request");
+    }
+    let listed = h.get("/api/session?limit=100").await;
+    assert_eq!(
+        listed.json["data"]["sessions"].as_array().map(Vec::len),
+        before,
+        "{}",
+        listed.json
+    );
 }
 
 /// A JSON value that is not an object is refused where an object belongs, and changes nothing:
