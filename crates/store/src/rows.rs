@@ -28,46 +28,12 @@ use redb::{ReadOnlyTable, ReadTransaction, ReadableTable, WriteTransaction};
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
-use crate::codec::{self, Record, decode, encode};
+use crate::codec::{self, decode, encode};
 use crate::error::{Error, Result, storage};
-use crate::log::{self, BaseKey, Bytes, FrontKey};
+use crate::log::{self, BaseKey, Bytes};
 use crate::ops::Rows;
 use crate::record::{self, SessionRecord};
 use crate::tables::*;
-
-/// One session-keyed table opened for reading, in its two tiers.
-struct Pair {
-    what: &'static str,
-    base: ReadOnlyTable<BaseKey, Bytes>,
-    front: ReadOnlyTable<FrontKey, Bytes>,
-}
-
-impl Pair {
-    fn open(txn: &ReadTransaction) -> Result<Self> {
-        Ok(Pair {
-            what: "event",
-            base: txn.open_table(EVENTS).map_err(storage)?,
-            front: txn.open_table(EVENTS_FRONT).map_err(storage)?,
-        })
-    }
-
-    fn get<T: Record>(
-        &self,
-        generations: &[u64],
-        session: &SessionId,
-        seq: Seq,
-    ) -> Result<Option<T>> {
-        log::find(
-            &self.base,
-            &self.front,
-            generations,
-            session.as_str(),
-            seq.0,
-        )?
-        .map(|bytes| decode(self.what, &bytes))
-        .transpose()
-    }
-}
 
 /// What the writer keeps across batches, as of the last batch it planned: session records, so a
 /// session's record is read from its B-tree and decoded once, not once per batch; and the
@@ -301,6 +267,7 @@ impl Writes {
             working.remove(id.as_str()).map_err(storage)?;
         }
         txn.open_table(EVENTS).map_err(storage)?;
+        txn.open_table(EVENTS_MIDDLE).map_err(storage)?;
         Ok(())
     }
 }
@@ -386,15 +353,13 @@ pub(crate) struct Cached {
 /// The tables of one batch: read through a read transaction under the batches being
 /// committed, and the rows changed so far.
 pub(crate) struct Tables<'t> {
-    events: Pair,
+    events: log::ReadLog,
     sessions: ReadOnlyTable<&'static str, Bytes>,
     messages: ReadOnlyTable<BaseKey, Bytes>,
     index: ReadOnlyTable<&'static str, Bytes>,
     instructions: ReadOnlyTable<&'static str, Bytes>,
     schedules: ReadOnlyTable<(&'static str, &'static str), Bytes>,
     working: ReadOnlyTable<&'static str, ()>,
-    /// The generations the front holds, oldest first.
-    generations: Vec<u64>,
     writes: Writes,
     /// Rows this batch added to the front.
     front_rows: usize,
@@ -436,8 +401,7 @@ impl<'t> Tables<'t> {
         committed: &'t Committed,
         in_flight: Vec<&'t Changes>,
     ) -> Result<Self> {
-        let events = Pair::open(txn)?;
-        let generations = log::generations(&events.front)?;
+        let events = log::ReadLog::open(txn)?;
         let index: ReadOnlyTable<&'static str, Bytes> = txn.open_table(INDEX).map_err(storage)?;
         let index_last = index
             .last()
@@ -451,7 +415,6 @@ impl<'t> Tables<'t> {
             instructions: txn.open_table(INSTRUCTIONS).map_err(storage)?,
             schedules: txn.open_table(SCHEDULES).map_err(storage)?,
             working: txn.open_table(WORKING).map_err(storage)?,
-            generations,
             writes: Writes::default(),
             front_rows: 0,
             committed,
@@ -771,7 +734,8 @@ impl Projection for Tables<'_> {
         {
             return Ok(Some(row.clone()));
         }
-        let Some(stored) = self.events.get::<Stored>(&self.generations, session, seq)? else {
+        let found = self.events.find(session.as_str(), seq.0)?;
+        let Some(stored) = found.map(|b| decode::<Stored>("event", &b)).transpose()? else {
             return Err(Error::Corrupt {
                 what: format!("pending input {session}/{seq}"),
                 reason: "its event is missing from the log".into(),

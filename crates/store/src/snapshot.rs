@@ -117,35 +117,23 @@ impl RedbSnapshot {
         limit: usize,
         max_bytes: usize,
     ) -> Result<Vec<Stored>> {
-        let base = self.txn.open_table(EVENTS).map_err(storage)?;
-        let front = self.txn.open_table(EVENTS_FRONT).map_err(storage)?;
-        let generations = log::generations(&front)?;
         let mut out = Vec::new();
         let mut read = 0usize;
         if limit == 0 {
             return Ok(out);
         }
-        log::for_each(
-            &base,
-            &front,
-            &generations,
-            id.as_str(),
-            from.0,
-            |_, bytes| {
-                out.push(decode("event", bytes)?);
-                read = read.saturating_add(bytes.len());
-                Ok(out.len() < limit && read < max_bytes)
-            },
-        )?;
+        log::ReadLog::open(&self.txn)?.for_each(id.as_str(), from.0, |_, bytes| {
+            out.push(decode("event", bytes)?);
+            read = read.saturating_add(bytes.len());
+            Ok(out.len() < limit && read < max_bytes)
+        })?;
         Ok(out)
     }
 
     /// Every event of the store, each session's in seq order.
     #[cfg(test)]
     fn all_events(&self, mut each: impl FnMut(SessionId, Stored)) -> Result<()> {
-        let base = self.txn.open_table(EVENTS).map_err(storage)?;
-        let front = self.txn.open_table(EVENTS_FRONT).map_err(storage)?;
-        log::for_all(&base, &front, |session, _, bytes| {
+        log::ReadLog::open(&self.txn)?.for_all(|session, _, bytes| {
             each(session_key(session)?, decode("event", bytes)?);
             Ok(())
         })
@@ -190,12 +178,10 @@ impl RedbSnapshot {
         if inbox.is_empty() {
             return Ok(Vec::new());
         }
-        let base = self.txn.open_table(EVENTS).map_err(storage)?;
-        let front = self.txn.open_table(EVENTS_FRONT).map_err(storage)?;
-        let generations = log::generations(&front)?;
+        let log = log::ReadLog::open(&self.txn)?;
         let mut out = Vec::new();
         for seq in inbox.seqs() {
-            let found = log::find(&base, &front, &generations, id.as_str(), seq.0)?;
+            let found = log.find(id.as_str(), seq.0)?;
             let Some(bytes) = found else {
                 return Err(crate::Error::Corrupt {
                     what: format!("pending input {id}/{seq}"),

@@ -1,7 +1,8 @@
 //! Every redb table of the store, in one place. Keys are `(session id, seq)` tuples where rows
 //! belong to a session's log, so a session's rows are one contiguous range. The event log has a
 //! *front* table besides, keyed `(generation, session, seq)`, that takes new events until the
-//! writer folds them into the base table (see `log`).
+//! writer folds them into its *middle* table, keyed `(epoch, session, seq)`, and a few folds later
+//! into the base table (see `log`).
 
 use redb::TableDefinition;
 
@@ -18,9 +19,14 @@ pub(crate) const SESSIONS_BY_CREATED: TableDefinition<'_, (u64, &str), ()> =
 pub(crate) const MESSAGES: TableDefinition<'_, (&str, u64), &[u8]> =
     TableDefinition::new("messages");
 /// `(generation, session, seq)` → [`agenthost_model::Stored`]: events not yet folded into
-/// [`EVENTS`].
+/// [`EVENTS_MIDDLE`] or [`EVENTS`].
 pub(crate) const EVENTS_FRONT: TableDefinition<'_, (u64, &str, u64), &[u8]> =
     TableDefinition::new("events_front");
+/// `(epoch, session, seq)` → [`agenthost_model::Stored`]: events folded out of the front, an
+/// epoch per fold, not yet merged into [`EVENTS`] (format 8; a store of an older format gains
+/// the table when it is opened for writing).
+pub(crate) const EVENTS_MIDDLE: TableDefinition<'_, (u64, &str, u64), &[u8]> =
+    TableDefinition::new("events_middle");
 
 /// `message id` → [`agenthost_model::IndexEntry`]: every admitted input and message.
 pub(crate) const INDEX: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("message_index");

@@ -3,7 +3,7 @@
 //! **Records are the store's own, versioned types.** The store never encodes a model type: each
 //! persisted model type (events, messages, the session record, index entries, instruction state,
 //! schedules) implements [`Record`], which converts it to its record in the current format
-//! (`v7`) and back.
+//! (`v7`'s records, unchanged in format 8) and back.
 //! A record mirrors its model type field for field as that type was when its format shipped,
 //! and never changes after; the conversions are written out by hand, so that a change to a model
 //! type fails to compile here instead of silently changing the bytes on disk.
@@ -38,17 +38,19 @@ use serde::de::DeserializeOwned;
 use crate::error::{Error, Result};
 use crate::record::SessionRecord;
 
-/// The store format this build writes: 7, format 3 (the first that shipped; versions 1 and 2
+/// The store format this build writes: 8, format 3 (the first that shipped; versions 1 and 2
 /// never did) with variants appended: one event in format 4, in format 5 the events, tool state
 /// and message part of approvals, in format 6 the events of schedules (and the schedule record
 /// they hold, which the schedules projection stores), and in format 7 the events of budgets and
-/// two fields of the session record. A later format adds its upgrade from this one, and its own
-/// golden file.
-pub const FORMAT_VERSION: u16 = 7;
+/// two fields of the session record. Format 8 has format 7's records; what it changes is the
+/// embedded store's event log, which gained its middle tier (see `log`): a build of format 7
+/// would not read the events there, so it must refuse the store. A later format adds its
+/// upgrade from this one, and its own golden file.
+pub const FORMAT_VERSION: u16 = 8;
 
-/// The oldest format this build opens: every value of formats 3 to 6 decodes with format 7's
+/// The oldest format this build opens: every value of formats 3 to 7 decodes with format 7's
 /// records (see `v7`; a session record by the format it was written in), and opening such a
-/// store rewrites only its version.
+/// store rewrites only its version (and creates the tables it lacks).
 pub const OLDEST_READABLE: u16 = 3;
 
 /// The largest record decoded; larger length prefixes are treated as corruption.

@@ -1,96 +1,158 @@
-//! The fold: the whole front of the log moved into its base, runs joined.
+//! The folds: the whole front moved into a new epoch of the middle, or the middle and the front
+//! together merged into the base; each session's runs joined either way.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use redb::{ReadableTable as _, WriteTransaction};
 
-use super::{Bytes, FrontKey};
+use super::{Bytes, FrontKey, MIDDLE_EPOCHS, generations};
 use crate::codec;
 use crate::error::{Result, storage};
-use crate::tables::{EVENTS, EVENTS_FRONT};
+use crate::tables::{EVENTS, EVENTS_FRONT, EVENTS_MIDDLE};
 
 /// Most events a fold joins into one run, and most bytes past which it starts another: runs
 /// stay small enough to read back cheaply and to fit a few to a page.
 const RUN_EVENTS: usize = 256;
 const RUN_BYTES: usize = 16 * 1024;
 
-/// Moves the whole front of the event log into its base table, in base key order so that each
-/// base page is copied once, joining each session's runs into longer ones, and drops the
-/// emptied front table whole (and creates it again, empty, for readers). Returns how many
-/// events moved. Runs before a batch's [`Writes`] in the transaction.
-///
-/// Each generation of the front is in `(session, seq)` order already, and a session's events in
-/// an older generation precede those in a newer one, so the fold merges one cursor per
-/// generation (a heap of their heads: there may be dozens) instead of reading and sorting the
-/// whole front, and copies only the run it is building.
+/// Folds the whole front (see the module docs of `log`): into a new epoch of the middle, or,
+/// when the middle holds [`MIDDLE_EPOCHS`] already, together with the middle into the base.
+/// Either way the emptied tables are dropped whole (and created again, empty, for readers).
+/// Returns how many events left the front. Runs before a batch's `Writes` in the transaction.
 pub(crate) fn fold(txn: &WriteTransaction) -> Result<usize> {
-    let moved = {
+    fold_within(txn, MIDDLE_EPOCHS)
+}
+
+/// Moves every event of the middle and the front into the base.
+#[cfg(test)]
+pub(crate) fn merge_all(txn: &WriteTransaction) -> Result<usize> {
+    fold_within(txn, 0)
+}
+
+/// [`fold`], with the middle holding at most `most_epochs` (none: every fold merges). A middle
+/// at its bound is merged even when the front is empty.
+pub(crate) fn fold_within(txn: &WriteTransaction, most_epochs: usize) -> Result<usize> {
+    let (moved, merged) = {
         let front = txn.open_table(EVENTS_FRONT).map_err(storage)?;
-        let generations = super::generations(&front)?;
-        if generations.is_empty() {
+        let gens = generations(&front)?;
+        let mut middle = txn.open_table(EVENTS_MIDDLE).map_err(storage)?;
+        let epochs = generations(&middle)?;
+        let merge = epochs.len() >= most_epochs;
+        if gens.is_empty() && (!merge || epochs.is_empty()) {
             return Ok(0);
         }
-        let mut base = txn.open_table(EVENTS).map_err(storage)?;
-        // One cursor per generation, and the heads of all of them by their (session, first
-        // seq): the least is the next run in base key order.
-        let mut cursors = Vec::with_capacity(generations.len());
-        let mut heads = BinaryHeap::with_capacity(generations.len());
-        for &generation in &generations {
-            let rows = front
-                .range((generation, "", 0)..(generation + 1, "", 0))
+        if merge {
+            // In base key order, so that each base page is copied once.
+            let mut base = txn.open_table(EVENTS).map_err(storage)?;
+            let mut parts = Vec::with_capacity(epochs.len() + gens.len());
+            for &epoch in &epochs {
+                parts.push(of(&middle, epoch)?);
+            }
+            for &generation in &gens {
+                parts.push(of(&front, generation)?);
+            }
+            let joined = join(parts, |session, first, run| {
+                base.insert((session, first), run).map_err(storage)?;
+                Ok(())
+            })?;
+            (joined, true)
+        } else {
+            // Every key of the new epoch sorts above the middle's: one cursor at its end.
+            let epoch = epochs.last().map_or(0, |last| last + 1);
+            let mut parts = Vec::with_capacity(gens.len());
+            for &generation in &gens {
+                parts.push(of(&front, generation)?);
+            }
+            let mut end = middle
+                .upper_bound_mut(std::ops::Bound::<FrontKey>::Unbounded)
                 .map_err(storage)?;
-            let mut cursor = (rows, None);
-            if let Some(head) = advance(&mut cursor)? {
-                heads.push(Reverse((head, cursors.len())));
-            }
-            cursors.push(cursor);
+            let joined = join(parts, |session, first, run| {
+                end.insert_before((epoch, session, first), run)
+                    .map_err(storage)
+            })?;
+            end.close().map_err(storage)?;
+            (joined, false)
         }
-        let mut run = codec::RunBuilder::default();
-        // The session and first seq of the run being built, and the seq it expects next.
-        let mut joined: (String, u64, u64) = (String::new(), 0, 0);
-        let mut moved = 0;
-        while let Some(Reverse(((session, first), i))) = heads.pop() {
-            let cursor = &mut cursors[i];
-            let (_, value) = cursor
-                .1
-                .take()
-                .expect("invariant: a cursor in the heap has a head");
-            let records = codec::records("event", value.value())?;
-            moved += records.len();
-            for (seq, record) in (first..).zip(records) {
-                let joins = joined.0 == session
-                    && joined.2 == seq
-                    && run.count() < RUN_EVENTS
-                    && run.bytes() < RUN_BYTES;
-                if !joins {
-                    if run.count() > 0 {
-                        base.insert((joined.0.as_str(), joined.1), run.finish())
-                            .map_err(storage)?;
-                    }
-                    joined.0.clone_from(&session);
-                    joined.1 = seq;
-                }
-                run.push(record);
-                joined.2 = seq + 1;
-            }
-            drop(value);
-            if let Some(head) = advance(cursor)? {
-                heads.push(Reverse((head, i)));
-            }
-        }
-        if run.count() > 0 {
-            base.insert((joined.0.as_str(), joined.1), run.finish())
-                .map_err(storage)?;
-        }
-        moved
     };
     txn.delete_table(EVENTS_FRONT).map_err(storage)?;
     txn.open_table(EVENTS_FRONT).map_err(storage)?;
+    if merged {
+        txn.delete_table(EVENTS_MIDDLE).map_err(storage)?;
+        txn.open_table(EVENTS_MIDDLE).map_err(storage)?;
+    }
     Ok(moved)
 }
 
-/// A fold's cursor over one generation: its rows and its head.
+/// The rows of one epoch or generation of `table`.
+fn of<'a>(
+    table: &'a redb::Table<'_, FrontKey, Bytes>,
+    part: u64,
+) -> Result<redb::Range<'a, FrontKey, Bytes>> {
+    table
+        .range((part, "", 0)..(part + 1, "", 0))
+        .map_err(storage)
+}
+
+/// Joins the runs of `parts` (each an epoch or a generation, in `(session, first seq)` order,
+/// a session's events in an older part preceding those in a newer one) into runs in
+/// `(session, first seq)` order, handing each to `put`. Merges one cursor per part (a heap of
+/// their heads: there may be dozens) instead of reading and sorting them all, and copies only
+/// the run it is building. Returns how many events it read.
+fn join<'t>(
+    parts: Vec<redb::Range<'t, FrontKey, Bytes>>,
+    mut put: impl FnMut(&str, u64, &[u8]) -> Result<()>,
+) -> Result<usize> {
+    // One cursor per part, and the heads of all of them by their (session, first seq): the
+    // least is the next run in key order.
+    let mut cursors = Vec::with_capacity(parts.len());
+    let mut heads = BinaryHeap::with_capacity(parts.len());
+    for rows in parts {
+        let mut cursor = (rows, None);
+        if let Some(head) = advance(&mut cursor)? {
+            heads.push(Reverse((head, cursors.len())));
+        }
+        cursors.push(cursor);
+    }
+    let mut run = codec::RunBuilder::default();
+    // The session and first seq of the run being built, and the seq it expects next.
+    let mut joined: (String, u64, u64) = (String::new(), 0, 0);
+    let mut moved = 0;
+    while let Some(Reverse(((session, first), i))) = heads.pop() {
+        let cursor = &mut cursors[i];
+        let (_, value) = cursor
+            .1
+            .take()
+            .expect("invariant: a cursor in the heap has a head");
+        let records = codec::records("event", value.value())?;
+        moved += records.len();
+        for (seq, record) in (first..).zip(records) {
+            let joins = joined.0 == session
+                && joined.2 == seq
+                && run.count() < RUN_EVENTS
+                && run.bytes() < RUN_BYTES;
+            if !joins {
+                if run.count() > 0 {
+                    put(&joined.0, joined.1, run.finish())?;
+                }
+                joined.0.clone_from(&session);
+                joined.1 = seq;
+            }
+            run.push(record);
+            joined.2 = seq + 1;
+        }
+        drop(value);
+        if let Some(head) = advance(cursor)? {
+            heads.push(Reverse((head, i)));
+        }
+    }
+    if run.count() > 0 {
+        put(&joined.0, joined.1, run.finish())?;
+    }
+    Ok(moved)
+}
+
+/// A fold's cursor over one part: its rows and its head.
 type Cursor<'t> = (
     redb::Range<'t, FrontKey, Bytes>,
     Option<(

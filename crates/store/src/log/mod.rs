@@ -1,6 +1,6 @@
-//! The event log on redb: its two tiers, the runs its values hold, the front the writer fills
-//! and the fold that empties it. Everything about the log's layout is here; `rows` writes
-//! runs into the front, `snapshot` reads through `read`.
+//! The event log on redb: its three tiers, the runs its values hold, the front the writer fills
+//! and the folds that empty it. Everything about the log's layout is here; `rows` writes runs
+//! into the front, `snapshot` reads through `read`.
 //!
 //! An event written by a commit goes first into the log's *front*, keyed
 //! `(generation, session, seq)`. The generation is a counter the writer advances as it commits
@@ -8,21 +8,28 @@
 //! holds, so its events go in at the table's end, side by side on few pages, instead of on a
 //! page per session: redb copies every page a transaction touches, and with session-major keys
 //! that copy, not the event, was the cost of a write. Smaller commits share a generation until
-//! it holds a few thousand events. When the front
-//! holds enough events the writer *folds* it into the *base*, keyed `(session, seq)`, in one
-//! transaction and in key order, so each session's page is copied once for many events.
+//! it holds a few thousand events.
+//!
+//! When the front holds enough events the writer *folds* it, in one transaction, joining each
+//! session's runs: into a new *epoch* of the *middle*, keyed `(epoch, session, seq)`, at that
+//! table's end (pages written whole, one after the other); or, once the middle holds
+//! [`MIDDLE_EPOCHS`] epochs, the middle and the front together into the *base*, keyed
+//! `(session, seq)`, in key order. A base insert copies the page of the session it lands in, so
+//! merging several folds' worth at once copies each session's page once for all of them
+//! instead of once per fold.
 //!
 //! A value holds a *run*: consecutive events of one session (`codec::run`), keyed by the first
 //! one's seq. An operation writes its events as one run, and a fold joins a session's runs into
 //! one, so a B-tree insert carries many events instead of one.
 //!
 //! Invariants (the readers below rely on them):
-//! - an event lives in exactly one run, in the base or in one generation of the front; a run
-//!   holds consecutive seqs of one session;
-//! - for one session, every base event has a lower seq than every front event, and a lower
-//!   generation holds lower seqs than a higher one: seqs only grow, generations only grow, and
-//!   a fold moves the whole front. So a session's events in seq order are its base runs
-//!   followed by its front runs generation by generation, with no merge.
+//! - an event lives in exactly one run, in the base, in one epoch of the middle or in one
+//!   generation of the front; a run holds consecutive seqs of one session;
+//! - for one session, base seqs are below middle seqs, which are below front seqs, and a lower
+//!   epoch (generation) holds lower seqs than a higher one: seqs only grow, epochs and
+//!   generations only grow, a fold moves the whole front and a merge the whole middle. So a
+//!   session's events in seq order are its base runs, then its middle runs epoch by epoch, then
+//!   its front runs generation by generation, with no merge.
 
 mod fold;
 mod read;
@@ -31,14 +38,19 @@ mod tests;
 
 pub(crate) use fold::fold;
 #[cfg(test)]
-pub(crate) use read::for_all;
-pub(crate) use read::{find, for_each, generations};
+pub(crate) use fold::merge_all;
+pub(crate) use read::{ReadLog, generations};
 
 /// Key of the base: `(session, first seq)`.
 pub(crate) type BaseKey = (&'static str, u64);
-/// Key of the front: `(generation, session, first seq)`.
+/// Key of the front, `(generation, session, first seq)`, and of the middle,
+/// `(epoch, session, first seq)`.
 pub(crate) type FrontKey = (u64, &'static str, u64);
 pub(crate) type Bytes = &'static [u8];
+
+/// Most epochs the middle holds: the fold that would add one more merges the middle and the
+/// front into the base instead. Readers visit every epoch, as every generation of the front.
+pub(crate) const MIDDLE_EPOCHS: usize = 8;
 
 /// How the writer fills the front and when it folds it. A batch with many events gets a
 /// generation of its own, new, so that its keys sort above every row the front holds and go in

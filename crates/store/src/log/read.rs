@@ -1,20 +1,171 @@
-//! Reading the log: a session's events in seq order across both tiers, one event, the
-//! generations of the front.
+//! Reading the log: a session's events in seq order across the three tiers, one event, the
+//! epochs and generations of the upper two.
 
-use redb::ReadableTable;
+use redb::{ReadOnlyTable, ReadTransaction, ReadableTable, TableError};
 
 use super::{BaseKey, Bytes, FrontKey};
 use crate::codec::records;
 use crate::error::{Result, storage};
+use crate::tables::{EVENTS, EVENTS_FRONT, EVENTS_MIDDLE};
 
-/// The generations a front table holds, oldest first.
-pub(crate) fn generations(front: &impl ReadableTable<FrontKey, Bytes>) -> Result<Vec<u64>> {
-    let first = front.first().map_err(storage)?.map(|(k, _)| k.value().0);
-    let last = front.last().map_err(storage)?.map(|(k, _)| k.value().0);
+/// The generations a front table holds, or the epochs a middle table holds, oldest first.
+pub(crate) fn generations(table: &impl ReadableTable<FrontKey, Bytes>) -> Result<Vec<u64>> {
+    let first = table.first().map_err(storage)?.map(|(k, _)| k.value().0);
+    let last = table.last().map_err(storage)?.map(|(k, _)| k.value().0);
     Ok(match (first, last) {
         (Some(first), Some(last)) => (first..=last).collect(),
         _ => Vec::new(),
     })
+}
+
+/// The log as one read transaction sees it: its tables, and the epochs and generations of the
+/// upper tiers, oldest first.
+pub(crate) struct Log<B, U> {
+    base: B,
+    /// `None` in a store of a format before 8 opened read-only: opening for writing creates
+    /// the table, a read-only open never writes.
+    middle: Option<U>,
+    epochs: Vec<u64>,
+    front: U,
+    generations: Vec<u64>,
+}
+
+/// The log as a read transaction opens it.
+pub(crate) type ReadLog = Log<ReadOnlyTable<BaseKey, Bytes>, ReadOnlyTable<FrontKey, Bytes>>;
+
+impl ReadLog {
+    pub(crate) fn open(txn: &ReadTransaction) -> Result<Self> {
+        let middle = match txn.open_table(EVENTS_MIDDLE) {
+            Ok(table) => Some(table),
+            Err(TableError::TableDoesNotExist(_)) => None,
+            Err(e) => return Err(storage(e)),
+        };
+        Log::new(
+            txn.open_table(EVENTS).map_err(storage)?,
+            middle,
+            txn.open_table(EVENTS_FRONT).map_err(storage)?,
+        )
+    }
+}
+
+impl<B, U> Log<B, U>
+where
+    B: ReadableTable<BaseKey, Bytes>,
+    U: ReadableTable<FrontKey, Bytes>,
+{
+    pub(crate) fn new(base: B, middle: Option<U>, front: U) -> Result<Self> {
+        let epochs = match &middle {
+            Some(middle) => generations(middle)?,
+            None => Vec::new(),
+        };
+        let generations = generations(&front)?;
+        Ok(Log {
+            base,
+            middle,
+            epochs,
+            front,
+            generations,
+        })
+    }
+
+    /// The upper tiers' parts, oldest first: the middle's epochs, then the front's generations.
+    fn upper(&self) -> impl DoubleEndedIterator<Item = (&U, u64)> + '_ {
+        let middle = (self.middle.iter()).flat_map(|m| self.epochs.iter().map(move |&e| (m, e)));
+        let front = self.generations.iter().map(|&g| (&self.front, g));
+        middle.chain(front)
+    }
+
+    /// Calls `each` with a session's records whose seq is at least `from`, in seq order, until
+    /// it returns false.
+    pub(crate) fn for_each(
+        &self,
+        session: &str,
+        from: u64,
+        mut each: impl FnMut(u64, &[u8]) -> Result<bool>,
+    ) -> Result<()> {
+        // The run holding `from` starts at or before it; every later run starts after it.
+        let holding = self
+            .base
+            .range((session, 0)..=(session, from))
+            .map_err(storage)?
+            .next_back();
+        let later = self
+            .base
+            .range((session, from.saturating_add(1))..=(session, u64::MAX))
+            .map_err(storage)?;
+        for entry in holding.into_iter().chain(later) {
+            let (key, value) = entry.map_err(storage)?;
+            if !emit(key.value().1, value.value(), from, &mut each)? {
+                return Ok(());
+            }
+        }
+        // A session has a run or two in an epoch or a generation, if any: one seek each, and
+        // the records before `from` are passed over undecoded.
+        for (table, part) in self.upper() {
+            let runs = table
+                .range((part, session, 0)..=(part, session, u64::MAX))
+                .map_err(storage)?;
+            for entry in runs {
+                let (key, value) = entry.map_err(storage)?;
+                if !emit(key.value().2, value.value(), from, &mut each)? {
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Finds one record: in the base first, one seek, where an input that waited through a
+    /// merge is; then the middle and the front, newest epoch (generation) first, one seek each:
+    /// the middle's few epochs hold what waited through a fold, the front what is recent.
+    pub(crate) fn find(&self, session: &str, seq: u64) -> Result<Option<Vec<u8>>> {
+        let in_base = self
+            .base
+            .range((session, 0)..=(session, seq))
+            .map_err(storage)?;
+        if let Some(record) = in_last_run(in_base, |(_, first)| first, seq)? {
+            return Ok(Some(record));
+        }
+        let middle =
+            (self.middle.iter()).flat_map(|m| self.epochs.iter().rev().map(move |&e| (m, e)));
+        let front = self.generations.iter().rev().map(|&g| (&self.front, g));
+        for (table, part) in middle.chain(front) {
+            let in_part = table
+                .range((part, session, 0)..=(part, session, seq))
+                .map_err(storage)?;
+            if let Some(record) = in_last_run(in_part, |(_, _, first)| first, seq)? {
+                return Ok(Some(record));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Calls `each` with every record of every tier: the base in key order, then the middle
+    /// epoch by epoch, then the front generation by generation, so each session's records come
+    /// in seq order.
+    #[cfg(test)]
+    pub(crate) fn for_all(
+        &self,
+        mut each: impl FnMut(&str, u64, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        for entry in self.base.iter().map_err(storage)? {
+            let (key, value) = entry.map_err(storage)?;
+            let (session, first) = key.value();
+            for (seq, record) in (first..).zip(records("event run", value.value())?) {
+                each(session, seq, record)?;
+            }
+        }
+        for table in self.middle.iter().chain([&self.front]) {
+            for entry in table.iter().map_err(storage)? {
+                let (key, value) = entry.map_err(storage)?;
+                let (_, session, first) = key.value();
+                for (seq, record) in (first..).zip(records("event run", value.value())?) {
+                    each(session, seq, record)?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Calls `each` with the records of a run that starts at `first`, from seq `from` on, until it
@@ -33,75 +184,10 @@ fn emit(
     Ok(true)
 }
 
-/// Calls `each` with a session's records whose seq is at least `from`, in seq order, until it
-/// returns false.
-pub(crate) fn for_each(
-    base: &impl ReadableTable<BaseKey, Bytes>,
-    front: &impl ReadableTable<FrontKey, Bytes>,
-    generations: &[u64],
-    session: &str,
-    from: u64,
-    mut each: impl FnMut(u64, &[u8]) -> Result<bool>,
-) -> Result<()> {
-    // The run holding `from` starts at or before it; every later run starts after it.
-    let holding = base
-        .range((session, 0)..=(session, from))
-        .map_err(storage)?
-        .next_back();
-    let later = base
-        .range((session, from.saturating_add(1))..=(session, u64::MAX))
-        .map_err(storage)?;
-    for entry in holding.into_iter().chain(later) {
-        let (key, value) = entry.map_err(storage)?;
-        if !emit(key.value().1, value.value(), from, &mut each)? {
-            return Ok(());
-        }
-    }
-    // A session has a run or two in a generation of the front, if any: one seek per
-    // generation, and the records before `from` are passed over undecoded.
-    for &generation in generations {
-        let runs = front
-            .range((generation, session, 0)..=(generation, session, u64::MAX))
-            .map_err(storage)?;
-        for entry in runs {
-            let (key, value) = entry.map_err(storage)?;
-            if !emit(key.value().2, value.value(), from, &mut each)? {
-                return Ok(());
-            }
-        }
-    }
-    Ok(())
-}
-
 /// The record at `seq` of a run that starts at `first`, if the run reaches it.
 fn pick(first: u64, value: &[u8], seq: u64) -> Result<Option<Vec<u8>>> {
     let at = usize::try_from(seq - first).unwrap_or(usize::MAX);
     Ok(records("event run", value)?.get(at).map(|r| r.to_vec()))
-}
-
-/// Finds one record: in the base first, one seek, where an input that waited through a fold
-/// is; then the front, newest generation first (recent events are the ones read back), one
-/// seek each.
-pub(crate) fn find(
-    base: &impl ReadableTable<BaseKey, Bytes>,
-    front: &impl ReadableTable<FrontKey, Bytes>,
-    generations: &[u64],
-    session: &str,
-    seq: u64,
-) -> Result<Option<Vec<u8>>> {
-    let in_base = base.range((session, 0)..=(session, seq)).map_err(storage)?;
-    if let Some(record) = in_last_run(in_base, |(_, first)| first, seq)? {
-        return Ok(Some(record));
-    }
-    for &generation in generations.iter().rev() {
-        let in_generation = front
-            .range((generation, session, 0)..=(generation, session, seq))
-            .map_err(storage)?;
-        if let Some(record) = in_last_run(in_generation, |(_, _, first)| first, seq)? {
-            return Ok(Some(record));
-        }
-    }
-    Ok(None)
 }
 
 /// The record at `seq` of the last run `runs` holds (the one starting at or before it), if
@@ -118,29 +204,4 @@ fn in_last_run<K: redb::Key + 'static>(
         }
         None => Ok(None),
     }
-}
-
-/// Calls `each` with every record of both tiers: the base in key order, then the front
-/// generation by generation, so each session's records come in seq order.
-#[cfg(test)]
-pub(crate) fn for_all(
-    base: &impl ReadableTable<BaseKey, Bytes>,
-    front: &impl ReadableTable<FrontKey, Bytes>,
-    mut each: impl FnMut(&str, u64, &[u8]) -> Result<()>,
-) -> Result<()> {
-    for entry in base.iter().map_err(storage)? {
-        let (key, value) = entry.map_err(storage)?;
-        let (session, first) = key.value();
-        for (seq, record) in (first..).zip(records("event run", value.value())?) {
-            each(session, seq, record)?;
-        }
-    }
-    for entry in front.iter().map_err(storage)? {
-        let (key, value) = entry.map_err(storage)?;
-        let (_, session, first) = key.value();
-        for (seq, record) in (first..).zip(records("event run", value.value())?) {
-            each(session, seq, record)?;
-        }
-    }
-    Ok(())
 }

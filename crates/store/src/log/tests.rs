@@ -1,15 +1,17 @@
 //! The log against a plain map: random appends of runs into the front, new generations and
-//! folds, and after each, every way of reading (a session from any seq, one event, everything)
-//! gives exactly what the map holds.
+//! folds (into the middle, or merges into the base, with the middle's bound drawn too), and
+//! after each, every way of reading (a session from any seq, one event, everything) gives
+//! exactly what the map holds.
 
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use redb::{Database, ReadableDatabase as _};
 
-use super::{find, fold, for_all, for_each, generations};
+use super::fold::fold_within;
+use super::{ReadLog, generations};
 use crate::codec;
-use crate::tables::{EVENTS, EVENTS_FRONT};
+use crate::tables::{EVENTS, EVENTS_FRONT, EVENTS_MIDDLE};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -43,13 +45,11 @@ fn record(session: &str, seq: u64, size: usize) -> Vec<u8> {
 /// Reads everything every way and compares with `model`.
 fn check(db: &Database, model: &BTreeMap<&'static str, Vec<Vec<u8>>>) -> Result<(), TestCaseError> {
     let txn = db.begin_read().expect("read");
-    let base = txn.open_table(EVENTS).expect("base");
-    let front = txn.open_table(EVENTS_FRONT).expect("front");
-    let gens = generations(&front).expect("generations");
+    let log = ReadLog::open(&txn).expect("log");
     for (session, events) in model {
         for from in 0..=events.len() as u64 {
             let mut read = Vec::new();
-            for_each(&base, &front, &gens, session, from, |seq, bytes| {
+            log.for_each(session, from, |seq, bytes| {
                 read.push((seq, bytes.to_vec()));
                 Ok(true)
             })
@@ -60,14 +60,14 @@ fn check(db: &Database, model: &BTreeMap<&'static str, Vec<Vec<u8>>>) -> Result<
             prop_assert_eq!(read, expected, "{} from {}", session, from);
         }
         for (seq, event) in events.iter().enumerate() {
-            let found = find(&base, &front, &gens, session, seq as u64).expect("find");
+            let found = log.find(session, seq as u64).expect("find");
             prop_assert_eq!(found.as_ref(), Some(event), "{} at {}", session, seq);
         }
-        let past = find(&base, &front, &gens, session, events.len() as u64).expect("find");
+        let past = log.find(session, events.len() as u64).expect("find");
         prop_assert!(past.is_none());
     }
     let mut all: BTreeMap<String, Vec<(u64, Vec<u8>)>> = BTreeMap::new();
-    for_all(&base, &front, |session, seq, bytes| {
+    log.for_all(|session, seq, bytes| {
         all.entry(session.to_owned())
             .or_default()
             .push((seq, bytes.to_vec()));
@@ -89,13 +89,17 @@ fn check(db: &Database, model: &BTreeMap<&'static str, Vec<Vec<u8>>>) -> Result<
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
     #[test]
-    fn every_read_matches_a_plain_map(ops in prop::collection::vec(op(), 1..40)) {
+    fn every_read_matches_a_plain_map(
+        ops in prop::collection::vec(op(), 1..40),
+        most_epochs in 0usize..4,
+    ) {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = Database::create(dir.path().join("log.redb")).expect("db");
         {
             let txn = db.begin_write().expect("write");
             txn.open_table(EVENTS).expect("base");
             txn.open_table(EVENTS_FRONT).expect("front");
+            txn.open_table(EVENTS_MIDDLE).expect("middle");
             txn.commit().expect("commit");
         }
         let mut model: BTreeMap<&'static str, Vec<Vec<u8>>> = BTreeMap::new();
@@ -121,22 +125,29 @@ proptest! {
                 }
                 Op::NextGeneration => generation += 1,
                 Op::Fold => {
-                    let moved = fold(&txn).expect("fold");
-                    let _ = moved;
+                    fold_within(&txn, most_epochs).expect("fold");
                     generation += 1;
                 }
             }
             txn.commit().expect("commit");
             check(&db, &model)?;
         }
-        // A last fold leaves everything in the base, still read the same.
+        // The middle never holds more than its bound; a merge leaves everything in the base,
+        // still read the same.
+        {
+            let txn = db.begin_read().expect("read");
+            let middle = txn.open_table(EVENTS_MIDDLE).expect("middle");
+            prop_assert!(generations(&middle).expect("epochs").len() <= most_epochs);
+        }
         let txn = db.begin_write().expect("write");
-        fold(&txn).expect("fold");
+        fold_within(&txn, 0).expect("merge");
         txn.commit().expect("commit");
         check(&db, &model)?;
         let txn = db.begin_read().expect("read");
-        let front = txn.open_table(EVENTS_FRONT).expect("front");
-        prop_assert!(generations(&front).expect("generations").is_empty());
+        for table in [EVENTS_FRONT, EVENTS_MIDDLE] {
+            let table = txn.open_table(table).expect("table");
+            prop_assert!(generations(&table).expect("generations").is_empty());
+        }
     }
 }
 

@@ -299,6 +299,28 @@ pub(super) async fn scenario(store: &RedbStore) {
     store.append(s, events).await.expect("appended");
 }
 
+/// A second session, written after the first one's events were merged into the base when the
+/// golden file is blessed, so that its events fill the middle and the front; it has nothing
+/// pending when done.
+async fn more(store: &RedbStore) {
+    let after = sid("after_merge");
+    store
+        .create_session(new_session(&after))
+        .await
+        .expect("created");
+    for n in 0..6 {
+        let id = mid(&format!("after_merge_{n}"));
+        store
+            .admit(admission(&after, &id, "once more"))
+            .await
+            .expect("admitted");
+    }
+    store
+        .promote(after, Boundary::Idle)
+        .await
+        .expect("promoted");
+}
+
 fn render(store: &RedbStore) -> String {
     let (projections, logs) = contents(store);
     format!("{projections:#?}\n{logs}\n")
@@ -312,6 +334,18 @@ async fn golden_store_opens_with_identical_content() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = open(dir.path());
         scenario(&store).await;
+        store.close();
+        drop(store);
+        // Everything so far into the base, then a session whose events fill the middle and the
+        // front: the file holds every tier of the log.
+        {
+            let db = redb::Database::open(dir.path().join("store.redb")).expect("reopen");
+            let txn = db.begin_write().expect("write");
+            crate::log::merge_all(&txn).expect("merged");
+            txn.commit().expect("commit");
+        }
+        let store = open(dir.path());
+        more(&store).await;
         std::fs::write(&expected, render(&store)).expect("write expected");
         store.close();
         drop(store);
@@ -355,6 +389,7 @@ async fn golden_store_opens_with_identical_content() {
     let fresh = tempfile::tempdir().expect("tempdir");
     let store = open(fresh.path());
     scenario(&store).await;
+    more(&store).await;
     assert_eq!(
         render(&store),
         expected,
@@ -423,4 +458,23 @@ async fn close_releases_the_file_for_the_next_store() {
             .expect("read")
             .is_some()
     );
+}
+
+/// The current version's golden file holds events in every tier of the log (the scenario runs
+/// with a tiny fold size, see `open`), so that a change to any tier's layout shows there.
+#[test]
+fn the_golden_file_holds_every_tier_of_the_log() {
+    use redb::{ReadableDatabase as _, ReadableTableMetadata as _};
+    let db = redb::Database::open(testdata(&format!("golden-v{FORMAT_VERSION}.redb")))
+        .expect("the golden store opens");
+    let txn = db.begin_read().expect("read");
+    let base = txn.open_table(tables::EVENTS).expect("base");
+    let middle = txn.open_table(tables::EVENTS_MIDDLE).expect("middle");
+    let front = txn.open_table(tables::EVENTS_FRONT).expect("front");
+    let rows = [
+        base.len().expect("len"),
+        middle.len().expect("len"),
+        front.len().expect("len"),
+    ];
+    assert!(rows.iter().all(|&n| n > 0), "base, middle, front: {rows:?}");
 }
