@@ -1,7 +1,7 @@
 //! Admissions per second at N concurrent sessions, with what criterion does not show: bytes
 //! written per admission (redb's copy-on-write pages) and operations per commit.
 //!
-//! `cargo run --release -p agenthost-benches --example admit_probe -- [sessions] [per round] [minted|named] [rounds] [linger ms] [max batch] [fold rows]`
+//! `cargo run --release -p agenthost-benches --example admit_probe -- [sessions] [per round] [minted|named] [rounds] [linger ms] [max batch] [fold rows] [cache MiB]`
 //!
 //! A linger makes batches full even when the threads run one at a time, as under callgrind, so
 //! an instruction count sees the batch sizes of a real run.
@@ -30,6 +30,10 @@ fn main() {
     config.max_wait = std::time::Duration::from_millis(arg(5, 0) as u64);
     config.max_batch = arg(6, config.max_batch);
     config.fold_rows = arg(7, config.fold_rows);
+    // The page cache: redb's own default (1 GiB) unless given, as `serve` gives its own.
+    if let Some(mib) = args.get(8) {
+        config.cache_size = Some(mib.parse::<usize>().expect("a number") << 20);
+    }
     let store = Arc::new(RedbStore::open(config).expect("store"));
     let ids: Vec<SessionId> = (0..sessions).map(session_id).collect();
     // Created concurrently, so that they share commits as the admissions will.

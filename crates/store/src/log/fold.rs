@@ -104,12 +104,14 @@ fn join<'t>(
     mut put: impl FnMut(&str, u64, &[u8]) -> Result<()>,
 ) -> Result<usize> {
     // One cursor per part, and the heads of all of them by their (session, first seq): the
-    // least is the next run in key order.
+    // least is the next run in key order. A head's session is a buffer its cursor reuses, so
+    // a row costs no allocation.
     let mut cursors = Vec::with_capacity(parts.len());
     let mut heads = BinaryHeap::with_capacity(parts.len());
     for rows in parts {
         let mut cursor = (rows, None);
-        if let Some(head) = advance(&mut cursor)? {
+        let mut head = (String::new(), 0);
+        if advance(&mut cursor, &mut head)? {
             heads.push(Reverse((head, cursors.len())));
         }
         cursors.push(cursor);
@@ -118,7 +120,8 @@ fn join<'t>(
     // The session and first seq of the run being built, and the seq it expects next.
     let mut joined: (String, u64, u64) = (String::new(), 0, 0);
     let mut moved = 0;
-    while let Some(Reverse(((session, first), i))) = heads.pop() {
+    while let Some(Reverse((mut head, i))) = heads.pop() {
+        let (session, first) = (&head.0, head.1);
         let cursor = &mut cursors[i];
         let (_, value) = cursor
             .1
@@ -127,7 +130,7 @@ fn join<'t>(
         let records = codec::records("event", value.value())?;
         moved += records.len();
         for (seq, record) in (first..).zip(records) {
-            let joins = joined.0 == session
+            let joins = joined.0 == *session
                 && joined.2 == seq
                 && run.count() < RUN_EVENTS
                 && run.bytes() < RUN_BYTES;
@@ -135,14 +138,14 @@ fn join<'t>(
                 if run.count() > 0 {
                     put(&joined.0, joined.1, run.finish())?;
                 }
-                joined.0.clone_from(&session);
+                joined.0.clone_from(session);
                 joined.1 = seq;
             }
             run.push(record);
             joined.2 = seq + 1;
         }
         drop(value);
-        if let Some(head) = advance(cursor)? {
+        if advance(cursor, &mut head)? {
             heads.push(Reverse((head, i)));
         }
     }
@@ -161,11 +164,18 @@ type Cursor<'t> = (
     )>,
 );
 
-/// Moves a fold's cursor to its next row, returning that row's session and first seq.
-fn advance(cursor: &mut Cursor<'_>) -> Result<Option<(String, u64)>> {
+/// Moves a fold's cursor to its next row, writing that row's session and first seq into
+/// `head`; false when the cursor is done.
+fn advance(cursor: &mut Cursor<'_>, head: &mut (String, u64)) -> Result<bool> {
     cursor.1 = cursor.0.next().transpose().map_err(storage)?;
-    Ok(cursor.1.as_ref().map(|(key, _)| {
-        let (_, session, first) = key.value();
-        (session.to_owned(), first)
-    }))
+    Ok(match &cursor.1 {
+        Some((key, _)) => {
+            let (_, session, first) = key.value();
+            head.0.clear();
+            head.0.push_str(session);
+            head.1 = first;
+            true
+        }
+        None => false,
+    })
 }
