@@ -1926,12 +1926,26 @@ async fn paced_deltas_keep_their_order_and_none_is_lost() {
         .map(|f| f.data["delta"].as_str().expect("text"))
         .collect();
     // "a" at once and alone; "b" with it (when the bus held both until the step's start was
-    // published) or held by the interval; "c" held, with "b" or alone; "d" and "e" held again
-    // and sent as one frame when the part's end takes them out.
+    // published) or held by the interval; "c" held, with "b" or alone. When the interval let
+    // them out, "d" and "e" are held again (the next interval runs until after "d") and sent as
+    // one frame when the part's end takes them out. When a durable event took "b" and "c" out
+    // early instead (the step's start published late, as on a loaded machine), the interval
+    // may have run out by the time "d" comes: it then goes at once and alone, and "e" after it.
     assert_eq!(deltas.concat(), "abcde", "{live:#?}");
     assert_eq!(deltas[0], "a", "{live:#?}");
     assert!(deltas.len() <= 4, "{live:#?}");
-    assert_eq!(deltas.last(), Some(&"de"), "{live:#?}");
+    let with_c = live
+        .iter()
+        .position(|f| {
+            f.event == "delta" && f.data["delta"].as_str().is_some_and(|d| d.contains('c'))
+        })
+        .expect("the delta with c");
+    let taken_out = live.get(with_c + 1).is_some_and(|f| f.event != "delta");
+    match deltas.as_slice() {
+        [.., "de"] => {}
+        [.., "d", "e"] if taken_out => {}
+        _ => panic!("d and e were held together but left apart: {live:#?}"),
+    }
     let ended = live
         .iter()
         .position(|f| f.event == "text_ended")
