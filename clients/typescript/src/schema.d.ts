@@ -2223,7 +2223,7 @@ export interface operations {
                     "text/event-stream": components["schemas"]["Event"];
                 };
             };
-            /** @description Malformed id, `after` or `Last-Event-ID` */
+            /** @description Malformed id, `after` or `Last-Event-ID`, or either past the session's last event */
             400: {
                 headers: {
                     [name: string]: unknown;

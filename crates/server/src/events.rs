@@ -84,7 +84,7 @@ const KEEP_ALIVE: &[u8] = b":\n\n";
     ),
     responses(
         (status = 200, description = "Server-sent events: durable events (`event: <type>`, `id: <seq>`, data: Event), then `synced` (data: Synced) and the current `status`, then live durable events, `delta` (data: Delta) and `status` (data: Status); a final `error` (data: ErrorBody) when the store cannot be read or the client fell too far behind", content_type = "text/event-stream", body = wire::Event),
-        (status = 400, description = "Malformed id, `after` or `Last-Event-ID`", body = ErrorEnvelope),
+        (status = 400, description = "Malformed id, `after` or `Last-Event-ID`, or either past the session's last event", body = ErrorEnvelope),
         (status = 401, body = ErrorEnvelope),
         (status = 404, body = ErrorEnvelope),
         (status = 503, description = "Too many event streams open, on this session or in all", body = ErrorEnvelope),
@@ -110,18 +110,27 @@ pub(crate) async fn stream(
     // is in the store.
     let rx = shared.runtime.subscribe_session(&session);
     let id = session.clone();
-    read(&shared.runtime, move |snap| {
+    let row = read(&shared.runtime, move |snap| {
         snap.session(&id)?
             .ok_or_else(|| ApiError::from(agenthost_actors::Error::SessionNotFound(id.clone())))
     })
     .await?;
+    // Every event a client received is durable, so it is in the log this snapshot reads: a
+    // resume point past the log's end is another store's (or an older backup's), and a stream
+    // from it would skip every event up to it without a word.
+    if let Some(after) = after.filter(|&after| after > row.last_seq.0) {
+        return Err(ApiError::invalid(format!(
+            "cannot resume after event {after}: the session's last event is {}; pass the seq of \
+             the last event received from this server",
+            row.last_seq.0
+        )));
+    }
     let slot = shared.streams.open(&shared.options, &session)?;
     let feed = Feed {
         _slot: slot,
         shared: shared.clone(),
         session,
         rx,
-        // `after = u64::MAX` leaves nothing to send; saturating keeps that true.
         next: after.map_or(0, |a| a.saturating_add(1)),
         last: after,
         reading: Some(Reading::Replay),

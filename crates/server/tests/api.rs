@@ -1847,6 +1847,20 @@ async fn events_replay_sync_then_live_without_gaps_or_duplicates() {
         .body(Body::empty())
         .expect("request");
     assert_error(&h.send(bad_id).await, 400, "invalid_request");
+    // A resume point past the session's last event names events the session does not have (a
+    // client of another store, or of a store restored from an older backup): refused, saying
+    // where the log ends, instead of a stream that would silently skip the events up to it.
+    let beyond = h
+        .get(&format!("/api/session/{s}/events?after={}", end + 1))
+        .await;
+    assert_error(&beyond, 400, "invalid_request");
+    let message = beyond.json["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains(&end.to_string()), "{message}");
+    let beyond = Request::get(format!("/api/session/{s}/events"))
+        .header("last-event-id", (end + 100).to_string())
+        .body(Body::empty())
+        .expect("request");
+    assert_error(&h.send(beyond).await, 400, "invalid_request");
 }
 
 #[tokio::test]
