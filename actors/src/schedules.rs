@@ -25,13 +25,14 @@ pub(crate) struct Cron {
 
 impl Cron {
     /// Parses `expr` (five fields: minute, hour, day of month, month, day of week; the
-    /// smallest interval is a minute) in `tz` (an IANA zone; UTC when `None`).
+    /// smallest interval is a minute) in `tz` (an IANA zone; UTC when `None`). An error names
+    /// the field at fault (`cron:` or `tz:`).
     pub(crate) fn parse(expr: &str, tz: Option<&str>) -> Result<Cron, String> {
         let fields = expr.split_whitespace().count();
         if fields != 5 && !expr.trim_start().starts_with('@') {
             return Err(format!(
-                "{expr:?} has {fields} fields; a cron expression has five (minute, hour, day of \
-                 month, month, day of week)"
+                "cron: {expr:?} has {fields} fields; a cron expression has five (minute, hour, \
+                 day of month, month, day of week)"
             ));
         }
         let parser = croner::parser::CronParser::builder()
@@ -40,11 +41,11 @@ impl Cron {
             .build();
         let cron = parser
             .parse(expr)
-            .map_err(|e| format!("{expr:?} is not a cron expression: {e}"))?;
+            .map_err(|e| format!("cron: {expr:?} is not a cron expression: {e}"))?;
         let tz = match tz {
             None => chrono_tz::UTC,
             Some(name) => chrono_tz::Tz::from_str(name)
-                .map_err(|_| format!("{name:?} is not an IANA time zone"))?,
+                .map_err(|_| format!("tz: {name:?} is not an IANA time zone"))?,
         };
         Ok(Cron { cron, tz })
     }

@@ -101,8 +101,7 @@ pub(crate) async fn set(
             Timestamp(now.0.saturating_add(after.as_millis() as u64)),
         ),
         ScheduleAt::Cron { expr, tz } => {
-            let cron = Cron::parse(expr, tz.as_deref())
-                .map_err(|e| Error::Invalid(format!("cron: {e}")))?;
+            let cron = Cron::parse(expr, tz.as_deref()).map_err(Error::Invalid)?;
             let next = cron
                 .next_after(now)
                 .ok_or_else(|| Error::Invalid(format!("cron: {expr:?} names no time to come")))?;

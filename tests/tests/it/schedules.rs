@@ -124,6 +124,17 @@ async fn bad_schedules_are_refused_and_change_nothing() {
             "{bad:?} gave {refused:?}"
         );
     }
+    // Each refusal names the field at fault.
+    for (bad, field) in [
+        (cron("* * * *", None), "cron:"),
+        (cron("* * * * *", Some("Nowhere/Special")), "tz:"),
+    ] {
+        let refused = h.runtime.set_schedule(&s, bad).await;
+        assert!(
+            matches!(&refused, Err(Error::Invalid(m)) if m.starts_with(field)),
+            "{refused:?} does not start with {field}"
+        );
+    }
     assert_eq!(h.row(&s).last_seq, seq, "nothing was written");
     // An exact retry returns the schedule; the same id with another text is a conflict.
     let id = ScheduleId::parse("sch_daily").expect("id");
