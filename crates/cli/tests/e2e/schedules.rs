@@ -52,10 +52,10 @@ async fn a_one_shot_schedule_fires_once_and_bad_ones_change_nothing() {
     let s = http.session("default").await;
     let last_seq = http.get(&format!("/api/session/{s}")).await["data"]["last_seq"].clone();
     for (body, field) in [
-        (json!({"text": "x", "cron": "* * * *"}), "cron"),
+        (json!({"text": "x", "cron": "* * * *"}), "cron:"),
         (
             json!({"text": "x", "cron": "* * * * *", "tz": "Nowhere/Else"}),
-            "cron",
+            "tz:",
         ),
         (json!({"text": "x", "at": "tomorrow"}), "at"),
         (json!({"text": "x", "at": "2001-01-01T00:00:00Z"}), "at"),
