@@ -465,8 +465,11 @@ async fn close_releases_the_file_for_the_next_store() {
 #[test]
 fn the_golden_file_holds_every_tier_of_the_log() {
     use redb::{ReadableDatabase as _, ReadableTableMetadata as _};
-    let db = redb::Database::open(testdata(&format!("golden-v{FORMAT_VERSION}.redb")))
-        .expect("the golden store opens");
+    // A copy: opening a redb file may write to it, and the golden file must stay as committed.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store.redb");
+    std::fs::copy(testdata(&format!("golden-v{FORMAT_VERSION}.redb")), &path).expect("copy");
+    let db = redb::Database::open(&path).expect("the golden store opens");
     let txn = db.begin_read().expect("read");
     let base = txn.open_table(tables::EVENTS).expect("base");
     let middle = txn.open_table(tables::EVENTS_MIDDLE).expect("middle");
