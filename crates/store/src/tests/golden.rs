@@ -21,6 +21,16 @@ fn testdata(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// A copy of the golden store file of `version`, as `store.redb` in a directory of its own:
+/// opening a redb file may write to it, and the committed files must stay as they are.
+pub(super) fn golden_copy(version: u16) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store.redb");
+    std::fs::copy(testdata(&format!("golden-v{version}.redb")), &path)
+        .expect("the golden store file exists (bless it together with a format bump)");
+    (dir, path)
+}
+
 /// A session that touches every table and most event kinds.
 pub(super) async fn scenario(store: &RedbStore) {
     let s = sid("golden");
@@ -352,12 +362,7 @@ async fn golden_store_opens_with_identical_content() {
         std::fs::copy(dir.path().join("store.redb"), &golden).expect("write golden");
     }
     for version in OLDEST_READABLE..=FORMAT_VERSION {
-        let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::copy(
-            testdata(&format!("golden-v{version}.redb")),
-            dir.path().join("store.redb"),
-        )
-        .expect("the golden store file exists (bless it together with a format bump)");
+        let (dir, _) = golden_copy(version);
         let expected = std::fs::read_to_string(testdata(&format!("golden-v{version}.txt")))
             .expect("expected rendering exists");
         let store = open(dir.path());
@@ -399,9 +404,7 @@ async fn golden_store_opens_with_identical_content() {
 
 #[test]
 fn another_format_version_is_refused_naming_both() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("store.redb");
-    std::fs::copy(testdata(&format!("golden-v{FORMAT_VERSION}.redb")), &path).expect("copy");
+    let (_dir, path) = golden_copy(FORMAT_VERSION);
     {
         let db = redb::Database::create(&path).expect("raw open");
         let txn = db.begin_write().expect("txn");
@@ -465,10 +468,7 @@ async fn close_releases_the_file_for_the_next_store() {
 #[test]
 fn the_golden_file_holds_every_tier_of_the_log() {
     use redb::{ReadableDatabase as _, ReadableTableMetadata as _};
-    // A copy: opening a redb file may write to it, and the golden file must stay as committed.
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("store.redb");
-    std::fs::copy(testdata(&format!("golden-v{FORMAT_VERSION}.redb")), &path).expect("copy");
+    let (_dir, path) = golden_copy(FORMAT_VERSION);
     let db = redb::Database::open(&path).expect("the golden store opens");
     let txn = db.begin_read().expect("read");
     let base = txn.open_table(tables::EVENTS).expect("base");

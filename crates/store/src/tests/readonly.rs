@@ -38,11 +38,7 @@ async fn a_read_only_open_reads_and_verifies_without_writing() {
 #[test]
 fn a_read_only_open_of_an_older_format_reads_what_it_has() {
     for version in [5, 7] {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("store.redb");
-        let golden =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("testdata/golden-v{version}.redb"));
-        std::fs::copy(golden, &path).expect("copy");
+        let (_dir, path) = super::golden::golden_copy(version);
         let before = std::fs::read(&path).expect("bytes");
         let store = ReadOnlyStore::open(&path).expect("opens read-only");
         let snap = store.snapshot().expect("snapshot");
