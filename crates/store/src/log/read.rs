@@ -20,18 +20,15 @@ pub(crate) fn generations(table: &impl ReadableTable<FrontKey, Bytes>) -> Result
 
 /// The log as one read transaction sees it: its tables, and the epochs and generations of the
 /// upper tiers, oldest first.
-pub(crate) struct Log<B, U> {
-    base: B,
+pub(crate) struct ReadLog {
+    base: ReadOnlyTable<BaseKey, Bytes>,
     /// `None` in a store of a format before 8 opened read-only: opening for writing creates
     /// the table, a read-only open never writes.
-    middle: Option<U>,
+    middle: Option<ReadOnlyTable<FrontKey, Bytes>>,
     epochs: Vec<u64>,
-    front: U,
+    front: ReadOnlyTable<FrontKey, Bytes>,
     generations: Vec<u64>,
 }
-
-/// The log as a read transaction opens it.
-pub(crate) type ReadLog = Log<ReadOnlyTable<BaseKey, Bytes>, ReadOnlyTable<FrontKey, Bytes>>;
 
 impl ReadLog {
     pub(crate) fn open(txn: &ReadTransaction) -> Result<Self> {
@@ -40,36 +37,22 @@ impl ReadLog {
             Err(TableError::TableDoesNotExist(_)) => None,
             Err(e) => return Err(storage(e)),
         };
-        Log::new(
-            txn.open_table(EVENTS).map_err(storage)?,
-            middle,
-            txn.open_table(EVENTS_FRONT).map_err(storage)?,
-        )
-    }
-}
-
-impl<B, U> Log<B, U>
-where
-    B: ReadableTable<BaseKey, Bytes>,
-    U: ReadableTable<FrontKey, Bytes>,
-{
-    pub(crate) fn new(base: B, middle: Option<U>, front: U) -> Result<Self> {
         let epochs = match &middle {
             Some(middle) => generations(middle)?,
             None => Vec::new(),
         };
-        let generations = generations(&front)?;
-        Ok(Log {
-            base,
+        let front = txn.open_table(EVENTS_FRONT).map_err(storage)?;
+        Ok(ReadLog {
+            base: txn.open_table(EVENTS).map_err(storage)?,
             middle,
             epochs,
+            generations: generations(&front)?,
             front,
-            generations,
         })
     }
 
     /// The upper tiers' parts, oldest first: the middle's epochs, then the front's generations.
-    fn upper(&self) -> impl DoubleEndedIterator<Item = (&U, u64)> + '_ {
+    fn upper(&self) -> impl Iterator<Item = (&ReadOnlyTable<FrontKey, Bytes>, u64)> + '_ {
         let middle = (self.middle.iter()).flat_map(|m| self.epochs.iter().map(move |&e| (m, e)));
         let front = self.generations.iter().map(|&g| (&self.front, g));
         middle.chain(front)
