@@ -297,6 +297,7 @@ impl RedbStore {
                 busy_for: config.busy_for,
             },
             last_batch: 0,
+            sizes: Default::default(),
             stats: stats.clone(),
             pending_limit: config.pending_limit,
             clock: config.clock,

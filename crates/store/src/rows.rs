@@ -32,7 +32,7 @@ use crate::codec::{self, decode, encode};
 use crate::error::{Error, Result, storage};
 use crate::log::{self, BaseKey, Bytes};
 use crate::ops::Rows;
-use crate::record::{self, SessionRecord};
+use crate::record::{self, Inbox, SessionRecord};
 use crate::tables::*;
 
 /// What the writer keeps across batches, as of the last batch it planned: session records, so a
@@ -67,14 +67,15 @@ impl Default for Committed {
 impl Committed {
     /// Takes in the records a committed transaction read or wrote, and the inputs it admitted or
     /// read that were still pending at its end.
-    pub(crate) fn update(
+    #[cfg(test)]
+    fn update(
         &mut self,
         records: impl ExactSizeIterator<Item = SessionRecord>,
         inputs: impl ExactSizeIterator<Item = ((SessionId, Seq), InboxRow)>,
     ) {
-        self.records
-            .extend(records.map(|record| (record.row.id.clone(), record)));
-        self.inputs.extend(inputs);
+        let records = records.map(|record| (record.row.id.clone(), record));
+        self.records.extend(records.len(), records);
+        self.inputs.extend(inputs.len(), inputs);
     }
 
     fn get(&self, id: &SessionId) -> Option<&SessionRecord> {
@@ -84,12 +85,11 @@ impl Committed {
     /// Takes in what a batch read and wrote, once it is handed over.
     pub(crate) fn take(&mut self, cached: Cached) {
         // Sessions the batch read and found missing have no record to keep.
-        let records: Vec<SessionRecord> = cached
-            .sessions
-            .into_values()
-            .filter_map(|e| e.now)
-            .collect();
-        self.update(records.into_iter(), cached.inputs.into_iter());
+        let most = cached.sessions.len();
+        let records = (cached.sessions.into_iter()).filter_map(|(id, e)| Some((id, e.now?)));
+        self.records.extend(most, records);
+        self.inputs
+            .extend(cached.inputs.len(), cached.inputs.into_iter());
         for key in &cached.promoted {
             self.inputs.remove(key);
         }
@@ -115,8 +115,9 @@ impl<K: std::hash::Hash + Eq, V> Recent<K, V> {
         }
     }
 
-    fn extend(&mut self, entries: impl ExactSizeIterator<Item = (K, V)>) {
-        if self.recent.len() + entries.len() > self.capacity {
+    /// Takes in `entries`, at most `most` of them.
+    fn extend(&mut self, most: usize, entries: impl Iterator<Item = (K, V)>) {
+        if self.recent.len() + most > self.capacity {
             // The dropped generation's table, emptied, takes the new entries: it has grown to
             // a generation's size already, so they go in without a rehash.
             std::mem::swap(&mut self.older, &mut self.recent);
@@ -331,6 +332,21 @@ pub(crate) struct Changes {
     pub(crate) prunes: bool,
 }
 
+/// How many rows of each kind a batch held in memory. The next batch's maps start as large as
+/// the last one's ended, so that batches of a steady size do not rehash them as they fill.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Sizes {
+    sessions: usize,
+    inputs: usize,
+    messages: usize,
+    index: usize,
+    read_index: usize,
+}
+
+fn map_of<K, V>(capacity: usize) -> HashMap<K, V> {
+    HashMap::with_capacity_and_hasher(capacity, Default::default())
+}
+
 /// What [`Tables::finish`] hands over.
 pub(crate) struct Finished {
     /// Rows added to the front.
@@ -339,6 +355,7 @@ pub(crate) struct Finished {
     pub(crate) changes: Changes,
     /// The batch's work for the writer's caches, once the batch is handed over.
     pub(crate) cached: Cached,
+    pub(crate) sizes: Sizes,
 }
 
 /// Every session record the batch read or wrote, as it will be once committed, and the pending
@@ -391,15 +408,19 @@ pub(crate) struct Tables<'t> {
     changed_instructions: HashMap<SessionId, InstructionState>,
     /// `None`: removed in this batch.
     changed_schedules: HashMap<(SessionId, ScheduleId), Option<Schedule>>,
+    /// The current operation's own rows (see [`Overlay`]).
+    op: OpRows,
 }
 
 impl<'t> Tables<'t> {
     /// Opens every table for reading. `in_flight` are the batches being committed, newest
-    /// first: `txn` must have begun after every earlier batch was durable.
+    /// first: `txn` must have begun after every earlier batch was durable. `sizes` are the last
+    /// batch's.
     pub(crate) fn open(
         txn: &ReadTransaction,
         committed: &'t Committed,
         in_flight: Vec<&'t Changes>,
+        sizes: Sizes,
     ) -> Result<Self> {
         let events = log::ReadLog::open(txn)?;
         let index: ReadOnlyTable<&'static str, Bytes> = txn.open_table(INDEX).map_err(storage)?;
@@ -419,41 +440,28 @@ impl<'t> Tables<'t> {
             front_rows: 0,
             committed,
             in_flight,
-            session_rows: HashMap::default(),
+            session_rows: map_of(sizes.sessions),
             dirty_sessions: Vec::new(),
             dirty_messages: Vec::new(),
             dirty_index: Vec::new(),
             dirty_instructions: Vec::new(),
             dirty_schedules: Vec::new(),
             joined: HashSet::default(),
-            changed_messages: HashMap::default(),
-            inputs: HashMap::default(),
+            changed_messages: map_of(sizes.messages),
+            inputs: map_of(sizes.inputs),
             promoted: Vec::new(),
-            changed_index: HashMap::default(),
-            read_index: HashMap::default(),
+            changed_index: map_of(sizes.index),
+            read_index: map_of(sizes.read_index),
             index_last,
             changed_instructions: HashMap::default(),
             changed_schedules: HashMap::default(),
+            op: OpRows::default(),
         })
     }
 
     /// The session's entry, read once per transaction.
     fn entry(&mut self, id: &SessionId) -> Result<&mut SessionEntry> {
-        if !self.session_rows.contains_key(id) {
-            let found = load(self.committed, &self.sessions, id)?;
-            let entry = SessionEntry {
-                found: found.as_ref().map(SessionRecord::working),
-                now: found,
-                dirty: false,
-                listed: false,
-                joined: false,
-            };
-            self.session_rows.insert(id.clone(), entry);
-        }
-        Ok(self
-            .session_rows
-            .get_mut(id)
-            .expect("invariant: the entry was just read"))
+        entry_in(&mut self.session_rows, self.committed, &self.sessions, id)
     }
 
     /// Reads from the session's row without copying it.
@@ -461,16 +469,17 @@ impl<'t> Tables<'t> {
         Ok(self.entry(id)?.now.as_ref().map(|record| f(&record.row)))
     }
 
-    /// The session's record as this transaction has it, for changing its inbox.
-    fn inbox_of(&mut self, session: &SessionId) -> Result<&mut SessionEntry> {
-        let entry = self.entry(session)?;
-        if entry.now.is_none() {
+    /// The session's record as this transaction has it, marked changed, for changing its
+    /// inbox.
+    fn inbox_of(&mut self, session: &SessionId) -> Result<&mut Inbox> {
+        if self.entry(session)?.now.is_none() {
             return Err(Error::Corrupt {
                 what: format!("inbox of {session}"),
                 reason: "the session has no record".into(),
             });
         }
-        Ok(entry)
+        let record = self.touch(session)?.now.as_mut();
+        Ok(&mut record.expect("invariant: checked above").inbox)
     }
 
     /// Pending inputs of a session in admission order, as this transaction has them.
@@ -489,31 +498,34 @@ impl<'t> Tables<'t> {
     }
 
     /// Writes one operation's consecutive events of a session to the front, as one run.
-    fn put_events(&mut self, session: &SessionId, events: &[&Stored]) -> Result<()> {
-        let Some(first) = events.first() else {
+    fn put_events(&mut self, session: &SessionId, events: &[(SessionId, Stored)]) -> Result<()> {
+        let Some((_, first)) = events.first() else {
             return Ok(());
         };
-        let encoded: Vec<Vec<u8>> = events.iter().map(|stored| encode(*stored)).collect();
-        let records: Vec<&[u8]> = encoded.iter().map(Vec::as_slice).collect();
+        // A run of one event is the event's record itself (see `codec::run`): encoded once,
+        // not copied.
+        let value = match events {
+            [(_, one)] => encode(one),
+            _ => {
+                let encoded: Vec<Vec<u8>> = events.iter().map(|(_, s)| encode(s)).collect();
+                codec::run(&encoded.iter().map(Vec::as_slice).collect::<Vec<_>>())
+            }
+        };
         self.writes
             .front
-            .insert((session.clone(), first.seq), codec::run(&records));
+            .insert((session.clone(), first.seq), value);
         self.front_rows += events.len();
         Ok(())
     }
 
     /// Marks a session's record changed by the current operation.
     fn touch(&mut self, id: &SessionId) -> Result<&mut SessionEntry> {
-        let entry = self.entry(id)?;
-        let first = !entry.dirty;
-        entry.dirty = true;
-        if first {
+        let entry = entry_in(&mut self.session_rows, self.committed, &self.sessions, id)?;
+        if !entry.dirty {
+            entry.dirty = true;
             self.dirty_sessions.push(id.clone());
         }
-        Ok(self
-            .session_rows
-            .get_mut(id)
-            .expect("invariant: the entry was just read"))
+        Ok(entry)
     }
 
     /// Encodes the rows the operation just flushed changed, so that handing the batch over
@@ -555,7 +567,15 @@ impl<'t> Tables<'t> {
         if prune {
             self.writes.idle = self.idle_sessions()?;
         }
+        let sizes = Sizes {
+            sessions: self.session_rows.len(),
+            inputs: self.inputs.len(),
+            messages: self.changed_messages.len(),
+            index: self.changed_index.len(),
+            read_index: self.read_index.len(),
+        };
         Ok(Finished {
+            sizes,
             front_rows: self.front_rows,
             writes: std::mem::take(&mut self.writes),
             changes: Changes {
@@ -666,6 +686,30 @@ impl<'t> Tables<'t> {
     }
 }
 
+/// A session's entry in `rows`, read from the cache or the table the first time the batch
+/// needs it.
+fn entry_in<'m>(
+    rows: &'m mut HashMap<SessionId, SessionEntry>,
+    committed: &Committed,
+    sessions: &impl ReadableTable<&'static str, Bytes>,
+    id: &SessionId,
+) -> Result<&'m mut SessionEntry> {
+    use std::collections::hash_map::Entry;
+    Ok(match rows.entry(id.clone()) {
+        Entry::Occupied(entry) => entry.into_mut(),
+        Entry::Vacant(vacant) => {
+            let found = load(committed, sessions, id)?;
+            vacant.insert(SessionEntry {
+                found: found.as_ref().map(SessionRecord::working),
+                now: found,
+                dirty: false,
+                listed: false,
+                joined: false,
+            })
+        }
+    })
+}
+
 impl Projection for Tables<'_> {
     type Error = Error;
 
@@ -747,21 +791,13 @@ impl Projection for Tables<'_> {
     }
 
     fn put_inbox(&mut self, session: &SessionId, row: InboxRow) -> Result<()> {
-        self.inbox_of(session)?;
-        let entry = self.touch(session)?;
-        if let Some(record) = &mut entry.now {
-            record.inbox.add(row.admitted_seq);
-        }
+        self.inbox_of(session)?.add(row.admitted_seq);
         self.inputs.insert((session.clone(), row.admitted_seq), row);
         Ok(())
     }
 
     fn remove_inbox(&mut self, session: &SessionId, seq: Seq) -> Result<()> {
-        self.inbox_of(session)?;
-        let entry = self.touch(session)?;
-        if let Some(record) = &mut entry.now {
-            record.inbox.remove(seq);
-        }
+        self.inbox_of(session)?.remove(seq);
         self.inputs.remove(&(session.clone(), seq));
         self.promoted.push((session.clone(), seq));
         Ok(())
@@ -855,6 +891,13 @@ impl Projection for Tables<'_> {
 /// instead discards the operation without a trace.
 pub(crate) struct Overlay<'a, 't> {
     tables: &'a mut Tables<'t>,
+    events: Vec<(SessionId, Stored)>,
+}
+
+/// The rows one operation wrote, not yet handed to its batch. The batch keeps them between
+/// operations, empty, so that each operation reuses the maps of the one before it.
+#[derive(Default)]
+struct OpRows {
     sessions: HashMap<SessionId, SessionRow>,
     messages: HashMap<(SessionId, Seq), Message>,
     inbox: HashMap<(SessionId, Seq), Option<InboxRow>>,
@@ -862,19 +905,30 @@ pub(crate) struct Overlay<'a, 't> {
     instructions: HashMap<SessionId, InstructionState>,
     /// `None`: the operation removed the schedule.
     schedules: HashMap<(SessionId, ScheduleId), Option<Schedule>>,
-    events: Vec<(SessionId, Stored)>,
+}
+
+impl OpRows {
+    fn clear(&mut self) {
+        fn empty<K, V>(map: &mut HashMap<K, V>) {
+            if !map.is_empty() {
+                map.clear();
+            }
+        }
+        empty(&mut self.sessions);
+        empty(&mut self.messages);
+        empty(&mut self.inbox);
+        empty(&mut self.index);
+        empty(&mut self.instructions);
+        empty(&mut self.schedules);
+    }
 }
 
 impl<'a, 't> Overlay<'a, 't> {
     pub(crate) fn new(tables: &'a mut Tables<'t>) -> Self {
+        // What an operation dropped without flushing left behind goes now.
+        tables.op.clear();
         Overlay {
             tables,
-            sessions: HashMap::default(),
-            messages: HashMap::default(),
-            inbox: HashMap::default(),
-            index: HashMap::default(),
-            instructions: HashMap::default(),
-            schedules: HashMap::default(),
             events: Vec::new(),
         }
     }
@@ -889,33 +943,34 @@ impl<'a, 't> Overlay<'a, 't> {
             .events
             .chunk_by(|(a, x), (b, y)| a == b && x.seq.next() == y.seq)
         {
-            let events: Vec<&Stored> = chunk.iter().map(|(_, stored)| stored).collect();
-            tables.put_events(&chunk[0].0, &events)?;
+            tables.put_events(&chunk[0].0, chunk)?;
         }
-        for (_, row) in self.sessions {
+        let mut op = std::mem::take(&mut tables.op);
+        for (_, row) in op.sessions.drain() {
             tables.put_session(row)?;
         }
-        for ((session, _), message) in self.messages {
+        for ((session, _), message) in op.messages.drain() {
             tables.put_message(&session, message)?;
         }
-        for ((session, seq), row) in self.inbox {
+        for ((session, seq), row) in op.inbox.drain() {
             match row {
                 Some(row) => tables.put_inbox(&session, row)?,
                 None => tables.remove_inbox(&session, seq)?,
             }
         }
-        for (id, entry) in self.index {
+        for (id, entry) in op.index.drain() {
             tables.put_index(&id, entry)?;
         }
-        for (session, state) in self.instructions {
+        for (session, state) in op.instructions.drain() {
             tables.put_instructions(&session, state)?;
         }
-        for ((session, id), schedule) in self.schedules {
+        for ((session, id), schedule) in op.schedules.drain() {
             match schedule {
                 Some(schedule) => tables.put_schedule(&session, schedule)?,
                 None => tables.remove_schedule(&session, &id)?,
             }
         }
+        tables.op = op;
         tables.encode_changed()?;
         Ok(self.events)
     }
@@ -931,7 +986,7 @@ impl Rows for Overlay<'_, '_> {
     }
 
     fn peek<T>(&mut self, id: &SessionId, f: impl FnOnce(&SessionRow) -> T) -> Result<Option<T>> {
-        match self.sessions.get(id) {
+        match self.tables.op.sessions.get(id) {
             Some(row) => Ok(Some(f(row))),
             None => self.tables.peek(id, f),
         }
@@ -939,7 +994,7 @@ impl Rows for Overlay<'_, '_> {
 
     fn pending_inputs(&mut self, session: &SessionId) -> Result<Vec<InboxRow>> {
         let mut rows = self.tables.pending_inputs(session)?;
-        for ((s, seq), row) in &self.inbox {
+        for ((s, seq), row) in &self.tables.op.inbox {
             if s != session {
                 continue;
             }
@@ -956,74 +1011,83 @@ impl Projection for Overlay<'_, '_> {
     type Error = Error;
 
     fn session(&mut self, id: &SessionId) -> Result<Option<SessionRow>> {
-        match self.sessions.get(id) {
+        match self.tables.op.sessions.get(id) {
             Some(row) => Ok(Some(row.clone())),
             None => self.tables.session(id),
         }
     }
     fn put_session(&mut self, row: SessionRow) -> Result<()> {
-        self.sessions.insert(row.id.clone(), row);
+        self.tables.op.sessions.insert(row.id.clone(), row);
         Ok(())
     }
     fn message(&mut self, session: &SessionId, seq: Seq) -> Result<Option<Message>> {
-        match self.messages.get(&(session.clone(), seq)) {
+        match self.tables.op.messages.get(&(session.clone(), seq)) {
             Some(m) => Ok(Some(m.clone())),
             None => self.tables.message(session, seq),
         }
     }
     fn put_message(&mut self, session: &SessionId, message: Message) -> Result<()> {
-        self.messages
+        self.tables
+            .op
+            .messages
             .insert((session.clone(), message.seq()), message);
         Ok(())
     }
     fn inbox(&mut self, session: &SessionId, seq: Seq) -> Result<Option<InboxRow>> {
-        match self.inbox.get(&(session.clone(), seq)) {
+        match self.tables.op.inbox.get(&(session.clone(), seq)) {
             Some(row) => Ok(row.clone()),
             None => self.tables.inbox(session, seq),
         }
     }
     fn put_inbox(&mut self, session: &SessionId, row: InboxRow) -> Result<()> {
-        self.inbox
+        self.tables
+            .op
+            .inbox
             .insert((session.clone(), row.admitted_seq), Some(row));
         Ok(())
     }
     fn remove_inbox(&mut self, session: &SessionId, seq: Seq) -> Result<()> {
-        self.inbox.insert((session.clone(), seq), None);
+        self.tables.op.inbox.insert((session.clone(), seq), None);
         Ok(())
     }
     fn index(&mut self, id: &MessageId) -> Result<Option<IndexEntry>> {
-        match self.index.get(id) {
+        match self.tables.op.index.get(id) {
             Some(entry) => Ok(Some(entry.clone())),
             None => self.tables.index(id),
         }
     }
     fn put_index(&mut self, id: &MessageId, entry: IndexEntry) -> Result<()> {
-        self.index.insert(id.clone(), entry);
+        self.tables.op.index.insert(id.clone(), entry);
         Ok(())
     }
     fn instructions(&mut self, session: &SessionId) -> Result<Option<InstructionState>> {
-        match self.instructions.get(session) {
+        match self.tables.op.instructions.get(session) {
             Some(state) => Ok(Some(state.clone())),
             None => self.tables.instructions(session),
         }
     }
     fn put_instructions(&mut self, session: &SessionId, state: InstructionState) -> Result<()> {
-        self.instructions.insert(session.clone(), state);
+        self.tables.op.instructions.insert(session.clone(), state);
         Ok(())
     }
     fn schedule(&mut self, session: &SessionId, id: &ScheduleId) -> Result<Option<Schedule>> {
-        match self.schedules.get(&(session.clone(), id.clone())) {
+        match self.tables.op.schedules.get(&(session.clone(), id.clone())) {
             Some(schedule) => Ok(schedule.clone()),
             None => self.tables.schedule(session, id),
         }
     }
     fn put_schedule(&mut self, session: &SessionId, schedule: Schedule) -> Result<()> {
-        self.schedules
+        self.tables
+            .op
+            .schedules
             .insert((session.clone(), schedule.id.clone()), Some(schedule));
         Ok(())
     }
     fn remove_schedule(&mut self, session: &SessionId, id: &ScheduleId) -> Result<()> {
-        self.schedules.insert((session.clone(), id.clone()), None);
+        self.tables
+            .op
+            .schedules
+            .insert((session.clone(), id.clone()), None);
         Ok(())
     }
 }
@@ -1091,6 +1155,41 @@ mod tests {
                 .collect();
             proptest::prop_assert_eq!(stored, model);
         }
+    }
+
+    /// The batch keeps its operations' buffers between them (see `OpRows`): what a refused
+    /// operation buffered is gone before the next one reads or flushes anything.
+    #[test]
+    fn an_operation_dropped_unflushed_leaves_nothing_to_the_next() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = redb::Database::create(dir.path().join("rows.redb")).expect("db");
+        crate::init(&db).expect("init");
+        let txn = redb::ReadableDatabase::begin_read(&db).expect("read");
+        let committed = Committed::default();
+        let mut tables = Tables::open(&txn, &committed, Vec::new(), Sizes::default()).unwrap();
+        let (s, id) = (
+            SessionId::parse("ses_refused").unwrap(),
+            MessageId::parse("msg_refused").unwrap(),
+        );
+        {
+            let mut refused = Overlay::new(&mut tables);
+            refused
+                .put_session(session_row("ses_refused", 0, None))
+                .unwrap();
+            let entry = IndexEntry::Message {
+                session: s.clone(),
+                seq: Seq(1),
+            };
+            refused.put_index(&id, entry).unwrap();
+            assert!(refused.session(&s).unwrap().is_some(), "sees its own rows");
+        }
+        let mut next = Overlay::new(&mut tables);
+        assert!(next.session(&s).unwrap().is_none());
+        assert!(next.index(&id).unwrap().is_none());
+        assert!(next.flush().unwrap().is_empty());
+        let finished = tables.finish(false).unwrap();
+        assert!(finished.writes.sessions.is_empty() && finished.writes.index.is_empty());
+        assert!(finished.cached.sessions.values().all(|e| e.now.is_none()));
     }
 
     #[test]

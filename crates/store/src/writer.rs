@@ -48,7 +48,7 @@ use tokio::sync::oneshot;
 use crate::error::{Error, Result, storage};
 use crate::log::Front;
 use crate::ops::{Op, Outcome, execute};
-use crate::rows::{Changes, Committed, Finished, Overlay, Tables, Writes};
+use crate::rows::{Changes, Committed, Finished, Overlay, Sizes, Tables, Writes};
 use crate::slot::{Health, Slot};
 
 /// Called on the commit thread with every batch of events, in commit order, right after the
@@ -359,6 +359,8 @@ pub(crate) struct Planner {
     pub(crate) linger: Linger,
     /// Operations in the batch handed over last, which tell whether the writer is busy.
     pub(crate) last_batch: usize,
+    /// What the batch handed over last held, which the next one starts with room for.
+    pub(crate) sizes: Sizes,
     pub(crate) stats: Arc<Stats>,
     pub(crate) pending_limit: u32,
     pub(crate) clock: Clock,
@@ -402,8 +404,8 @@ impl Planner {
             self.in_flight.pop_front();
         }
         let fold = self.front.due();
-        let mut replies = Replies::new();
-        let mut events = Vec::new();
+        let mut replies = Replies::with_capacity(self.last_batch);
+        let mut events = Vec::with_capacity(self.last_batch);
         let finished = match self.gather(inbox, flow, fold, &mut replies, &mut events) {
             Ok(finished) => finished,
             Err(reason) => {
@@ -442,6 +444,7 @@ impl Planner {
         self.last_batch = ops;
         flow.working_since.get_or_insert_with(Instant::now);
         flow.linger_pause = flow.linger_pause.saturating_sub(1);
+        self.sizes = finished.sizes;
         self.committed.take(finished.cached);
         let mut changes = finished.changes;
         changes.prunes = fold;
@@ -464,8 +467,8 @@ impl Planner {
             .and_then(|db| db.begin_read().map_err(storage))
             .map_err(|e| Failure::of(&e))?;
         let in_flight: Vec<&Changes> = self.in_flight.iter().rev().map(|(_, c)| c).collect();
-        let mut tables =
-            Tables::open(&read, &self.committed, in_flight).map_err(|e| Failure::of(&e))?;
+        let mut tables = Tables::open(&read, &self.committed, in_flight, self.sizes)
+            .map_err(|e| Failure::of(&e))?;
         let now = (self.clock)();
         let mut lingering: Option<Lingering> = None;
         loop {

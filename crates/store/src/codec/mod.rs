@@ -177,7 +177,8 @@ impl Record for InstructionState {
 }
 
 pub(crate) fn encode<T: Record>(value: &T) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64);
+    // Room for a session record or an admission's event, so that most encodings do not grow.
+    let mut out = Vec::with_capacity(256);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
     // Writing into a Vec cannot fail for I/O reasons, and records are plain serde data that
     // bincode can express (no `deserialize_any` types).
