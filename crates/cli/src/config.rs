@@ -32,8 +32,9 @@ const MAX_COMMIT_LINGER_US: u64 = 1_000_000;
 
 /// The embedded store's page cache, in MiB, unless `[store] cache_mib` says otherwise. redb's
 /// own default (1 GiB) suits a desktop database; a server keeps its hot pages (the log's front,
-/// the busy sessions' rows) in far less, and its memory for sessions.
-pub const DEFAULT_CACHE_MIB: usize = 16;
+/// the busy sessions' rows) in far less, and its memory for sessions. A page it misses is read
+/// from the operating system's cache of the file (ARCHITECTURE.md, the store's decisions).
+pub const DEFAULT_CACHE_MIB: usize = 8;
 
 /// A configuration error: where and why.
 #[derive(Debug, thiserror::Error)]
