@@ -190,28 +190,99 @@ pub(crate) struct SessionEntry {
     joined: bool,
 }
 
-/// The rows a batch writes, encoded, for the commit thread to insert. Ordered maps, so that the
-/// committer inserts each table's rows in key order, page after page as redb lays them out, and
-/// a row an operation changes again replaces its earlier encoding.
+/// The rows a batch writes, encoded, for the commit thread to insert. Each table's rows are put
+/// in key order when the batch is handed over, so that the committer inserts them page after
+/// page as redb lays them out, and a row an operation changes again replaces its earlier
+/// encoding.
 #[derive(Default)]
 pub(crate) struct Writes {
     /// Runs of events for the front: `(session, first seq)` → run, all in one generation.
-    front: BTreeMap<(SessionId, Seq), Vec<u8>>,
+    front: Written<(SessionId, Seq), Vec<u8>>,
     /// The generation of the front they go to (see `log::Front::place`).
     pub(crate) generation: u64,
-    sessions: BTreeMap<SessionId, Vec<u8>>,
+    sessions: Written<SessionId, Vec<u8>>,
     by_created: Vec<(u64, SessionId)>,
     working: Vec<SessionId>,
     /// Sessions to take out of the working set, after the rows above (see [`Tables::finish`]).
     idle: Vec<SessionId>,
-    messages: BTreeMap<(SessionId, Seq), Vec<u8>>,
-    index: BTreeMap<MessageId, Vec<u8>>,
-    instructions: BTreeMap<SessionId, Vec<u8>>,
+    messages: Written<(SessionId, Seq), Vec<u8>>,
+    index: Written<MessageId, Vec<u8>>,
+    instructions: Written<SessionId, Vec<u8>>,
     /// `None`: the schedule is removed.
-    schedules: BTreeMap<(SessionId, ScheduleId), Option<Vec<u8>>>,
+    schedules: Written<(SessionId, ScheduleId), Option<Vec<u8>>>,
+}
+
+/// One table's rows as a batch wrote them, a key possibly more than once, until
+/// [`Written::sort`] leaves each key once, with the value written last, in key order. (Pushing
+/// and sorting once costs less than keeping an ordered map as the rows come.) Each row carries
+/// its place in the order written.
+pub(crate) struct Written<K, V>(Vec<(K, usize, V)>);
+
+impl<K, V> Default for Written<K, V> {
+    fn default() -> Self {
+        Written(Vec::new())
+    }
+}
+
+impl<K: Ord, V> Written<K, V> {
+    fn with_capacity(capacity: usize) -> Self {
+        Written(Vec::with_capacity(room(capacity)))
+    }
+
+    fn insert(&mut self, key: K, value: V) {
+        let place = self.0.len();
+        self.0.push((key, place, value));
+    }
+
+    fn sort(&mut self) {
+        // A key's rows end up in the order written, so the last of each run of equal keys is
+        // the one kept.
+        self.0
+            .sort_unstable_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+        let rows = &mut self.0;
+        let mut kept = 0;
+        for i in 0..rows.len() {
+            if i + 1 < rows.len() && rows[i].0 == rows[i + 1].0 {
+                continue;
+            }
+            rows.swap(kept, i);
+            kept += 1;
+        }
+        rows.truncate(kept);
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+        self.0.iter().map(|(key, _, value)| (key, value))
+    }
+
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 impl Writes {
+    /// Room for as many rows as the last batch wrote.
+    fn with_capacity(sizes: Sizes) -> Self {
+        Writes {
+            front: Written::with_capacity(sizes.sessions),
+            sessions: Written::with_capacity(sizes.sessions),
+            messages: Written::with_capacity(sizes.messages),
+            index: Written::with_capacity(sizes.index),
+            ..Writes::default()
+        }
+    }
+
+    /// Puts each table's rows in key order, each row once (see [`Written`]).
+    fn sort(&mut self) {
+        self.front.sort();
+        self.sessions.sort();
+        self.messages.sort();
+        self.index.sort();
+        self.instructions.sort();
+        self.schedules.sort();
+    }
+
     /// Inserts every row into its table. Every table is opened, so that all of them exist for
     /// readers whatever the batch wrote.
     pub(crate) fn apply(&self, txn: &WriteTransaction) -> Result<()> {
@@ -240,7 +311,7 @@ impl Writes {
             working.insert(id.as_str(), ()).map_err(storage)?;
         }
         let mut messages = txn.open_table(MESSAGES).map_err(storage)?;
-        for ((session, seq), message) in &self.messages {
+        for ((session, seq), message) in self.messages.iter() {
             messages
                 .insert((session.as_str(), seq.0), message.as_slice())
                 .map_err(storage)?;
@@ -256,7 +327,7 @@ impl Writes {
             self.instructions.iter().map(|(id, v)| (id.as_str(), v)),
         )?;
         let mut schedules = txn.open_table(SCHEDULES).map_err(storage)?;
-        for ((session, id), schedule) in &self.schedules {
+        for ((session, id), schedule) in self.schedules.iter() {
             let key = (session.as_str(), id.as_str());
             match schedule {
                 Some(schedule) => schedules.insert(key, schedule.as_slice()),
@@ -343,6 +414,12 @@ pub(crate) struct Sizes {
     read_index: usize,
 }
 
+/// Room for a batch a little larger than one of `rows`: a vector that has to grow copies what
+/// it holds.
+fn room(rows: usize) -> usize {
+    rows + rows / 4
+}
+
 fn map_of<K, V>(capacity: usize) -> HashMap<K, V> {
     HashMap::with_capacity_and_hasher(capacity, Default::default())
 }
@@ -361,7 +438,7 @@ pub(crate) struct Finished {
 /// Every session record the batch read or wrote, as it will be once committed, and the pending
 /// inputs it wrote or read.
 pub(crate) struct Cached {
-    sessions: HashMap<SessionId, SessionEntry>,
+    sessions: Vec<(SessionId, SessionEntry)>,
     inputs: HashMap<(SessionId, Seq), InboxRow>,
     /// Inputs the batch took out of their inbox: no longer pending, so the cache lets them go.
     promoted: Vec<(SessionId, Seq)>,
@@ -384,9 +461,10 @@ pub(crate) struct Tables<'t> {
     /// The batches being committed, which the read transaction does not see yet, newest first.
     in_flight: Vec<&'t Changes>,
     /// Session records read or written in this batch (read ones are not rewritten).
-    session_rows: HashMap<SessionId, SessionEntry>,
-    /// Rows changed by the current operation, encoded into `writes` when it is flushed.
-    dirty_sessions: Vec<SessionId>,
+    session_rows: SessionEntries,
+    /// Rows changed by the current operation, encoded into `writes` when it is flushed (the
+    /// sessions by their place in `session_rows`).
+    dirty_sessions: Vec<usize>,
     dirty_messages: Vec<(SessionId, Seq)>,
     dirty_index: Vec<MessageId>,
     dirty_instructions: Vec<SessionId>,
@@ -436,11 +514,11 @@ impl<'t> Tables<'t> {
             instructions: txn.open_table(INSTRUCTIONS).map_err(storage)?,
             schedules: txn.open_table(SCHEDULES).map_err(storage)?,
             working: txn.open_table(WORKING).map_err(storage)?,
-            writes: Writes::default(),
+            writes: Writes::with_capacity(sizes),
             front_rows: 0,
             committed,
             in_flight,
-            session_rows: map_of(sizes.sessions),
+            session_rows: SessionEntries::with_capacity(sizes.sessions),
             dirty_sessions: Vec::new(),
             dirty_messages: Vec::new(),
             dirty_index: Vec::new(),
@@ -520,36 +598,41 @@ impl<'t> Tables<'t> {
 
     /// Marks a session's record changed by the current operation.
     fn touch(&mut self, id: &SessionId) -> Result<&mut SessionEntry> {
-        let entry = entry_in(&mut self.session_rows, self.committed, &self.sessions, id)?;
+        let at = entry_at(&mut self.session_rows, self.committed, &self.sessions, id)?;
+        let entry = &mut self.session_rows.entries[at].1;
         if !entry.dirty {
             entry.dirty = true;
-            self.dirty_sessions.push(id.clone());
+            self.dirty_sessions.push(at);
         }
         Ok(entry)
     }
 
     /// Encodes the rows the operation just flushed changed, so that handing the batch over
-    /// costs no encoding.
+    /// costs no encoding. The lists of changed rows are emptied, not dropped: the next
+    /// operation fills them again.
     fn encode_changed(&mut self) -> Result<()> {
-        for id in std::mem::take(&mut self.dirty_sessions) {
-            self.write_session(id)?;
+        let mut sessions = std::mem::take(&mut self.dirty_sessions);
+        for &at in &sessions {
+            self.write_session(at)?;
         }
-        for key in std::mem::take(&mut self.dirty_messages) {
+        sessions.clear();
+        self.dirty_sessions = sessions;
+        for key in self.dirty_messages.drain(..) {
             if let Some(message) = self.changed_messages.get(&key) {
                 self.writes.messages.insert(key, encode(message));
             }
         }
-        for id in std::mem::take(&mut self.dirty_index) {
+        for id in self.dirty_index.drain(..) {
             if let Some(entry) = self.changed_index.get(&id) {
                 self.writes.index.insert(id, encode(entry));
             }
         }
-        for session in std::mem::take(&mut self.dirty_instructions) {
+        for session in self.dirty_instructions.drain(..) {
             if let Some(state) = self.changed_instructions.get(&session) {
                 self.writes.instructions.insert(session, encode(state));
             }
         }
-        for key in std::mem::take(&mut self.dirty_schedules) {
+        for key in self.dirty_schedules.drain(..) {
             if let Some(schedule) = self.changed_schedules.get(&key) {
                 self.writes
                     .schedules
@@ -567,6 +650,7 @@ impl<'t> Tables<'t> {
         if prune {
             self.writes.idle = self.idle_sessions()?;
         }
+        self.writes.sort();
         let sizes = Sizes {
             sessions: self.session_rows.len(),
             inputs: self.inputs.len(),
@@ -587,7 +671,7 @@ impl<'t> Tables<'t> {
                 prunes: false,
             },
             cached: Cached {
-                sessions: std::mem::take(&mut self.session_rows),
+                sessions: std::mem::take(&mut self.session_rows.entries),
                 inputs: std::mem::take(&mut self.inputs),
                 promoted: std::mem::take(&mut self.promoted),
             },
@@ -627,14 +711,13 @@ impl<'t> Tables<'t> {
     /// in the working set when its work starts: when it was not working as the batch found it
     /// and the set does not hold it already. (A later operation of the batch may leave it idle
     /// again; the next fold prunes it then.)
-    fn write_session(&mut self, id: SessionId) -> Result<()> {
-        let Some(entry) = self.session_rows.get_mut(&id) else {
-            return Ok(());
-        };
+    fn write_session(&mut self, at: usize) -> Result<()> {
+        let (id, entry) = &mut self.session_rows.entries[at];
         entry.dirty = false;
         let Some(record) = &entry.now else {
             return Ok(());
         };
+        let id = id.clone();
         self.writes.sessions.insert(id.clone(), encode(record));
         if entry.found.is_none() && !entry.listed {
             entry.listed = true;
@@ -689,25 +772,87 @@ impl<'t> Tables<'t> {
 /// A session's entry in `rows`, read from the cache or the table the first time the batch
 /// needs it.
 fn entry_in<'m>(
-    rows: &'m mut HashMap<SessionId, SessionEntry>,
+    rows: &'m mut SessionEntries,
     committed: &Committed,
     sessions: &impl ReadableTable<&'static str, Bytes>,
     id: &SessionId,
 ) -> Result<&'m mut SessionEntry> {
-    use std::collections::hash_map::Entry;
-    Ok(match rows.entry(id.clone()) {
-        Entry::Occupied(entry) => entry.into_mut(),
-        Entry::Vacant(vacant) => {
-            let found = load(committed, sessions, id)?;
-            vacant.insert(SessionEntry {
-                found: found.as_ref().map(SessionRecord::working),
-                now: found,
-                dirty: false,
-                listed: false,
-                joined: false,
-            })
+    let at = entry_at(rows, committed, sessions, id)?;
+    Ok(&mut rows.entries[at].1)
+}
+
+/// The place of a session's entry in `rows` (see [`entry_in`]).
+fn entry_at(
+    rows: &mut SessionEntries,
+    committed: &Committed,
+    sessions: &impl ReadableTable<&'static str, Bytes>,
+    id: &SessionId,
+) -> Result<usize> {
+    if let Some(at) = rows.find(id) {
+        return Ok(at);
+    }
+    let found = load(committed, sessions, id)?;
+    Ok(rows.insert(
+        id.clone(),
+        SessionEntry {
+            found: found.as_ref().map(SessionRecord::working),
+            now: found,
+            dirty: false,
+            listed: false,
+            joined: false,
+        },
+    ))
+}
+
+/// The session entries of a batch, in the order it first needed them, found by id through a
+/// map. The last one found is remembered: an operation looks its session up several times in a
+/// row, and comparing ids costs less than hashing one.
+struct SessionEntries {
+    at: HashMap<SessionId, usize>,
+    entries: Vec<(SessionId, SessionEntry)>,
+    /// The place of the entry found last (`usize::MAX` before the first).
+    last: usize,
+}
+
+impl SessionEntries {
+    fn with_capacity(capacity: usize) -> Self {
+        SessionEntries {
+            at: map_of(capacity),
+            entries: Vec::with_capacity(room(capacity)),
+            last: usize::MAX,
         }
-    })
+    }
+
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The entry's place, remembered as the last one found.
+    fn find(&mut self, id: &SessionId) -> Option<usize> {
+        if self
+            .entries
+            .get(self.last)
+            .is_some_and(|(last, _)| last == id)
+        {
+            return Some(self.last);
+        }
+        let at = *self.at.get(id)?;
+        self.last = at;
+        Some(at)
+    }
+
+    fn get(&self, id: &SessionId) -> Option<&SessionEntry> {
+        self.at.get(id).map(|&at| &self.entries[at].1)
+    }
+
+    /// Adds the entry of a session the batch has none of yet; returns its place.
+    fn insert(&mut self, id: SessionId, entry: SessionEntry) -> usize {
+        let at = self.entries.len();
+        self.at.insert(id.clone(), at);
+        self.entries.push((id, entry));
+        self.last = at;
+        at
+    }
 }
 
 impl Projection for Tables<'_> {
@@ -1155,6 +1300,23 @@ mod tests {
                 .collect();
             proptest::prop_assert_eq!(stored, model);
         }
+
+        /// A batch's rows, sorted, are what an ordered map holds after the same inserts: each
+        /// key once, with the value written last, in key order.
+        #[test]
+        fn written_rows_sort_as_a_map_says(
+            inserts in proptest::collection::vec((0u8..16, proptest::prelude::any::<u32>()), 0..64),
+        ) {
+            let mut written = Written::default();
+            let mut model = BTreeMap::new();
+            for (key, value) in inserts {
+                written.insert(key, value);
+                model.insert(key, value);
+            }
+            written.sort();
+            let sorted: Vec<(u8, u32)> = written.iter().map(|(k, v)| (*k, *v)).collect();
+            proptest::prop_assert_eq!(sorted, model.into_iter().collect::<Vec<_>>());
+        }
     }
 
     /// The batch keeps its operations' buffers between them (see `OpRows`): what a refused
@@ -1189,7 +1351,13 @@ mod tests {
         assert!(next.flush().unwrap().is_empty());
         let finished = tables.finish(false).unwrap();
         assert!(finished.writes.sessions.is_empty() && finished.writes.index.is_empty());
-        assert!(finished.cached.sessions.values().all(|e| e.now.is_none()));
+        assert!(
+            finished
+                .cached
+                .sessions
+                .iter()
+                .all(|(_, e)| e.now.is_none())
+        );
     }
 
     #[test]
@@ -1244,7 +1412,7 @@ mod tests {
             ((session.clone(), Seq(seq)), row)
         };
         let batch = |inputs: Vec<((SessionId, Seq), InboxRow)>, promoted| Cached {
-            sessions: HashMap::default(),
+            sessions: Vec::new(),
             inputs: inputs.into_iter().collect(),
             promoted,
         };
