@@ -74,22 +74,28 @@ impl Inbox {
         if self.waiting(seq) {
             return;
         }
+        // Where a span of its own would go, between the spans it may touch. A seq that extends
+        // a span (the next admission of a queue) changes that span in place.
         let at = self.span_of(seq).map_or(0, |i| i + 1);
-        self.spans.insert(
-            at,
-            Span {
-                first: seq.0,
-                count: 1,
-            },
-        );
-        // Join with the neighbours it touches.
-        if at + 1 < self.spans.len() && self.spans[at].end() == self.spans[at + 1].first {
-            self.spans[at].count += self.spans[at + 1].count;
-            self.spans.remove(at + 1);
-        }
-        if at > 0 && self.spans[at - 1].end() == self.spans[at].first {
-            self.spans[at - 1].count += self.spans[at].count;
-            self.spans.remove(at);
+        let extends_before = at > 0 && self.spans[at - 1].end() == seq.0;
+        let extends_after = self.spans.get(at).is_some_and(|s| s.first == seq.0 + 1);
+        match (extends_before, extends_after) {
+            (true, true) => {
+                self.spans[at - 1].count += 1 + self.spans[at].count;
+                self.spans.remove(at);
+            }
+            (true, false) => self.spans[at - 1].count += 1,
+            (false, true) => {
+                self.spans[at].first = seq.0;
+                self.spans[at].count += 1;
+            }
+            (false, false) => self.spans.insert(
+                at,
+                Span {
+                    first: seq.0,
+                    count: 1,
+                },
+            ),
         }
     }
 

@@ -180,11 +180,22 @@ pub(crate) fn encode<T: Record>(value: &T) -> Vec<u8> {
     // Room for a session record or an admission's event, so that most encodings do not grow.
     let mut out = Vec::with_capacity(256);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    // Writing into a Vec cannot fail for I/O reasons, and records are plain serde data that
-    // bincode can express (no `deserialize_any` types).
-    bincode::serde::encode_into_std_write(value.to_stored(), &mut out, config())
+    // Writing into a Vec cannot fail, and records are plain serde data that bincode can express
+    // (no `deserialize_any` types).
+    bincode::serde::encode_into_writer(value.to_stored(), Appending(&mut out), config())
         .expect("invariant: records are plain serde data that bincode can encode");
     out
+}
+
+/// Appends what bincode writes to a vector: one `extend_from_slice` a write, without the
+/// `std::io::Write` layer's count of bytes written.
+struct Appending<'a>(&'a mut Vec<u8>);
+
+impl bincode::enc::write::Writer for Appending<'_> {
+    fn write(&mut self, bytes: &[u8]) -> Result<(), bincode::error::EncodeError> {
+        self.0.extend_from_slice(bytes);
+        Ok(())
+    }
 }
 
 pub(crate) fn decode<T: Record>(what: &str, bytes: &[u8]) -> Result<T> {
