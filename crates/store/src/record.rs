@@ -1,11 +1,20 @@
 //! What the `sessions` table holds for a session: its row and its inbox.
 //!
 //! The inbox keeps only the admitted seqs of the pending inputs, as spans of consecutive seqs,
-//! in the record every event of the session rewrites anyway: a few bytes, however deep the
+//! in the record that the session's events rewrite (see below): a few bytes, however deep the
 //! queue when prompts arrive back to back. An input's id, delivery and prompt are in its
 //! `PromptAdmitted` event, which the log keeps anyway and which is read back at promotion (and
 //! when an exact retry is compared), so admitting an input writes its prompt once and adds no
 //! row of its own.
+//!
+//! **A record may trail its log by admissions** (format 9). An admission changes only the
+//! record's last seq, its time, its pending count and its inbox, all of which its
+//! `PromptAdmitted` event says. So an admission queued behind pending input writes the record
+//! marked as trailing (`trails`), and the admissions that follow it are not written to the record
+//! at all, up to [`MAX_TRAIL`] of them; readers of a marked record apply the session's events
+//! after its last seq ([`SessionRecord::admit`]). Any other event, and an admission to a session
+//! without pending input (a turn's), writes the record whole and unmarked, so a reader looks at
+//! the log's tail only for a session with a queue of prompts.
 
 use agenthost_model::{Event, InboxRow, Seq, SessionId, SessionRow, Stored};
 use serde::{Deserialize, Serialize};
@@ -18,12 +27,51 @@ use crate::error::{Error, Result};
 pub(crate) struct SessionRecord {
     pub(crate) row: SessionRow,
     pub(crate) inbox: Inbox,
+    /// Admissions after this record may be in the log instead of in it (see above). Set by the
+    /// writer on the record it writes for an admission queued behind pending input; the record
+    /// of any other event is written without it.
+    pub(crate) trails: bool,
 }
+
+/// Most admissions a stored record trails its log by.
+pub(crate) const MAX_TRAIL: u32 = 32;
 
 impl SessionRecord {
     /// Holds a claim or has pending input: recovery's business (see `tables::WORKING`).
     pub(crate) fn working(&self) -> bool {
         self.row.claim.is_some() || self.row.pending > 0
+    }
+
+    /// Whether the stored record may trail its log.
+    pub(crate) fn may_trail(&self) -> bool {
+        self.trails
+    }
+
+    /// Applies an admission that follows the record in its session's log, as the projector
+    /// does: its seq is the next one, and it adds a pending input.
+    pub(crate) fn admit(&mut self, stored: &Stored) -> Result<()> {
+        let corrupt = |reason: String| Error::Corrupt {
+            what: format!("session record {} at seq {}", self.row.id, stored.seq),
+            reason,
+        };
+        if !matches!(stored.event, Event::PromptAdmitted { .. }) {
+            return Err(corrupt(format!(
+                "the log after the record holds {}, not PromptAdmitted",
+                stored.event.kind()
+            )));
+        }
+        if stored.seq != self.row.last_seq.next() {
+            return Err(corrupt(format!(
+                "the log after the record goes on at seq {}, not {}",
+                stored.seq,
+                self.row.last_seq.next()
+            )));
+        }
+        self.row.last_seq = stored.seq;
+        self.row.updated = stored.time;
+        self.row.pending += 1;
+        self.inbox.add(stored.seq);
+        Ok(())
     }
 }
 
@@ -173,6 +221,61 @@ mod tests {
                 prop_assert!(inbox.spans.iter().all(|s| s.count > 0));
             }
         }
+    }
+
+    /// Catching a record up with an admission makes of it what the projector does, and
+    /// anything but the next admission is damage.
+    #[test]
+    fn an_admission_caught_up_is_what_the_projector_makes_of_it() {
+        use agenthost_model::{Delivery, MessageId, Projections, Prompt, Timestamp};
+        let s = SessionId::parse("ses_trail").expect("id");
+        let event = |seq: u64, event: Event| Stored {
+            seq: Seq(seq),
+            time: Timestamp(100 + seq),
+            event,
+        };
+        let created = event(
+            0,
+            Event::SessionCreated {
+                agent: "default".into(),
+                model: None,
+                title: None,
+            },
+        );
+        let admitted = |seq: u64| {
+            event(
+                seq,
+                Event::PromptAdmitted {
+                    id: MessageId::parse(&format!("msg_{seq}")).expect("id"),
+                    delivery: Delivery::Queue,
+                    prompt: Prompt::text("later"),
+                    wake: true,
+                },
+            )
+        };
+        let mut p = Projections::default();
+        p.apply(&s, &created).expect("created");
+        let mut record = SessionRecord {
+            row: p.sessions[&s].clone(),
+            inbox: Inbox::default(),
+            trails: true,
+        };
+        for seq in 1..=3 {
+            p.apply(&s, &admitted(seq)).expect("admitted");
+            record.admit(&admitted(seq)).expect("caught up");
+        }
+        assert_eq!(record.row, p.sessions[&s]);
+        let pending: Vec<Seq> = p.inbox.keys().map(|(_, seq)| *seq).collect();
+        assert_eq!(record.inbox.seqs().collect::<Vec<_>>(), pending);
+
+        let before = record.clone();
+        let other = event(4, Event::ExecutionStarted { forced: false });
+        assert!(matches!(record.admit(&other), Err(Error::Corrupt { .. })));
+        assert!(matches!(
+            record.admit(&admitted(6)),
+            Err(Error::Corrupt { .. })
+        ));
+        assert_eq!(record, before, "a refused event changes nothing");
     }
 
     #[test]

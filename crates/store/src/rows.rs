@@ -19,8 +19,8 @@
 use std::collections::BTreeMap;
 
 use agenthost_model::{
-    InboxRow, IndexEntry, InstructionState, Message, MessageId, Projection, Schedule, ScheduleId,
-    Seq, SessionId, SessionRow, Stored,
+    Event, InboxRow, IndexEntry, InstructionState, Message, MessageId, Projection, Schedule,
+    ScheduleId, Seq, SessionId, SessionRow, Stored,
 };
 use redb::{ReadOnlyTable, ReadTransaction, ReadableTable, WriteTransaction};
 
@@ -44,7 +44,8 @@ use crate::tables::*;
 /// committed; when a commit fails the writer drops the whole cache (nothing of that batch, or of
 /// the one planned on top of it, took effect).
 pub(crate) struct Committed {
-    records: Recent<SessionId, SessionRecord>,
+    /// Each with how many admissions it is ahead of the record stored (see `record`).
+    records: Recent<SessionId, (SessionRecord, u32)>,
     /// Rows of inputs that were pending when cached. Whether one still is comes from its
     /// session's inbox, never from here.
     inputs: Recent<(SessionId, Seq), InboxRow>,
@@ -73,20 +74,21 @@ impl Committed {
         records: impl ExactSizeIterator<Item = SessionRecord>,
         inputs: impl ExactSizeIterator<Item = ((SessionId, Seq), InboxRow)>,
     ) {
-        let records = records.map(|record| (record.row.id.clone(), record));
+        let records = records.map(|record| (record.row.id.clone(), (record, 0)));
         self.records.extend(records.len(), records);
         self.inputs.extend(inputs.len(), inputs);
     }
 
     fn get(&self, id: &SessionId) -> Option<&SessionRecord> {
-        self.records.get(id)
+        self.records.get(id).map(|(record, _)| record)
     }
 
     /// Takes in what a batch read and wrote, once it is handed over.
     pub(crate) fn take(&mut self, cached: Cached) {
         // Sessions the batch read and found missing have no record to keep.
         let most = cached.sessions.len();
-        let records = (cached.sessions.into_iter()).filter_map(|(id, e)| Some((id, e.now?)));
+        let records =
+            (cached.sessions.into_iter()).filter_map(|(id, e)| Some((id, (e.now?, e.trail))));
         self.records.extend(most, records);
         self.inputs
             .extend(cached.inputs.len(), cached.inputs.into_iter());
@@ -136,16 +138,38 @@ impl<K: std::hash::Hash + Eq, V> Recent<K, V> {
     }
 }
 
-/// Reads a session's record: from the writer's cache, else from the table.
+/// Reads a session's record as it is now, and how many admissions it is ahead of the record
+/// stored: from the writer's cache, else from the table and the log after it.
 fn load(
     committed: &Committed,
     sessions: &impl ReadableTable<&'static str, Bytes>,
+    events: &log::ReadLog,
     id: &SessionId,
-) -> Result<Option<SessionRecord>> {
-    if let Some(record) = committed.get(id) {
-        return Ok(Some(record.clone()));
+) -> Result<Option<(SessionRecord, u32)>> {
+    if let Some(cached) = committed.records.get(id) {
+        return Ok(Some(cached.clone()));
     }
-    read_record(sessions, id.as_str())
+    let Some(mut record) = read_record(sessions, id.as_str())? else {
+        return Ok(None);
+    };
+    let trail = catch_up(&mut record, events)?;
+    Ok(Some((record, trail)))
+}
+
+/// Applies to a stored record the admissions its log holds after it (see `record`); returns
+/// how many.
+pub(crate) fn catch_up(record: &mut SessionRecord, events: &log::ReadLog) -> Result<u32> {
+    if !record.may_trail() {
+        return Ok(0);
+    }
+    let mut trail = 0;
+    let id = record.row.id.clone();
+    events.for_each(id.as_str(), record.row.last_seq.0 + 1, |_, bytes| {
+        record.admit(&decode::<Stored>("event", bytes)?)?;
+        trail += 1;
+        Ok(true)
+    })?;
+    Ok(trail)
 }
 
 fn read_record(
@@ -183,6 +207,8 @@ pub(crate) fn prune_working(txn: &WriteTransaction) -> Result<usize> {
 pub(crate) struct SessionEntry {
     found: Option<bool>,
     now: Option<SessionRecord>,
+    /// Admissions `now` is ahead of the record stored, or of the one this batch writes.
+    trail: u32,
     /// Changed by an operation whose rows are not encoded yet.
     dirty: bool,
     /// Listed in `sessions_by_created`, or put in the working set, by this batch already.
@@ -539,7 +565,13 @@ impl<'t> Tables<'t> {
 
     /// The session's entry, read once per transaction.
     fn entry(&mut self, id: &SessionId) -> Result<&mut SessionEntry> {
-        entry_in(&mut self.session_rows, self.committed, &self.sessions, id)
+        entry_in(
+            &mut self.session_rows,
+            self.committed,
+            &self.sessions,
+            &self.events,
+            id,
+        )
     }
 
     /// Reads from the session's row without copying it.
@@ -598,7 +630,13 @@ impl<'t> Tables<'t> {
 
     /// Marks a session's record changed by the current operation.
     fn touch(&mut self, id: &SessionId) -> Result<&mut SessionEntry> {
-        let at = entry_at(&mut self.session_rows, self.committed, &self.sessions, id)?;
+        let at = entry_at(
+            &mut self.session_rows,
+            self.committed,
+            &self.sessions,
+            &self.events,
+            id,
+        )?;
         let entry = &mut self.session_rows.entries[at].1;
         if !entry.dirty {
             entry.dirty = true;
@@ -608,12 +646,20 @@ impl<'t> Tables<'t> {
     }
 
     /// Encodes the rows the operation just flushed changed, so that handing the batch over
-    /// costs no encoding. The lists of changed rows are emptied, not dropped: the next
-    /// operation fills them again.
-    fn encode_changed(&mut self) -> Result<()> {
+    /// costs no encoding. `events` are the operation's. The lists of changed rows are emptied,
+    /// not dropped: the next operation fills them again.
+    fn encode_changed(&mut self, events: &[(SessionId, Stored)]) -> Result<()> {
+        let admissions_only = events
+            .iter()
+            .all(|(_, stored)| matches!(stored.event, Event::PromptAdmitted { .. }));
         let mut sessions = std::mem::take(&mut self.dirty_sessions);
         for &at in &sessions {
-            self.write_session(at)?;
+            let id = &self.session_rows.entries[at].0;
+            let admitted = match admissions_only {
+                true => events.iter().filter(|(session, _)| session == id).count(),
+                false => 0,
+            };
+            self.write_session(at, admitted as u32)?;
         }
         sessions.clear();
         self.dirty_sessions = sessions;
@@ -698,7 +744,12 @@ impl<'t> Tables<'t> {
         for id in listed {
             let working = match self.session_rows.get(&id) {
                 Some(entry) => entry.now.as_ref().is_some_and(SessionRecord::working),
-                None => load(self.committed, &self.sessions, &id)?.is_some_and(|r| r.working()),
+                // A stored record without pending input trails nothing, so the stored one
+                // says whether the session works.
+                None => match self.committed.get(&id) {
+                    Some(record) => record.working(),
+                    None => read_record(&self.sessions, id.as_str())?.is_some_and(|r| r.working()),
+                },
             };
             if !working {
                 idle.push(id);
@@ -710,15 +761,27 @@ impl<'t> Tables<'t> {
     /// Encodes a session's record, lists a new session by creation time, and puts the session
     /// in the working set when its work starts: when it was not working as the batch found it
     /// and the set does not hold it already. (A later operation of the batch may leave it idle
-    /// again; the next fold prunes it then.)
-    fn write_session(&mut self, at: usize) -> Result<()> {
+    /// again; the next fold prunes it then.) `admitted`: how many admissions of the session the
+    /// operation made, when it made nothing else; the record is then not written when the one
+    /// they follow has pending input and it stays within [`record::MAX_TRAIL`] of the log.
+    fn write_session(&mut self, at: usize, admitted: u32) -> Result<()> {
         let (id, entry) = &mut self.session_rows.entries[at];
         entry.dirty = false;
-        let Some(record) = &entry.now else {
+        let Some(record) = &mut entry.now else {
             return Ok(());
         };
         let id = id.clone();
-        self.writes.sessions.insert(id.clone(), encode(record));
+        // Admissions queued behind pending input: the first writes the record marked, the
+        // next ones leave it as it is.
+        let queued = admitted > 0 && record.row.pending.saturating_sub(admitted) > 0;
+        if queued && record.trails && entry.trail + admitted <= record::MAX_TRAIL {
+            entry.trail += admitted;
+        } else {
+            record.trails = queued;
+            entry.trail = 0;
+            self.writes.sessions.insert(id.clone(), encode(&*record));
+        }
+        let record = &*record;
         if entry.found.is_none() && !entry.listed {
             entry.listed = true;
             self.writes
@@ -775,9 +838,10 @@ fn entry_in<'m>(
     rows: &'m mut SessionEntries,
     committed: &Committed,
     sessions: &impl ReadableTable<&'static str, Bytes>,
+    events: &log::ReadLog,
     id: &SessionId,
 ) -> Result<&'m mut SessionEntry> {
-    let at = entry_at(rows, committed, sessions, id)?;
+    let at = entry_at(rows, committed, sessions, events, id)?;
     Ok(&mut rows.entries[at].1)
 }
 
@@ -786,17 +850,22 @@ fn entry_at(
     rows: &mut SessionEntries,
     committed: &Committed,
     sessions: &impl ReadableTable<&'static str, Bytes>,
+    events: &log::ReadLog,
     id: &SessionId,
 ) -> Result<usize> {
     if let Some(at) = rows.find(id) {
         return Ok(at);
     }
-    let found = load(committed, sessions, id)?;
+    let (found, trail) = match load(committed, sessions, events, id)? {
+        Some((record, trail)) => (Some(record), trail),
+        None => (None, 0),
+    };
     Ok(rows.insert(
         id.clone(),
         SessionEntry {
             found: found.as_ref().map(SessionRecord::working),
             now: found,
+            trail,
             dirty: false,
             listed: false,
             joined: false,
@@ -874,6 +943,7 @@ impl Projection for Tables<'_> {
                 entry.now = Some(SessionRecord {
                     row,
                     inbox: Default::default(),
+                    trails: false,
                 })
             }
         }
@@ -1116,7 +1186,7 @@ impl<'a, 't> Overlay<'a, 't> {
             }
         }
         tables.op = op;
-        tables.encode_changed()?;
+        tables.encode_changed(&self.events)?;
         Ok(self.events)
     }
 }
@@ -1250,6 +1320,7 @@ mod tests {
         SessionRecord {
             row,
             inbox: Default::default(),
+            trails: false,
         }
     }
 

@@ -139,12 +139,21 @@ impl RedbSnapshot {
         })
     }
 
+    /// A session's record as of this snapshot: the stored one, caught up with the admissions
+    /// the log holds after it (see `record`).
     fn record(&self, id: &SessionId) -> Result<Option<SessionRecord>> {
         let table = self.txn.open_table(SESSIONS).map_err(storage)?;
         let value = table.get(id.as_str()).map_err(storage)?;
-        value
-            .map(|v| decode("session record", v.value()))
-            .transpose()
+        let Some(mut record) = value
+            .map(|v| decode::<SessionRecord>("session record", v.value()))
+            .transpose()?
+        else {
+            return Ok(None);
+        };
+        if record.may_trail() {
+            crate::rows::catch_up(&mut record, &log::ReadLog::open(&self.txn)?)?;
+        }
+        Ok(Some(record))
     }
 
     /// The schedules table, `None` in a store of a format before 6 opened read-only: opening
@@ -350,13 +359,19 @@ impl RedbSnapshot {
     pub(crate) fn projections(&self) -> Result<agenthost_model::Projections> {
         let mut p = agenthost_model::Projections::default();
         let mut inboxes = Vec::new();
-        self.all(SESSIONS, "session record", |_, record: SessionRecord| {
-            if !record.inbox.is_empty() {
-                inboxes.push((record.row.id.clone(), record.inbox));
-            }
-            p.sessions.insert(record.row.id.clone(), record.row);
-            Ok(())
-        })?;
+        let log = log::ReadLog::open(&self.txn)?;
+        self.all(
+            SESSIONS,
+            "session record",
+            |_, mut record: SessionRecord| {
+                crate::rows::catch_up(&mut record, &log)?;
+                if !record.inbox.is_empty() {
+                    inboxes.push((record.row.id.clone(), record.inbox));
+                }
+                p.sessions.insert(record.row.id.clone(), record.row);
+                Ok(())
+            },
+        )?;
         for (s, inbox) in inboxes {
             for row in self.inputs(&s, &inbox)? {
                 p.inbox.insert((s.clone(), row.admitted_seq), row);

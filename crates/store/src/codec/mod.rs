@@ -3,7 +3,7 @@
 //! **Records are the store's own, versioned types.** The store never encodes a model type: each
 //! persisted model type (events, messages, the session record, index entries, instruction state,
 //! schedules) implements [`Record`], which converts it to its record in the current format
-//! (`v7`'s records, unchanged in format 8) and back.
+//! (`v7`'s records, unchanged in format 8, and `v9`'s session record) and back.
 //! A record mirrors its model type field for field as that type was when its format shipped,
 //! and never changes after; the conversions are written out by hand, so that a change to a model
 //! type fails to compile here instead of silently changing the bytes on disk.
@@ -30,6 +30,7 @@ mod v3;
 mod v5;
 mod v6;
 mod v7;
+mod v9;
 
 use agenthost_model::{IndexEntry, InstructionState, Message, Schedule, Stored};
 use serde::Serialize;
@@ -38,15 +39,17 @@ use serde::de::DeserializeOwned;
 use crate::error::{Error, Result};
 use crate::record::SessionRecord;
 
-/// The store format this build writes: 8, format 3 (the first that shipped; versions 1 and 2
+/// The store format this build writes: 9, format 3 (the first that shipped; versions 1 and 2
 /// never did) with variants appended: one event in format 4, in format 5 the events, tool state
 /// and message part of approvals, in format 6 the events of schedules (and the schedule record
 /// they hold, which the schedules projection stores), and in format 7 the events of budgets and
-/// two fields of the session record. Format 8 has format 7's records; what it changes is the
-/// embedded store's event log, which gained its middle tier (see `log`): a build of format 7
-/// would not read the events there, so it must refuse the store. A later format adds its
-/// upgrade from this one, and its own golden file.
-pub const FORMAT_VERSION: u16 = 8;
+/// two fields of the session record. Format 8 has format 7's records and changed the embedded
+/// store's event log, which gained its middle tier (see `log`): a build of format 7 would not
+/// read the events there, so it must refuse the store. Format 9 appends a field to the session
+/// record, which may now trail its log by admissions (`v9`, see `record`); a record of an earlier
+/// format reads as one that trails nothing, so the upgrade rewrites only the version. A later
+/// format adds its upgrade from this one, and its own golden file.
+pub const FORMAT_VERSION: u16 = 9;
 
 /// The oldest format this build opens: every value of formats 3 to 7 decodes with format 7's
 /// records (see `v7`; a session record by the format it was written in), and opening such a
@@ -101,24 +104,23 @@ impl Record for Stored {
 }
 
 impl Record for SessionRecord {
-    type Stored<'a> = v7::SessionRecord<'a>;
+    type Stored<'a> = v9::SessionRecord<'a>;
 
-    fn to_stored(&self) -> v7::SessionRecord<'_> {
+    fn to_stored(&self) -> v9::SessionRecord<'_> {
         self.into()
     }
 
-    fn from_stored(stored: v7::SessionRecord<'static>) -> Result<Self, agenthost_model::Error> {
+    fn from_stored(stored: v9::SessionRecord<'static>) -> Result<Self, agenthost_model::Error> {
         stored.try_into()
     }
 
     fn from_body(version: u16, body: &[u8]) -> Result<Self, String> {
-        if version < 7 {
-            let stored: v3::SessionRecord<'static> = body_of(body)?;
-            return stored
-                .try_into()
-                .map_err(|e: agenthost_model::Error| e.to_string());
+        let converted = |r: Result<Self, agenthost_model::Error>| r.map_err(|e| e.to_string());
+        match version {
+            ..7 => converted(body_of::<v3::SessionRecord<'static>>(body)?.try_into()),
+            7..9 => converted(body_of::<v7::SessionRecord<'static>>(body)?.try_into()),
+            _ => converted(Self::from_stored(body_of(body)?)),
         }
-        Self::from_stored(body_of(body)?).map_err(|e| e.to_string())
     }
 }
 

@@ -717,10 +717,12 @@ fn every_record_shape_round_trips() {
                 Some("set"),
             ),
             inbox,
+            trails: true,
         },
         SessionRecord {
             row: row(None, None),
             inbox: Inbox::default(),
+            trails: false,
         },
     ] {
         round_trip("session record", &record);
@@ -1151,11 +1153,19 @@ fn format_7_budgets_are_appended_and_older_session_records_read_without_one() {
             ..crate::tests::session_row("ses_old", 1, None)
         },
         inbox,
+        trails: false,
     };
     let now = encode(&record);
+    // Format 9's record ends with whether it trails; without it, it is format 7's.
+    assert_eq!(now[now.len() - 1], 0);
+    let seven = [&7u16.to_le_bytes()[..], &now[2..now.len() - 1]].concat();
+    assert_eq!(
+        decode::<SessionRecord>("session", &seven).expect("decodes"),
+        record
+    );
     // No budget of its own (four absent limits), no block.
-    assert_eq!(now[now.len() - 5..], [0, 0, 0, 0, 0]);
-    let six = [&6u16.to_le_bytes()[..], &now[2..now.len() - 5]].concat();
+    assert_eq!(seven[seven.len() - 5..], [0, 0, 0, 0, 0]);
+    let six = [&6u16.to_le_bytes()[..], &seven[2..seven.len() - 5]].concat();
     assert_eq!(
         decode::<SessionRecord>("session", &six).expect("decodes"),
         record
@@ -1171,6 +1181,7 @@ fn format_7_budgets_are_appended_and_older_session_records_read_without_one() {
             ..record.row.clone()
         },
         inbox: record.inbox.clone(),
+        trails: false,
     };
     round_trip("session record", &blocked);
     // A format-6 value cut short of its fields, or a format-7 value without them, is corrupt.

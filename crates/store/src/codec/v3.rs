@@ -417,7 +417,7 @@ pub(crate) struct SessionRecord<'a> {
 
 impl<'a> From<&'a record::SessionRecord> for SessionRecord<'a> {
     fn from(record: &'a record::SessionRecord) -> Self {
-        let record::SessionRecord { row, inbox } = record;
+        let record::SessionRecord { row, inbox, .. } = record;
         SessionRecord {
             row: row.into(),
             inbox: Cow::Borrowed(inbox),
@@ -432,6 +432,7 @@ impl TryFrom<SessionRecord<'_>> for record::SessionRecord {
         Ok(record::SessionRecord {
             row: row.try_into()?,
             inbox: inbox.into_owned(),
+            trails: false,
         })
     }
 }

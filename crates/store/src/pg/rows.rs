@@ -401,6 +401,7 @@ impl Projection for Overlay<'_, '_> {
                     SessionRecord {
                         row,
                         inbox: Default::default(),
+                        trails: false,
                     },
                 );
             }

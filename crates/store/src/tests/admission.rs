@@ -625,3 +625,75 @@ async fn a_session_at_its_pending_limit_refuses_new_input_but_answers_retries() 
         .await
         .expect("room again");
 }
+
+/// Admissions queued behind pending input do not rewrite the session's record, up to
+/// `record::MAX_TRAIL` of them (format 9); every reader, and the writer after a restart, sees the
+/// record caught up with them.
+#[tokio::test]
+async fn queued_admissions_trail_the_stored_record_and_every_reader_catches_up() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = open(dir.path());
+    let s = sid("queue");
+    store
+        .create_session(new_session(&s))
+        .await
+        .expect("created");
+    let queued = 40u64;
+    for i in 0..queued {
+        store
+            .admit(admission(&s, &mid(&format!("q{i}")), "later"))
+            .await
+            .expect("admitted");
+    }
+    let row = store
+        .snapshot()
+        .expect("snapshot")
+        .session(&s)
+        .expect("read");
+    let row = row.expect("the session");
+    assert_eq!((row.last_seq, row.pending), (Seq(queued), queued as u32));
+    assert_replay_equal(&store);
+
+    // The stored record trails the log, by at most the bound.
+    store.close();
+    drop(store);
+    {
+        let db = redb::Database::create(dir.path().join("store.redb")).expect("raw open");
+        let txn = redb::ReadableDatabase::begin_read(&db).expect("read");
+        let table = txn.open_table(crate::tables::SESSIONS).expect("sessions");
+        let value = redb::ReadableTable::get(&table, s.as_str()).expect("get");
+        let stored: crate::record::SessionRecord =
+            crate::codec::decode("session record", value.expect("stored").value())
+                .expect("decodes");
+        let trail = queued - stored.row.last_seq.0;
+        assert!(trail > 0, "the record trails its log");
+        assert!(
+            trail <= u64::from(crate::record::MAX_TRAIL),
+            "by at most the bound: {trail}"
+        );
+    }
+
+    // After a restart the writer reads the record caught up too: more input, then promotions.
+    let store = open(dir.path());
+    store
+        .admit(admission(&s, &mid("after"), "more"))
+        .await
+        .expect("admitted");
+    let row = store
+        .snapshot()
+        .expect("snapshot")
+        .session(&s)
+        .expect("read");
+    assert_eq!(row.expect("the session").pending, queued as u32 + 1);
+    store
+        .promote(s.clone(), Boundary::Idle)
+        .await
+        .expect("promoted");
+    let row = store
+        .snapshot()
+        .expect("snapshot")
+        .session(&s)
+        .expect("read");
+    assert_eq!(row.expect("the session").pending, 0);
+    assert_replay_equal(&store);
+}
