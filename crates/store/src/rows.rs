@@ -744,7 +744,7 @@ impl<'t> Tables<'t> {
         for id in listed {
             let working = match self.session_rows.get(&id) {
                 Some(entry) => entry.now.as_ref().is_some_and(SessionRecord::working),
-                // A stored record without pending input trails nothing, so the stored one
+                // A record that trails its log has pending input already, so the stored one
                 // says whether the session works.
                 None => match self.committed.get(&id) {
                     Some(record) => record.working(),
@@ -762,8 +762,9 @@ impl<'t> Tables<'t> {
     /// in the working set when its work starts: when it was not working as the batch found it
     /// and the set does not hold it already. (A later operation of the batch may leave it idle
     /// again; the next fold prunes it then.) `admitted`: how many admissions of the session the
-    /// operation made, when it made nothing else; the record is then not written when the one
-    /// they follow has pending input and it stays within [`record::MAX_TRAIL`] of the log.
+    /// operation made, when it made nothing else. Admissions queued behind pending input write
+    /// the record marked as trailing, or nothing when the record they follow is marked and
+    /// stays within [`record::MAX_TRAIL`] of the log (see `record`).
     fn write_session(&mut self, at: usize, admitted: u32) -> Result<()> {
         let (id, entry) = &mut self.session_rows.entries[at];
         entry.dirty = false;
