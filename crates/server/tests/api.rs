@@ -1904,6 +1904,10 @@ async fn a_stream_opened_mid_turn_misses_nothing() {
 /// Paced deltas (held while the interval runs, released together, or taken out by a durable
 /// event behind them) keep their order, and none is lost or repeated. Deltas of one part held
 /// together leave as one frame.
+///
+/// The pauses are long against the interval, so that a loaded machine's late timers do not
+/// change which deltas are held together: "d" comes half an interval after the second one
+/// began, so it is held by any lag under half an interval.
 #[tokio::test]
 async fn paced_deltas_keep_their_order_and_none_is_lost() {
     let h = harness_with(
@@ -1913,13 +1917,13 @@ async fn paced_deltas_keep_their_order_and_none_is_lost() {
                 .text("b")
                 .delay(Duration::from_millis(5))
                 .text("c")
-                .delay(Duration::from_millis(300))
+                .delay(Duration::from_millis(1_500))
                 .text("d")
                 .text("e")
                 .finish(FinishReason::Stop),
         ],
         Options {
-            delta_interval: Duration::from_millis(200),
+            delta_interval: Duration::from_millis(1_000),
             ..Options::default()
         },
         |_| {},
@@ -1933,31 +1937,44 @@ async fn paced_deltas_keep_their_order_and_none_is_lost() {
         Some(r#"{"text": "go"}"#),
     )
     .await;
-    let live = stream.until("execution_succeeded").await;
+    // Each frame with when it came, to tell deltas the interval held from those that left
+    // early (half an interval is far beyond any lag of a loaded machine's timers).
+    let mut live = Vec::new();
+    let mut came = Vec::new();
+    loop {
+        let frame = stream.next().await;
+        came.push(tokio::time::Instant::now());
+        let done = frame.event == "execution_succeeded";
+        live.push(frame);
+        if done {
+            break;
+        }
+    }
     let deltas: Vec<&str> = live
         .iter()
         .filter(|f| f.event == "delta")
         .map(|f| f.data["delta"].as_str().expect("text"))
         .collect();
-    // "a" at once and alone; "b" with it (when the bus held both until the step's start was
-    // published) or held by the interval; "c" held, with "b" or alone. When the interval let
-    // them out, "d" and "e" are held again (the next interval runs until after "d") and sent as
-    // one frame when the part's end takes them out. When a durable event took "b" and "c" out
-    // early instead (the step's start published late, as on a loaded machine), the interval
-    // may have run out by the time "d" comes: it then goes at once and alone, and "e" after it.
+    // "a" at once and alone; "b" and "c" held by the interval and sent together at its end,
+    // or sent early: with "a" while the stream was still writing it out, or taken out by a
+    // durable event behind them (the step's start published late, as on a loaded machine).
+    // When the interval let them out, "d" comes while the next interval runs and is held with
+    // "e", and the part's end sends both as one frame. When they left early, the interval has
+    // run out by the time "d" comes: it goes at once and alone, and "e" after it.
     assert_eq!(deltas.concat(), "abcde", "{live:#?}");
     assert_eq!(deltas[0], "a", "{live:#?}");
     assert!(deltas.len() <= 4, "{live:#?}");
-    let with_c = live
-        .iter()
-        .position(|f| {
-            f.event == "delta" && f.data["delta"].as_str().is_some_and(|d| d.contains('c'))
-        })
-        .expect("the delta with c");
-    let taken_out = live.get(with_c + 1).is_some_and(|f| f.event != "delta");
+    let delta_with = |c: char| {
+        live.iter()
+            .position(|f| {
+                f.event == "delta" && f.data["delta"].as_str().is_some_and(|d| d.contains(c))
+            })
+            .expect("the delta")
+    };
+    let early = came[delta_with('c')] - came[delta_with('a')] < Duration::from_millis(500);
     match deltas.as_slice() {
         [.., "de"] => {}
-        [.., "d", "e"] if taken_out => {}
+        [.., "d", "e"] if early => {}
         _ => panic!("d and e were held together but left apart: {live:#?}"),
     }
     let ended = live
