@@ -20,6 +20,7 @@ pub mod conformance;
 mod error;
 #[cfg(any(test, feature = "faults"))]
 pub mod faults;
+mod folder;
 mod log;
 mod ops;
 mod pg;
@@ -284,9 +285,14 @@ impl RedbStore {
         let (tx, requests) = mpsc::channel();
         let (signal, signals) = mpsc::channel();
         let (plans, planned) = mpsc::channel();
+        let (jobs, folder_jobs) = mpsc::channel();
+        let (folded_tx, folded) = mpsc::channel();
         let planner = Planner {
             db: db.clone(),
             front: log::Front::new(config.fold_rows),
+            folding: Default::default(),
+            folder: Some(jobs),
+            jobs: 0,
             committed: Default::default(),
             in_flight: Default::default(),
             epoch: 0,
@@ -317,8 +323,17 @@ impl RedbStore {
                 .spawn(run)
                 .map_err(|e| Error::Storage(format!("cannot start the {name} thread: {e}")))
         };
-        let inbox = Inbox { requests, signals };
+        let inbox = Inbox {
+            requests,
+            signals,
+            folded,
+        };
+        let folder_db = db.clone();
         let threads = vec![
+            spawn(
+                "store-folder",
+                Box::new(move || folder::run(folder_db, folder_jobs, folded_tx)),
+            )?,
             spawn(
                 "store-committer",
                 Box::new(move || committer.run(planned, signal)),

@@ -1107,13 +1107,14 @@ impl Projection for Tables<'_> {
 /// instead discards the operation without a trace.
 pub(crate) struct Overlay<'a, 't> {
     tables: &'a mut Tables<'t>,
-    events: Vec<(SessionId, Stored)>,
 }
 
 /// The rows one operation wrote, not yet handed to its batch. The batch keeps them between
 /// operations, empty, so that each operation reuses the maps of the one before it.
 #[derive(Default)]
 struct OpRows {
+    /// The operation's events, in the order it recorded them.
+    events: Vec<(SessionId, Stored)>,
     sessions: HashMap<SessionId, SessionRow>,
     messages: HashMap<(SessionId, Seq), Message>,
     inbox: HashMap<(SessionId, Seq), Option<InboxRow>>,
@@ -1130,6 +1131,7 @@ impl OpRows {
                 map.clear();
             }
         }
+        self.events.clear();
         empty(&mut self.sessions);
         empty(&mut self.messages);
         empty(&mut self.inbox);
@@ -1143,25 +1145,22 @@ impl<'a, 't> Overlay<'a, 't> {
     pub(crate) fn new(tables: &'a mut Tables<'t>) -> Self {
         // What an operation dropped without flushing left behind goes now.
         tables.op.clear();
-        Overlay {
-            tables,
-            events: Vec::new(),
-        }
+        Overlay { tables }
     }
 
-    /// Hands the buffered rows to the transaction, writes the events to the log, and returns
-    /// the events in the order they were recorded.
-    pub(crate) fn flush(self) -> Result<Vec<(SessionId, Stored)>> {
+    /// Hands the buffered rows to the transaction, writes the events to the log, and appends
+    /// the events to `events` in the order they were recorded.
+    pub(crate) fn flush(self, events: &mut Vec<(SessionId, Stored)>) -> Result<()> {
         let tables = self.tables;
+        let mut op = std::mem::take(&mut tables.op);
         // An operation's events are one session's, in seq order: one run each time the session
         // changes.
-        for chunk in self
+        for chunk in op
             .events
             .chunk_by(|(a, x), (b, y)| a == b && x.seq.next() == y.seq)
         {
             tables.put_events(&chunk[0].0, chunk)?;
         }
-        let mut op = std::mem::take(&mut tables.op);
         for (_, row) in op.sessions.drain() {
             tables.put_session(row)?;
         }
@@ -1186,19 +1185,20 @@ impl<'a, 't> Overlay<'a, 't> {
                 None => tables.remove_schedule(&session, &id)?,
             }
         }
+        tables.encode_changed(&op.events)?;
+        events.append(&mut op.events);
         tables.op = op;
-        tables.encode_changed(&self.events)?;
-        Ok(self.events)
+        Ok(())
     }
 }
 
 impl Rows for Overlay<'_, '_> {
     fn record(&mut self, session: &SessionId, stored: Stored) {
-        self.events.push((session.clone(), stored));
+        self.tables.op.events.push((session.clone(), stored));
     }
 
     fn recorded(&self) -> &[(SessionId, Stored)] {
-        &self.events
+        &self.tables.op.events
     }
 
     fn peek<T>(&mut self, id: &SessionId, f: impl FnOnce(&SessionRow) -> T) -> Result<Option<T>> {
@@ -1420,7 +1420,9 @@ mod tests {
         let mut next = Overlay::new(&mut tables);
         assert!(next.session(&s).unwrap().is_none());
         assert!(next.index(&id).unwrap().is_none());
-        assert!(next.flush().unwrap().is_empty());
+        let mut events = Vec::new();
+        next.flush(&mut events).unwrap();
+        assert!(events.is_empty());
         let finished = tables.finish(false).unwrap();
         assert!(finished.writes.sessions.is_empty() && finished.writes.index.is_empty());
         assert!(

@@ -1,12 +1,14 @@
-//! The group-commit writer: two threads, one write transaction at a time.
+//! The group-commit writer: two threads, one write transaction at a time (and a third that
+//! prepares folds of the log's front, `folder`).
 //!
 //! - The *planner* takes requests from one channel in arrival order and runs each operation
 //!   against the batch's view of the tables (`rows::Tables`): validation, the projector, and
 //!   the encoding of every row it changes. It reads through a read transaction, under the rows
 //!   of the batches still being committed, which it holds in memory.
-//! - The *committer* owns redb's write transaction: it inserts a batch's encoded rows, folds the
-//!   front of the log when due, and commits once with `Durability::Immediate`. Only after that
-//!   fsync does any caller of the batch hear back, so batching trades no durability.
+//! - The *committer* owns redb's write transaction: it inserts a batch's encoded rows, applies a
+//!   fold of the front of the log when the batch carries one, and commits once with
+//!   `Durability::Immediate`. Only after that fsync does any caller of the batch hear back, so
+//!   batching trades no durability.
 //!
 //! While the committer inserts batch N, the planner runs the operations of batch N+1 as they
 //! arrive (it encodes each operation's rows as it goes, so a batch is ready the moment it is
@@ -25,8 +27,11 @@
 //! a linger that brought nothing (its writers all wait in the batch) pauses lingering for
 //! [`DRY_PAUSE`] batches.
 //!
-//! A batch is planned on the rows of
-//! the (at most two) batches handed over and not yet durable. If a commit fails, the batch
+//! When the front of the log is due for a fold, the folder prepares it from a snapshot and a
+//! later batch carries it to the committer, which inserts what was prepared; a fold that merges
+//! into the base is done by the commit whole.
+//!
+//! A batch is planned on the rows of the (at most two) batches handed over and not yet durable. If a commit fails, the batch
 //! handed over on top of it is dropped, the one being planned fails, and the planner drops its
 //! caches and starts again from what is durable.
 //!
@@ -46,6 +51,7 @@ use redb::{Durability, ReadableDatabase as _};
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result, storage};
+use crate::folder::{self, Fold, Folding, Job};
 use crate::log::Front;
 use crate::ops::{Op, Outcome, execute};
 use crate::rows::{Changes, Committed, Finished, Overlay, Sizes, Tables, Writes};
@@ -166,9 +172,9 @@ pub(crate) struct Plan {
     /// How many failed commits the planner had seen: a batch planned before a failure is
     /// dropped, as it may build on the failed one.
     epoch: u64,
-    /// Fold the front of the log in this transaction (the writes then list the sessions to
-    /// take out of the working set).
-    fold: bool,
+    /// What the transaction does about the front of the log (when it folds, the writes also
+    /// list the sessions to take out of the working set).
+    fold: Fold,
     writes: Writes,
     /// Every operation's reply, in order: an operation refused by validation is answered with
     /// its error after the commit, like the others.
@@ -341,15 +347,22 @@ impl Linger {
     }
 }
 
-/// The planner's two channels.
+/// The planner's channels.
 pub(crate) struct Inbox {
     pub(crate) requests: mpsc::Receiver<Msg>,
     pub(crate) signals: mpsc::Receiver<Signal>,
+    /// The folder's outcomes (see `folder`).
+    pub(crate) folded: mpsc::Receiver<folder::Done>,
 }
 
 pub(crate) struct Planner {
     pub(crate) db: Arc<Slot>,
     pub(crate) front: Front,
+    /// The next fold of the front, and the folder that prepares it (`None` once its thread is
+    /// gone: the commit then folds). Jobs sent so far.
+    pub(crate) folding: Folding,
+    pub(crate) folder: Option<mpsc::Sender<Job>>,
+    pub(crate) jobs: u64,
     pub(crate) committed: Committed,
     /// The rows of the batches handed over and not yet durable, oldest first, by number.
     pub(crate) in_flight: VecDeque<(u64, Changes)>,
@@ -393,7 +406,37 @@ impl Planner {
             self.committed = Committed::default();
             self.in_flight.clear();
             self.epoch += 1;
+            self.folding.give_up(&mut self.front, None);
         }
+    }
+
+    /// Takes in what the folder prepared, and sends it the next job when one is due; returns
+    /// what the batch about to be planned does about the front.
+    fn fold_step(&mut self, inbox: &Inbox, flow: &Flow) -> (Fold, Option<crate::log::Frozen>) {
+        loop {
+            match inbox.folded.try_recv() {
+                Ok((job, outcome)) => self.folding.prepared(job, outcome, &mut self.front),
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    self.folder = None;
+                    self.folding.folder_gone();
+                    break;
+                }
+            }
+        }
+        if flow.failed.is_none() {
+            let (handed, done) = (flow.handed, flow.done);
+            let folder = self.folder.is_some();
+            if let Some(job) =
+                (self.folding).step(&mut self.front, handed, done, folder, &mut self.jobs)
+                && let Some(sender) = &self.folder
+                && sender.send(job).is_err()
+            {
+                self.folder = None;
+                self.folding.folder_gone();
+            }
+        }
+        self.folding.carried()
     }
 
     /// Plans the next batch and hands it over once the committer is ready for it. Returns
@@ -403,12 +446,13 @@ impl Planner {
         while self.in_flight.front().is_some_and(|(n, _)| *n <= flow.done) {
             self.in_flight.pop_front();
         }
-        let fold = self.front.due();
+        let (fold, frozen) = self.fold_step(inbox, flow);
         let mut replies = Replies::with_capacity(self.last_batch);
         let mut events = Vec::with_capacity(self.last_batch);
-        let finished = match self.gather(inbox, flow, fold, &mut replies, &mut events) {
+        let finished = match self.gather(inbox, flow, fold.folds(), &mut replies, &mut events) {
             Ok(finished) => finished,
             Err(reason) => {
+                self.folding.give_up(&mut self.front, frozen);
                 if replies.is_empty() {
                     // The batch could not even start: its first request takes the error, so
                     // that the planner does not try the same thing forever.
@@ -424,7 +468,11 @@ impl Planner {
         let n = flow.handed + 1;
         let ops = replies.len();
         let mut writes = finished.writes;
-        writes.generation = self.front.place(fold, finished.front_rows);
+        let prunes = fold.folds();
+        // A fold in the commit empties the whole front; a prepared one, the frozen generations,
+        // which the front no longer counts.
+        let emptied = matches!(fold, Fold::InCommit);
+        writes.generation = self.front.place(emptied, finished.front_rows);
         let plan = Plan {
             n,
             epoch: self.epoch,
@@ -447,7 +495,7 @@ impl Planner {
         self.sizes = finished.sizes;
         self.committed.take(finished.cached);
         let mut changes = finished.changes;
-        changes.prunes = fold;
+        changes.prunes = prunes;
         self.in_flight.push_back((n, changes));
         true
     }
@@ -499,7 +547,7 @@ impl Planner {
                 let mut overlay = Overlay::new(&mut tables);
                 let result = execute(&mut overlay, request.op, now, self.pending_limit).and_then(
                     |outcome| {
-                        events.extend(overlay.flush()?);
+                        overlay.flush(events)?;
                         Ok(outcome)
                     },
                 );
@@ -624,7 +672,7 @@ impl Committer {
             let count = replies.len();
             let committed = self
                 .writable()
-                .and_then(|()| self.commit(n, fold, &writes, planner));
+                .and_then(|()| self.commit(n, &fold, &writes, planner));
             match committed {
                 Ok(took) => {
                     self.db.set_health(Health::Ok);
@@ -679,18 +727,19 @@ impl Committer {
     fn commit(
         &self,
         n: u64,
-        fold: bool,
+        fold: &Fold,
         writes: &Writes,
         planner: &mpsc::Sender<Signal>,
     ) -> Result<Duration> {
         let mut txn = self.db.get()?.begin_write().map_err(storage)?;
         txn.set_durability(Durability::Immediate).map_err(storage)?;
-        let mut folded = None;
-        if fold {
-            let start = Instant::now();
-            let rows = crate::log::fold(&txn)?;
-            folded = Some((rows, start.elapsed()));
+        let start = Instant::now();
+        let folded = match fold {
+            Fold::None => None,
+            Fold::InCommit => Some(crate::log::fold(&txn)?),
+            Fold::Prepared(runs) => Some(crate::log::apply(&txn, runs)?),
         }
+        .map(|rows| (rows, start.elapsed()));
         writes.apply(&txn)?;
         if let Some((rows, took)) = folded {
             self.stats.maintenance_runs.inc();

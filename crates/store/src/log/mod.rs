@@ -36,9 +36,9 @@ mod read;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use fold::fold;
 #[cfg(test)]
 pub(crate) use fold::merge_all;
+pub(crate) use fold::{Prepared, Runs, apply, fold, prepare};
 pub(crate) use read::{ReadLog, generations};
 
 /// Key of the base: `(session, first seq)`.
@@ -76,6 +76,16 @@ pub(crate) struct Front {
     generation_rows: usize,
 }
 
+/// Generations of the front closed for a fold being prepared ([`Front::freeze`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Frozen {
+    /// The last of them: the fold takes every generation up to this one.
+    pub(crate) upto: u64,
+    /// The events and generations they held, as the front counted them.
+    rows: usize,
+    generations: usize,
+}
+
 /// Most generations between folds.
 const FOLD_GENERATIONS: usize = 64;
 
@@ -99,6 +109,30 @@ impl Front {
     /// Whether the next batch folds the front first.
     pub(crate) fn due(&self) -> bool {
         self.rows >= self.fold_rows || self.generations >= FOLD_GENERATIONS
+    }
+
+    /// Closes the generations the front holds so far to further batches, for a fold of them
+    /// prepared while batches go on (see `fold::prepare`): later batches go to higher
+    /// generations, and count towards the next fold from zero.
+    pub(crate) fn freeze(&mut self) -> Frozen {
+        let frozen = Frozen {
+            upto: self.generation,
+            rows: self.rows,
+            generations: self.generations,
+        };
+        self.generation += 1;
+        self.rows = 0;
+        self.in_generation = 0;
+        self.generations = 0;
+        self.closed = false;
+        frozen
+    }
+
+    /// Frozen generations that were not folded after all: they count towards the next fold
+    /// again.
+    pub(crate) fn thaw(&mut self, frozen: Frozen) {
+        self.rows += frozen.rows;
+        self.generations += frozen.generations;
     }
 
     /// Places a batch that adds `added` events to the front, after folding it or not, in the

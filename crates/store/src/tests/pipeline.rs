@@ -101,6 +101,37 @@ async fn a_failed_commit_fails_its_batch_and_the_planner_starts_over() {
     );
 }
 
+/// Folds prepared off the commit path meet failed commits at every stage (frozen, being
+/// prepared, carried by the batch that fails or by one dropped on top of it): whatever fails,
+/// every answer holds, the log reads as a replay of what was answered, and the store opens
+/// again to the same contents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn folds_prepared_across_failed_commits_lose_and_repeat_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, sessions) = with_sessions(dir.path(), 8).await;
+    let folds = store.stats().maintenance_runs.get();
+    let mut answers = Vec::new();
+    // Small rounds, so that commits are many: a fold takes three (the one it freezes after,
+    // the one whose plan sends it to the folder, the one that carries it).
+    for round in 0..40 {
+        if round % 3 == 1 {
+            store.fail_commits.store(1, Ordering::SeqCst);
+        }
+        let tag = format!("f{round}x");
+        answers.extend(admit_all(&store, &sessions, 2, &tag).await);
+        assert_answers_hold(&store, &answers);
+        assert_replay_equal(&store);
+    }
+    assert!(store.stats().failed_commits.get() >= 10);
+    let folded = store.stats().maintenance_runs.get() - folds;
+    assert!(folded >= 5, "the front folded as the rounds went: {folded}");
+    let kept = contents(&store);
+    store.close();
+    let reopened = open(dir.path());
+    assert_eq!(contents(&reopened), kept);
+    assert_answers_hold(&reopened, &answers);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_and_promotions_see_the_batches_still_being_committed() {
     use agenthost_model::promotion::Boundary;
