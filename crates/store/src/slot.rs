@@ -77,8 +77,8 @@ impl Slot {
     }
 
     /// Closes the database and opens it again, which clears redb's refusal after an I/O error.
-    /// Readers and the planner hold it only for one transaction at a time; they are waited for
-    /// (boundedly), since the file can be opened again only once it is released.
+    /// Readers, the planner and the folder hold it only for one transaction at a time; they are
+    /// waited for (boundedly), since the file can be opened again only once it is released.
     pub(crate) fn reopen(&self) -> Result<()> {
         if self.closed.load(std::sync::atomic::Ordering::Acquire) {
             return Err(Error::Closed);

@@ -31,9 +31,9 @@
 //! later batch carries it to the committer, which inserts what was prepared; a fold that merges
 //! into the base is done by the commit whole.
 //!
-//! A batch is planned on the rows of the (at most two) batches handed over and not yet durable. If a commit fails, the batch
-//! handed over on top of it is dropped, the one being planned fails, and the planner drops its
-//! caches and starts again from what is durable.
+//! A batch is planned on the rows of the (at most two) batches handed over and not yet durable.
+//! If a commit fails, the batch handed over on top of it is dropped, the one being planned fails,
+//! and the planner drops its caches and starts again from what is durable.
 //!
 //! Std threads and std channels, not tokio tasks: the commit blocks on fsync and must never
 //! occupy a runtime worker.
