@@ -143,14 +143,16 @@ impl Runs {
 /// [`fold`] would into a new epoch of the middle. Those generations must no longer change: every
 /// batch that wrote them is durable, and later batches go to higher generations.
 pub(crate) fn prepare(txn: &ReadTransaction, upto: u64) -> Result<Prepared> {
-    prepare_within(txn, upto, MIDDLE_EPOCHS)
+    prepare_within(txn, upto, MIDDLE_EPOCHS, PREPARED_BYTES)
 }
 
-/// [`prepare`], with the middle holding at most `most_epochs` (see [`fold_within`]).
+/// [`prepare`], with the middle holding at most `most_epochs` (see [`fold_within`]) and the
+/// prepared runs at most `most_bytes`.
 pub(crate) fn prepare_within(
     txn: &ReadTransaction,
     upto: u64,
     most_epochs: usize,
+    most_bytes: usize,
 ) -> Result<Prepared> {
     let front = txn.open_table(EVENTS_FRONT).map_err(storage)?;
     let middle = txn.open_table(EVENTS_MIDDLE).map_err(storage)?;
@@ -173,7 +175,7 @@ pub(crate) fn prepare_within(
     };
     let mut too_large = false;
     let joined = join(parts, |session, first, run| {
-        if runs.bytes.len() + run.len() > PREPARED_BYTES {
+        if runs.bytes.len() + run.len() > most_bytes {
             // Stops the join; the commit folds instead.
             too_large = true;
             return Err(Error::Storage("a prepared fold past its bound".into()));

@@ -109,6 +109,9 @@ proptest! {
     fn every_read_matches_a_plain_map(
         ops in prop::collection::vec(op(), 1..40),
         most_epochs in 0usize..4,
+        // A prepared fold's bound in bytes: mostly none, else small enough that some folds are
+        // left to the commit.
+        most_bytes in prop_oneof![3 => Just(usize::MAX), 1 => 1usize..20_000],
     ) {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = Database::create(dir.path().join("log.redb")).expect("db");
@@ -128,7 +131,7 @@ proptest! {
                     let upto = generation;
                     generation += 1;
                     let txn = db.begin_read().expect("read");
-                    prepared = Some(prepare_within(&txn, upto, most_epochs).expect("prepare"));
+                    prepared = Some(prepare_within(&txn, upto, most_epochs, most_bytes).expect("prepare"));
                 }
                 continue;
             }
