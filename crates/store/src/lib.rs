@@ -304,6 +304,7 @@ impl RedbStore {
             },
             last_batch: 0,
             sizes: Default::default(),
+            entries: Default::default(),
             stats: stats.clone(),
             pending_limit: config.pending_limit,
             clock: config.clock,

@@ -83,18 +83,22 @@ impl Committed {
         self.records.get(id).map(|(record, _)| record)
     }
 
-    /// Takes in what a batch read and wrote, once it is handed over.
-    pub(crate) fn take(&mut self, cached: Cached) {
+    /// Takes in what a batch read and wrote, once it is handed over; returns the batch's
+    /// session entries emptied, for the next batch to fill without growing them again.
+    pub(crate) fn take(&mut self, cached: Cached) -> SessionEntries {
+        let mut sessions = cached.sessions;
         // Sessions the batch read and found missing have no record to keep.
-        let most = cached.sessions.len();
+        let most = sessions.len();
         let records =
-            (cached.sessions.into_iter()).filter_map(|(id, e)| Some((id, (e.now?, e.trail))));
+            (sessions.entries.drain(..)).filter_map(|(id, e)| Some((id, (e.now?, e.trail))));
         self.records.extend(most, records);
+        sessions.clear();
         self.inputs
             .extend(cached.inputs.len(), cached.inputs.into_iter());
         for key in &cached.promoted {
             self.inputs.remove(key);
         }
+        sessions
     }
 }
 
@@ -464,7 +468,7 @@ pub(crate) struct Finished {
 /// Every session record the batch read or wrote, as it will be once committed, and the pending
 /// inputs it wrote or read.
 pub(crate) struct Cached {
-    sessions: Vec<(SessionId, SessionEntry)>,
+    sessions: SessionEntries,
     inputs: HashMap<(SessionId, Seq), InboxRow>,
     /// Inputs the batch took out of their inbox: no longer pending, so the cache lets them go.
     promoted: Vec<(SessionId, Seq)>,
@@ -519,13 +523,15 @@ pub(crate) struct Tables<'t> {
 impl<'t> Tables<'t> {
     /// Opens every table for reading. `in_flight` are the batches being committed, newest
     /// first: `txn` must have begun after every earlier batch was durable. `sizes` are the last
-    /// batch's.
+    /// batch's; `sessions` the entries an earlier batch handed back, empty (or new ones).
     pub(crate) fn open(
         txn: &ReadTransaction,
         committed: &'t Committed,
         in_flight: Vec<&'t Changes>,
         sizes: Sizes,
+        mut sessions: SessionEntries,
     ) -> Result<Self> {
+        sessions.reserve(sizes.sessions);
         let events = log::ReadLog::open(txn)?;
         let index: ReadOnlyTable<&'static str, Bytes> = txn.open_table(INDEX).map_err(storage)?;
         let index_last = index
@@ -544,7 +550,7 @@ impl<'t> Tables<'t> {
             front_rows: 0,
             committed,
             in_flight,
-            session_rows: SessionEntries::with_capacity(sizes.sessions),
+            session_rows: sessions,
             dirty_sessions: Vec::new(),
             dirty_messages: Vec::new(),
             dirty_index: Vec::new(),
@@ -717,7 +723,7 @@ impl<'t> Tables<'t> {
                 prunes: false,
             },
             cached: Cached {
-                sessions: std::mem::take(&mut self.session_rows.entries),
+                sessions: std::mem::take(&mut self.session_rows),
                 inputs: std::mem::take(&mut self.inputs),
                 promoted: std::mem::take(&mut self.promoted),
             },
@@ -876,21 +882,37 @@ fn entry_at(
 
 /// The session entries of a batch, in the order it first needed them, found by id through a
 /// map. The last one found is remembered: an operation looks its session up several times in a
-/// row, and comparing ids costs less than hashing one.
-struct SessionEntries {
+/// row, and comparing ids costs less than hashing one. Handed from batch to batch emptied, so
+/// that the vector and the map keep the room the largest batch needed.
+pub(crate) struct SessionEntries {
     at: HashMap<SessionId, usize>,
     entries: Vec<(SessionId, SessionEntry)>,
     /// The place of the entry found last (`usize::MAX` before the first).
     last: usize,
 }
 
-impl SessionEntries {
-    fn with_capacity(capacity: usize) -> Self {
+impl Default for SessionEntries {
+    fn default() -> Self {
         SessionEntries {
-            at: map_of(capacity),
-            entries: Vec::with_capacity(room(capacity)),
+            at: HashMap::default(),
+            entries: Vec::new(),
             last: usize::MAX,
         }
+    }
+}
+
+impl SessionEntries {
+    /// Room for `rows` entries (see [`room`]).
+    fn reserve(&mut self, rows: usize) {
+        let more = room(rows).saturating_sub(self.entries.len());
+        self.entries.reserve(more);
+        self.at.reserve(more);
+    }
+
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.at.clear();
+        self.last = usize::MAX;
     }
 
     fn len(&self) -> usize {
@@ -1400,7 +1422,14 @@ mod tests {
         crate::init(&db).expect("init");
         let txn = redb::ReadableDatabase::begin_read(&db).expect("read");
         let committed = Committed::default();
-        let mut tables = Tables::open(&txn, &committed, Vec::new(), Sizes::default()).unwrap();
+        let mut tables = Tables::open(
+            &txn,
+            &committed,
+            Vec::new(),
+            Sizes::default(),
+            SessionEntries::default(),
+        )
+        .unwrap();
         let (s, id) = (
             SessionId::parse("ses_refused").unwrap(),
             MessageId::parse("msg_refused").unwrap(),
@@ -1429,6 +1458,7 @@ mod tests {
             finished
                 .cached
                 .sessions
+                .entries
                 .iter()
                 .all(|(_, e)| e.now.is_none())
         );
@@ -1486,7 +1516,7 @@ mod tests {
             ((session.clone(), Seq(seq)), row)
         };
         let batch = |inputs: Vec<((SessionId, Seq), InboxRow)>, promoted| Cached {
-            sessions: Vec::new(),
+            sessions: SessionEntries::default(),
             inputs: inputs.into_iter().collect(),
             promoted,
         };

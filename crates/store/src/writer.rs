@@ -54,7 +54,7 @@ use crate::error::{Error, Result, storage};
 use crate::folder::{self, Fold, Folding, Job};
 use crate::log::Front;
 use crate::ops::{Op, Outcome, execute};
-use crate::rows::{Changes, Committed, Finished, Overlay, Sizes, Tables, Writes};
+use crate::rows::{Changes, Committed, Finished, Overlay, SessionEntries, Sizes, Tables, Writes};
 use crate::slot::{Health, Slot};
 
 /// Called on the commit thread with every batch of events, in commit order, right after the
@@ -372,8 +372,10 @@ pub(crate) struct Planner {
     pub(crate) linger: Linger,
     /// Operations in the batch handed over last, which tell whether the writer is busy.
     pub(crate) last_batch: usize,
-    /// What the batch handed over last held, which the next one starts with room for.
+    /// What the batch handed over last held, which the next one starts with room for, and the
+    /// session entries it handed back, emptied.
     pub(crate) sizes: Sizes,
+    pub(crate) entries: SessionEntries,
     pub(crate) stats: Arc<Stats>,
     pub(crate) pending_limit: u32,
     pub(crate) clock: Clock,
@@ -449,7 +451,15 @@ impl Planner {
         let (fold, frozen) = self.fold_step(inbox, flow);
         let mut replies = Replies::with_capacity(self.last_batch);
         let mut events = Vec::with_capacity(self.last_batch);
-        let finished = match self.gather(inbox, flow, fold.folds(), &mut replies, &mut events) {
+        let entries = std::mem::take(&mut self.entries);
+        let finished = match self.gather(
+            inbox,
+            flow,
+            fold.folds(),
+            entries,
+            &mut replies,
+            &mut events,
+        ) {
             Ok(finished) => finished,
             Err(reason) => {
                 self.folding.give_up(&mut self.front, frozen);
@@ -493,7 +503,7 @@ impl Planner {
         flow.working_since.get_or_insert_with(Instant::now);
         flow.linger_pause = flow.linger_pause.saturating_sub(1);
         self.sizes = finished.sizes;
-        self.committed.take(finished.cached);
+        self.entries = self.committed.take(finished.cached);
         let mut changes = finished.changes;
         changes.prunes = prunes;
         self.in_flight.push_back((n, changes));
@@ -507,6 +517,7 @@ impl Planner {
         inbox: &Inbox,
         flow: &mut Flow,
         fold: bool,
+        entries: SessionEntries,
         replies: &mut Replies,
         events: &mut Vec<(SessionId, Stored)>,
     ) -> std::result::Result<Finished, Failure> {
@@ -515,7 +526,7 @@ impl Planner {
             .and_then(|db| db.begin_read().map_err(storage))
             .map_err(|e| Failure::of(&e))?;
         let in_flight: Vec<&Changes> = self.in_flight.iter().rev().map(|(_, c)| c).collect();
-        let mut tables = Tables::open(&read, &self.committed, in_flight, self.sizes)
+        let mut tables = Tables::open(&read, &self.committed, in_flight, self.sizes, entries)
             .map_err(|e| Failure::of(&e))?;
         let now = (self.clock)();
         let mut lingering: Option<Lingering> = None;
