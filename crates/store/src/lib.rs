@@ -303,6 +303,7 @@ impl RedbStore {
                 busy_for: config.busy_for,
             },
             last_batch: 0,
+            last_events: 0,
             sizes: Default::default(),
             entries: Default::default(),
             stats: stats.clone(),

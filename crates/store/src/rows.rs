@@ -446,7 +446,7 @@ pub(crate) struct Sizes {
 
 /// Room for a batch a little larger than one of `rows`: a vector that has to grow copies what
 /// it holds.
-fn room(rows: usize) -> usize {
+pub(crate) fn room(rows: usize) -> usize {
     rows + rows / 4
 }
 

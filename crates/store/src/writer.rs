@@ -54,7 +54,9 @@ use crate::error::{Error, Result, storage};
 use crate::folder::{self, Fold, Folding, Job};
 use crate::log::Front;
 use crate::ops::{Op, Outcome, execute};
-use crate::rows::{Changes, Committed, Finished, Overlay, SessionEntries, Sizes, Tables, Writes};
+use crate::rows::{
+    Changes, Committed, Finished, Overlay, SessionEntries, Sizes, Tables, Writes, room,
+};
 use crate::slot::{Health, Slot};
 
 /// Called on the commit thread with every batch of events, in commit order, right after the
@@ -370,8 +372,10 @@ pub(crate) struct Planner {
     pub(crate) epoch: u64,
     pub(crate) max_batch: usize,
     pub(crate) linger: Linger,
-    /// Operations in the batch handed over last, which tell whether the writer is busy.
+    /// Operations in the batch handed over last, which tell whether the writer is busy, and
+    /// the events they recorded.
     pub(crate) last_batch: usize,
+    pub(crate) last_events: usize,
     /// What the batch handed over last held, which the next one starts with room for, and the
     /// session entries it handed back, emptied.
     pub(crate) sizes: Sizes,
@@ -449,8 +453,8 @@ impl Planner {
             self.in_flight.pop_front();
         }
         let (fold, frozen) = self.fold_step(inbox, flow);
-        let mut replies = Replies::with_capacity(self.last_batch);
-        let mut events = Vec::with_capacity(self.last_batch);
+        let mut replies = Replies::with_capacity(room(self.last_batch));
+        let mut events = Vec::with_capacity(room(self.last_events));
         let entries = std::mem::take(&mut self.entries);
         let finished = match self.gather(
             inbox,
@@ -476,7 +480,7 @@ impl Planner {
             }
         };
         let n = flow.handed + 1;
-        let ops = replies.len();
+        let (ops, recorded) = (replies.len(), events.len());
         let mut writes = finished.writes;
         let prunes = fold.folds();
         // A fold in the commit empties the whole front; a prepared one, the frozen generations,
@@ -500,6 +504,7 @@ impl Planner {
         }
         flow.handed = n;
         self.last_batch = ops;
+        self.last_events = recorded;
         flow.working_since.get_or_insert_with(Instant::now);
         flow.linger_pause = flow.linger_pause.saturating_sub(1);
         self.sizes = finished.sizes;
