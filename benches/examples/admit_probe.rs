@@ -64,11 +64,16 @@ fn main() {
             store.stats().commits.get(),
             store.stats().commit_micros.get(),
         );
-        // The writer's two threads: the planner runs operations, the committer writes them.
+        // The writer's threads: the planner runs operations, the committer writes them, the
+        // folder prepares folds of the log's front.
         let writer = || {
             let cpu = thread_cpu();
             let of = |name: &str| cpu.get(name).copied().unwrap_or_default();
-            (of("store-planner"), of("store-committer"))
+            (
+                of("store-planner"),
+                of("store-committer"),
+                of("store-folder"),
+            )
         };
         let writer_cpu = writer();
         let all_cpu = thread_cpu();
@@ -102,15 +107,16 @@ fn main() {
         });
         let n = (sessions * per) as f64;
         let commits = store.stats().commits.get() - commits;
-        let (planner, committer) = writer();
+        let (planner, committer, folder) = writer();
         let per = |now: std::time::Duration, then: std::time::Duration| {
             (now - then).as_secs_f64() * 1e6 / n
         };
         println!(
-            "round {round}: {:.1} k admissions/s, writer CPU {:.1} + {:.1} µs per admission (planner + committer), {:.0} B written per admission, {:.0} per commit",
+            "round {round}: {:.1} k admissions/s, writer CPU {:.1} + {:.1} + {:.1} µs per admission (planner + committer + folder), {:.0} B written per admission, {:.0} per commit",
             n / start.elapsed().as_secs_f64() / 1000.0,
             per(planner, writer_cpu.0),
             per(committer, writer_cpu.1),
+            per(folder, writer_cpu.2),
             (written_bytes() - written) as f64 / n,
             n / commits as f64
         );
