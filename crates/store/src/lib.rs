@@ -253,6 +253,10 @@ pub struct RedbStore {
     path: PathBuf,
     #[cfg(test)]
     fail_commits: Arc<std::sync::atomic::AtomicU64>,
+    /// Tests: how many of the next batches planned while another is being committed to fail,
+    /// after an operation of theirs ran (as a read of redb that fails does).
+    #[cfg(test)]
+    fail_plans: Arc<std::sync::atomic::AtomicU64>,
     #[cfg(any(test, feature = "faults"))]
     ownership: Option<Arc<dyn Ownership>>,
 }
@@ -287,6 +291,8 @@ impl RedbStore {
         let (plans, planned) = mpsc::channel();
         let (jobs, folder_jobs) = mpsc::channel();
         let (folded_tx, folded) = mpsc::channel();
+        #[cfg(test)]
+        let fail_plans = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let planner = Planner {
             db: db.clone(),
             front: log::Front::new(config.fold_rows),
@@ -305,10 +311,11 @@ impl RedbStore {
             last_batch: 0,
             last_events: 0,
             sizes: Default::default(),
-            entries: Default::default(),
             stats: stats.clone(),
             pending_limit: config.pending_limit,
             clock: config.clock,
+            #[cfg(test)]
+            fail_plans: fail_plans.clone(),
         };
         #[cfg(test)]
         let fail_commits = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -351,6 +358,8 @@ impl RedbStore {
             path: config.path,
             #[cfg(test)]
             fail_commits,
+            #[cfg(test)]
+            fail_plans,
             #[cfg(any(test, feature = "faults"))]
             ownership: config.ownership,
         })

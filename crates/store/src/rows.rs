@@ -22,6 +22,7 @@ use agenthost_model::{
     Event, InboxRow, IndexEntry, InstructionState, Message, MessageId, Projection, Schedule,
     ScheduleId, Seq, SessionId, SessionRow, Stored,
 };
+use indexmap::IndexMap;
 use redb::{ReadOnlyTable, ReadTransaction, ReadableTable, WriteTransaction};
 
 /// The writer's in-memory maps: seeded, so client-chosen ids cannot be crafted to collide.
@@ -35,70 +36,128 @@ use crate::ops::Rows;
 use crate::record::{self, Inbox, SessionRecord};
 use crate::tables::*;
 
-/// What the writer keeps across batches, as of the last batch it planned: session records, so a
-/// session's record is read from its B-tree and decoded once, not once per batch; and the
-/// pending inputs it admitted or read, so a promotion a few commits after the admission does not
-/// read the prompt back from the log; an input leaves it when a batch promotes it, so it holds
-/// what is pending, not what was. Only the writer changes records, and an input's row never
-/// changes, so the cache is exact. It runs ahead of what is durable by at most the batch being
-/// committed; when a commit fails the writer drops the whole cache (nothing of that batch, or of
-/// the one planned on top of it, took effect).
+/// What the writer keeps across batches, as the batches it planned left it: session records,
+/// so that a session's record is read from its B-tree and decoded once, not once per batch; and
+/// the pending inputs it admitted or read, so that a promotion a few commits after the admission
+/// does not read the prompt back from the log (an input leaves once a batch promotes it, so it
+/// holds what is pending, not what was). A batch changes both in place as its operations are
+/// accepted. Only the writer changes records, and an input's row never changes, so the cache is
+/// exact. It runs ahead of what is durable by the batches not yet committed, which are known
+/// only here: when a batch fails, the writer drops the whole cache, once no batch it could hold
+/// is still being committed (see `writer`).
 pub(crate) struct Committed {
-    /// Each with how many admissions it is ahead of the record stored (see `record`).
-    records: Recent<SessionId, (SessionRecord, u32)>,
+    /// Session records by id. A batch finds a session by id once and then by its place, which
+    /// stays the same until the batch is handed over.
+    records: IndexMap<SessionId, SessionEntry, foldhash::fast::RandomState>,
+    /// Records stay for the sessions used in this era or the last: an era ends, between two
+    /// batches, once `capacity` sessions were used in it for the first time, and the sessions
+    /// the ending era did not use go then. So the sessions in use stay cached however many
+    /// others come and go, and at most about twice `capacity` are kept.
+    era: u32,
+    fresh: usize,
+    capacity: usize,
     /// Rows of inputs that were pending when cached. Whether one still is comes from its
     /// session's inbox, never from here.
     inputs: Recent<(SessionId, Seq), InboxRow>,
 }
 
-/// Most sessions (and most inputs) one generation of the cache holds: the writer keeps at most
-/// twice as many.
+/// Most sessions one era of the cache takes in, and most inputs one generation holds: the
+/// writer keeps at most about twice as many.
 const CACHED_SESSIONS: usize = 65_536;
 const CACHED_INPUTS: usize = 16_384;
 
 impl Default for Committed {
     fn default() -> Self {
-        Committed {
-            records: Recent::new(CACHED_SESSIONS),
-            inputs: Recent::new(CACHED_INPUTS),
-        }
+        Committed::new(CACHED_SESSIONS, CACHED_INPUTS)
     }
 }
 
 impl Committed {
-    /// Takes in the records a committed transaction read or wrote, and the inputs it admitted or
-    /// read that were still pending at its end.
-    #[cfg(test)]
-    fn update(
-        &mut self,
-        records: impl ExactSizeIterator<Item = SessionRecord>,
-        inputs: impl ExactSizeIterator<Item = ((SessionId, Seq), InboxRow)>,
-    ) {
-        let records = records.map(|record| (record.row.id.clone(), (record, 0)));
-        self.records.extend(records.len(), records);
-        self.inputs.extend(inputs.len(), inputs);
-    }
-
-    fn get(&self, id: &SessionId) -> Option<&SessionRecord> {
-        self.records.get(id).map(|(record, _)| record)
-    }
-
-    /// Takes in what a batch read and wrote, once it is handed over; returns the batch's
-    /// session entries emptied, for the next batch to fill without growing them again.
-    pub(crate) fn take(&mut self, cached: Cached) -> SessionEntries {
-        let mut sessions = cached.sessions;
-        // Sessions the batch read and found missing have no record to keep.
-        let most = sessions.len();
-        let records =
-            (sessions.entries.drain(..)).filter_map(|(id, e)| Some((id, (e.now?, e.trail))));
-        self.records.extend(most, records);
-        sessions.clear();
-        self.inputs
-            .extend(cached.inputs.len(), cached.inputs.into_iter());
-        for key in &cached.promoted {
-            self.inputs.remove(key);
+    fn new(sessions: usize, inputs: usize) -> Self {
+        Committed {
+            records: IndexMap::default(),
+            era: 0,
+            fresh: 0,
+            capacity: sessions,
+            inputs: Recent::new(inputs),
         }
-        sessions
+    }
+
+    #[cfg(test)]
+    fn get(&self, id: &SessionId) -> Option<&SessionRecord> {
+        self.records.get(id).and_then(|entry| entry.now.as_ref())
+    }
+
+    /// The place of the session's entry for the batch that used the entries at `touched`, which
+    /// stays the same until the batch ends; `load` reads the record when the cache has none.
+    /// The first time the batch uses an entry, it notes how it found the session.
+    fn find(
+        &mut self,
+        id: &SessionId,
+        touched: &mut Vec<usize>,
+        load: impl FnOnce() -> Result<Option<(SessionRecord, u32)>>,
+    ) -> Result<usize> {
+        let at = match self.records.get_index_of(id) {
+            Some(at) => at,
+            None => {
+                let (now, trail) = match load()? {
+                    Some((record, trail)) => (Some(record), trail),
+                    None => (None, 0),
+                };
+                let entry = SessionEntry {
+                    now,
+                    trail,
+                    // Used in this era for the first time below.
+                    era: self.era.wrapping_sub(1),
+                    in_batch: false,
+                    found: None,
+                    dirty: false,
+                    listed: false,
+                    joined: false,
+                };
+                self.records.insert_full(id.clone(), entry).0
+            }
+        };
+        let entry = &mut self.records[at];
+        if !entry.in_batch {
+            entry.in_batch = true;
+            entry.found = entry.now.as_ref().map(SessionRecord::working);
+            touched.push(at);
+            if entry.era != self.era {
+                entry.era = self.era;
+                self.fresh += 1;
+            }
+        }
+        Ok(at)
+    }
+
+    /// Ends the batch that used the entries at `touched`: they are nobody's any more, those of
+    /// sessions it found missing (and did not create) go, and so do, at the end of an era, the
+    /// sessions the era did not use.
+    fn end_batch(&mut self, touched: &[usize]) {
+        let mut missing = Vec::new();
+        for &at in touched {
+            let (id, entry) = self
+                .records
+                .get_index_mut(at)
+                .expect("invariant: a batch's entries stay in place until it ends");
+            entry.in_batch = false;
+            entry.dirty = false;
+            entry.listed = false;
+            entry.joined = false;
+            if entry.now.is_none() {
+                missing.push(id.clone());
+            }
+        }
+        for id in &missing {
+            self.records.swap_remove(id);
+        }
+        if self.fresh >= self.capacity {
+            let era = self.era;
+            self.records.retain(|_, entry| entry.era == era);
+            self.era = era.wrapping_add(1);
+            self.fresh = 0;
+        }
     }
 }
 
@@ -121,15 +180,14 @@ impl<K: std::hash::Hash + Eq, V> Recent<K, V> {
         }
     }
 
-    /// Takes in `entries`, at most `most` of them.
-    fn extend(&mut self, most: usize, entries: impl Iterator<Item = (K, V)>) {
-        if self.recent.len() + most > self.capacity {
+    fn insert(&mut self, key: K, value: V) {
+        if self.recent.len() >= self.capacity {
             // The dropped generation's table, emptied, takes the new entries: it has grown to
             // a generation's size already, so they go in without a rehash.
             std::mem::swap(&mut self.older, &mut self.recent);
             self.recent.clear();
         }
-        self.recent.extend(entries);
+        self.recent.insert(key, value);
     }
 
     fn get(&self, key: &K) -> Option<&V> {
@@ -142,17 +200,13 @@ impl<K: std::hash::Hash + Eq, V> Recent<K, V> {
     }
 }
 
-/// Reads a session's record as it is now, and how many admissions it is ahead of the record
-/// stored: from the writer's cache, else from the table and the log after it.
+/// Reads a session's stored record, brought up to date, and how many admissions it is ahead of
+/// the record stored.
 fn load(
-    committed: &Committed,
     sessions: &impl ReadableTable<&'static str, Bytes>,
     events: &log::ReadLog,
     id: &SessionId,
 ) -> Result<Option<(SessionRecord, u32)>> {
-    if let Some(cached) = committed.records.get(id) {
-        return Ok(Some(cached.clone()));
-    }
     let Some(mut record) = read_record(sessions, id.as_str())? else {
         return Ok(None);
     };
@@ -206,13 +260,20 @@ pub(crate) fn prune_working(txn: &WriteTransaction) -> Result<usize> {
     Ok(idle.len())
 }
 
-/// A session's record as it is now in the transaction, and whether the session was working
-/// when the transaction found it (`None`: it did not exist).
+/// A session's record as the batches planned so far left it, and what the batch being planned
+/// did with it.
 pub(crate) struct SessionEntry {
-    found: Option<bool>,
+    /// `None`: the session does not exist (kept only until the batch that found so ends).
     now: Option<SessionRecord>,
-    /// Admissions `now` is ahead of the record stored, or of the one this batch writes.
+    /// Admissions `now` is ahead of the record stored, or of the one the batch writes.
     trail: u32,
+    /// The cache's era when a batch last used the entry.
+    era: u32,
+    /// Used by the batch being planned. The fields below are that batch's, and are reset when
+    /// it ends.
+    in_batch: bool,
+    /// Whether the session was working when the batch found it (`None`: it did not exist).
+    found: Option<bool>,
     /// Changed by an operation whose rows are not encoded yet.
     dirty: bool,
     /// Listed in `sessions_by_created`, or put in the working set, by this batch already.
@@ -438,7 +499,6 @@ pub(crate) struct Changes {
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Sizes {
     sessions: usize,
-    inputs: usize,
     messages: usize,
     index: usize,
     read_index: usize,
@@ -460,18 +520,7 @@ pub(crate) struct Finished {
     pub(crate) front_rows: usize,
     pub(crate) writes: Writes,
     pub(crate) changes: Changes,
-    /// The batch's work for the writer's caches, once the batch is handed over.
-    pub(crate) cached: Cached,
     pub(crate) sizes: Sizes,
-}
-
-/// Every session record the batch read or wrote, as it will be once committed, and the pending
-/// inputs it wrote or read.
-pub(crate) struct Cached {
-    sessions: SessionEntries,
-    inputs: HashMap<(SessionId, Seq), InboxRow>,
-    /// Inputs the batch took out of their inbox: no longer pending, so the cache lets them go.
-    promoted: Vec<(SessionId, Seq)>,
 }
 
 /// The tables of one batch: read through a read transaction under the batches being
@@ -487,13 +536,17 @@ pub(crate) struct Tables<'t> {
     writes: Writes,
     /// Rows this batch added to the front.
     front_rows: usize,
-    committed: &'t Committed,
+    /// The writer's caches, which the batch changes in place (see [`Committed`]).
+    committed: &'t mut Committed,
     /// The batches being committed, which the read transaction does not see yet, newest first.
     in_flight: Vec<&'t Changes>,
-    /// Session records read or written in this batch (read ones are not rewritten).
-    session_rows: SessionEntries,
+    /// The places of the session entries this batch used, in `committed`, and of the one it
+    /// found last: an operation looks its session up several times in a row, and comparing ids
+    /// costs less than hashing one.
+    touched: Vec<usize>,
+    last: usize,
     /// Rows changed by the current operation, encoded into `writes` when it is flushed (the
-    /// sessions by their place in `session_rows`).
+    /// sessions by their place).
     dirty_sessions: Vec<usize>,
     dirty_messages: Vec<(SessionId, Seq)>,
     dirty_index: Vec<MessageId>,
@@ -502,10 +555,6 @@ pub(crate) struct Tables<'t> {
     /// Sessions this batch put in the working set.
     joined: HashSet<SessionId>,
     changed_messages: HashMap<(SessionId, Seq), Message>,
-    /// Pending inputs whose event this batch wrote or read.
-    inputs: HashMap<(SessionId, Seq), InboxRow>,
-    /// Inputs this batch took out of their inbox.
-    promoted: Vec<(SessionId, Seq)>,
     changed_index: HashMap<MessageId, IndexEntry>,
     /// Index entries read from the table (`None`: absent), as an admission checks its id and the
     /// projector checks it again.
@@ -523,15 +572,13 @@ pub(crate) struct Tables<'t> {
 impl<'t> Tables<'t> {
     /// Opens every table for reading. `in_flight` are the batches being committed, newest
     /// first: `txn` must have begun after every earlier batch was durable. `sizes` are the last
-    /// batch's; `sessions` the entries an earlier batch handed back, empty (or new ones).
+    /// batch's.
     pub(crate) fn open(
         txn: &ReadTransaction,
-        committed: &'t Committed,
+        committed: &'t mut Committed,
         in_flight: Vec<&'t Changes>,
         sizes: Sizes,
-        mut sessions: SessionEntries,
     ) -> Result<Self> {
-        sessions.reserve(sizes.sessions);
         let events = log::ReadLog::open(txn)?;
         let index: ReadOnlyTable<&'static str, Bytes> = txn.open_table(INDEX).map_err(storage)?;
         let index_last = index
@@ -550,7 +597,8 @@ impl<'t> Tables<'t> {
             front_rows: 0,
             committed,
             in_flight,
-            session_rows: sessions,
+            touched: Vec::with_capacity(room(sizes.sessions)),
+            last: usize::MAX,
             dirty_sessions: Vec::new(),
             dirty_messages: Vec::new(),
             dirty_index: Vec::new(),
@@ -558,8 +606,6 @@ impl<'t> Tables<'t> {
             dirty_schedules: Vec::new(),
             joined: HashSet::default(),
             changed_messages: map_of(sizes.messages),
-            inputs: map_of(sizes.inputs),
-            promoted: Vec::new(),
             changed_index: map_of(sizes.index),
             read_index: map_of(sizes.read_index),
             index_last,
@@ -569,15 +615,23 @@ impl<'t> Tables<'t> {
         })
     }
 
-    /// The session's entry, read once per transaction.
+    /// The session's entry, read from the tables the first time the writer needs it.
     fn entry(&mut self, id: &SessionId) -> Result<&mut SessionEntry> {
-        entry_in(
-            &mut self.session_rows,
-            self.committed,
-            &self.sessions,
-            &self.events,
-            id,
-        )
+        let at = self.entry_at(id)?;
+        Ok(&mut self.committed.records[at])
+    }
+
+    /// The place of the session's entry in the cache (see [`Committed::find`]).
+    fn entry_at(&mut self, id: &SessionId) -> Result<usize> {
+        if let Some((last, _)) = self.committed.records.get_index(self.last)
+            && last == id
+        {
+            return Ok(self.last);
+        }
+        let (sessions, events) = (&self.sessions, &self.events);
+        let at = (self.committed).find(id, &mut self.touched, || load(sessions, events, id))?;
+        self.last = at;
+        Ok(at)
     }
 
     /// Reads from the session's row without copying it.
@@ -636,14 +690,8 @@ impl<'t> Tables<'t> {
 
     /// Marks a session's record changed by the current operation.
     fn touch(&mut self, id: &SessionId) -> Result<&mut SessionEntry> {
-        let at = entry_at(
-            &mut self.session_rows,
-            self.committed,
-            &self.sessions,
-            &self.events,
-            id,
-        )?;
-        let entry = &mut self.session_rows.entries[at].1;
+        let at = self.entry_at(id)?;
+        let entry = &mut self.committed.records[at];
         if !entry.dirty {
             entry.dirty = true;
             self.dirty_sessions.push(at);
@@ -660,7 +708,11 @@ impl<'t> Tables<'t> {
             .all(|(_, stored)| matches!(stored.event, Event::PromptAdmitted { .. }));
         let mut sessions = std::mem::take(&mut self.dirty_sessions);
         for &at in &sessions {
-            let id = &self.session_rows.entries[at].0;
+            let (id, _) = self
+                .committed
+                .records
+                .get_index(at)
+                .expect("invariant: in place");
             let admitted = match admissions_only {
                 true => events.iter().filter(|(session, _)| session == id).count(),
                 false => 0,
@@ -703,9 +755,9 @@ impl<'t> Tables<'t> {
             self.writes.idle = self.idle_sessions()?;
         }
         self.writes.sort();
+        self.committed.end_batch(&self.touched);
         let sizes = Sizes {
-            sessions: self.session_rows.len(),
-            inputs: self.inputs.len(),
+            sessions: self.touched.len(),
             messages: self.changed_messages.len(),
             index: self.changed_index.len(),
             read_index: self.read_index.len(),
@@ -721,11 +773,6 @@ impl<'t> Tables<'t> {
                 schedules: std::mem::take(&mut self.changed_schedules),
                 working: std::mem::take(&mut self.joined),
                 prunes: false,
-            },
-            cached: Cached {
-                sessions: std::mem::take(&mut self.session_rows),
-                inputs: std::mem::take(&mut self.inputs),
-                promoted: std::mem::take(&mut self.promoted),
             },
         })
     }
@@ -748,14 +795,11 @@ impl<'t> Tables<'t> {
         }
         let mut idle = Vec::new();
         for id in listed {
-            let working = match self.session_rows.get(&id) {
+            let working = match self.committed.records.get(&id) {
                 Some(entry) => entry.now.as_ref().is_some_and(SessionRecord::working),
                 // A record that trails its log has pending input already, so the stored one
                 // says whether the session works.
-                None => match self.committed.get(&id) {
-                    Some(record) => record.working(),
-                    None => read_record(&self.sessions, id.as_str())?.is_some_and(|r| r.working()),
-                },
+                None => read_record(&self.sessions, id.as_str())?.is_some_and(|r| r.working()),
             };
             if !working {
                 idle.push(id);
@@ -772,12 +816,12 @@ impl<'t> Tables<'t> {
     /// the record marked as trailing, or nothing when the record they follow is marked and
     /// stays within [`record::MAX_TRAIL`] of the log (see `record`).
     fn write_session(&mut self, at: usize, admitted: u32) -> Result<()> {
-        let (id, entry) = &mut self.session_rows.entries[at];
+        let (id, entry) = (self.committed.records.get_index_mut(at))
+            .expect("invariant: a batch's entries stay in place until it ends");
         entry.dirty = false;
         let Some(record) = &mut entry.now else {
             return Ok(());
         };
-        let id = id.clone();
         // Admissions queued behind pending input: the first writes the record marked, the
         // next ones leave it as it is.
         let queued = admitted > 0 && record.row.pending.saturating_sub(admitted) > 0;
@@ -799,12 +843,14 @@ impl<'t> Tables<'t> {
         // now may still be there from an earlier turn: the set is pruned only when the front is
         // folded, so a busy session costs a lookup here, not a write per turn.
         let starts = record.working() && !entry.found.unwrap_or(false) && !entry.joined;
-        if starts {
-            entry.joined = true;
-            if !self.in_working_set(&id)? {
-                self.writes.working.push(id.clone());
-                self.joined.insert(id);
-            }
+        if !starts {
+            return Ok(());
+        }
+        entry.joined = true;
+        let id = id.clone();
+        if !self.in_working_set(&id)? {
+            self.writes.working.push(id.clone());
+            self.joined.insert(id);
         }
         Ok(())
     }
@@ -836,114 +882,6 @@ impl<'t> Tables<'t> {
         self.in_flight
             .iter()
             .find_map(|changes| rows(changes).get(key))
-    }
-}
-
-/// A session's entry in `rows`, read from the cache or the table the first time the batch
-/// needs it.
-fn entry_in<'m>(
-    rows: &'m mut SessionEntries,
-    committed: &Committed,
-    sessions: &impl ReadableTable<&'static str, Bytes>,
-    events: &log::ReadLog,
-    id: &SessionId,
-) -> Result<&'m mut SessionEntry> {
-    let at = entry_at(rows, committed, sessions, events, id)?;
-    Ok(&mut rows.entries[at].1)
-}
-
-/// The place of a session's entry in `rows` (see [`entry_in`]).
-fn entry_at(
-    rows: &mut SessionEntries,
-    committed: &Committed,
-    sessions: &impl ReadableTable<&'static str, Bytes>,
-    events: &log::ReadLog,
-    id: &SessionId,
-) -> Result<usize> {
-    if let Some(at) = rows.find(id) {
-        return Ok(at);
-    }
-    let (found, trail) = match load(committed, sessions, events, id)? {
-        Some((record, trail)) => (Some(record), trail),
-        None => (None, 0),
-    };
-    Ok(rows.insert(
-        id.clone(),
-        SessionEntry {
-            found: found.as_ref().map(SessionRecord::working),
-            now: found,
-            trail,
-            dirty: false,
-            listed: false,
-            joined: false,
-        },
-    ))
-}
-
-/// The session entries of a batch, in the order it first needed them, found by id through a
-/// map. The last one found is remembered: an operation looks its session up several times in a
-/// row, and comparing ids costs less than hashing one. Handed from batch to batch emptied, so
-/// that the vector and the map keep the room the largest batch needed.
-pub(crate) struct SessionEntries {
-    at: HashMap<SessionId, usize>,
-    entries: Vec<(SessionId, SessionEntry)>,
-    /// The place of the entry found last (`usize::MAX` before the first).
-    last: usize,
-}
-
-impl Default for SessionEntries {
-    fn default() -> Self {
-        SessionEntries {
-            at: HashMap::default(),
-            entries: Vec::new(),
-            last: usize::MAX,
-        }
-    }
-}
-
-impl SessionEntries {
-    /// Room for `rows` entries (see [`room`]).
-    fn reserve(&mut self, rows: usize) {
-        let more = room(rows).saturating_sub(self.entries.len());
-        self.entries.reserve(more);
-        self.at.reserve(more);
-    }
-
-    fn clear(&mut self) {
-        self.entries.clear();
-        self.at.clear();
-        self.last = usize::MAX;
-    }
-
-    fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    /// The entry's place, remembered as the last one found.
-    fn find(&mut self, id: &SessionId) -> Option<usize> {
-        if self
-            .entries
-            .get(self.last)
-            .is_some_and(|(last, _)| last == id)
-        {
-            return Some(self.last);
-        }
-        let at = *self.at.get(id)?;
-        self.last = at;
-        Some(at)
-    }
-
-    fn get(&self, id: &SessionId) -> Option<&SessionEntry> {
-        self.at.get(id).map(|&at| &self.entries[at].1)
-    }
-
-    /// Adds the entry of a session the batch has none of yet; returns its place.
-    fn insert(&mut self, id: SessionId, entry: SessionEntry) -> usize {
-        let at = self.entries.len();
-        self.at.insert(id.clone(), at);
-        self.entries.push((id, entry));
-        self.last = at;
-        at
     }
 }
 
@@ -1009,11 +947,7 @@ impl Projection for Tables<'_> {
             return Ok(None);
         }
         let key = (session.clone(), seq);
-        if let Some(row) = self
-            .inputs
-            .get(&key)
-            .or_else(|| self.committed.inputs.get(&key))
-        {
+        if let Some(row) = self.committed.inputs.get(&key) {
             return Ok(Some(row.clone()));
         }
         let found = self.events.find(session.as_str(), seq.0)?;
@@ -1024,20 +958,19 @@ impl Projection for Tables<'_> {
             });
         };
         let row = record::inbox_row(session, stored)?;
-        self.inputs.insert(key, row.clone());
+        self.committed.inputs.insert(key, row.clone());
         Ok(Some(row))
     }
 
     fn put_inbox(&mut self, session: &SessionId, row: InboxRow) -> Result<()> {
         self.inbox_of(session)?.add(row.admitted_seq);
-        self.inputs.insert((session.clone(), row.admitted_seq), row);
+        (self.committed.inputs).insert((session.clone(), row.admitted_seq), row);
         Ok(())
     }
 
     fn remove_inbox(&mut self, session: &SessionId, seq: Seq) -> Result<()> {
         self.inbox_of(session)?.remove(seq);
-        self.inputs.remove(&(session.clone(), seq));
-        self.promoted.push((session.clone(), seq));
+        self.committed.inputs.remove(&(session.clone(), seq));
         Ok(())
     }
 
@@ -1396,19 +1329,25 @@ mod tests {
         }
 
         /// A batch's rows, sorted, are what an ordered map holds after the same inserts: each
-        /// key once, with the value written last, in key order.
+        /// key once, with the value written last, in key order. Keys begin alike or not (a
+        /// shared stem), and begin one another.
         #[test]
         fn written_rows_sort_as_a_map_says(
-            inserts in proptest::collection::vec((0u8..16, proptest::prelude::any::<u32>()), 0..64),
+            stem in proptest::sample::select(vec!["", "0", "01234567", "0123456789abcdef"]),
+            inserts in proptest::collection::vec(
+                ("[ab]{0,11}", 0u64..3, proptest::prelude::any::<u32>()),
+                0..64,
+            ),
         ) {
             let mut written = Written::default();
             let mut model = BTreeMap::new();
-            for (key, value) in inserts {
-                written.insert(key, value);
-                model.insert(key, value);
+            for (body, seq, value) in inserts {
+                let id = SessionId::parse(&format!("ses_{stem}x{body}")).expect("id");
+                written.insert((id.clone(), Seq(seq)), value);
+                model.insert((id, Seq(seq)), value);
             }
             written.sort();
-            let sorted: Vec<(u8, u32)> = written.iter().map(|(k, v)| (*k, *v)).collect();
+            let sorted: Vec<_> = written.iter().map(|(k, v)| (k.clone(), *v)).collect();
             proptest::prop_assert_eq!(sorted, model.into_iter().collect::<Vec<_>>());
         }
     }
@@ -1421,15 +1360,8 @@ mod tests {
         let db = redb::Database::create(dir.path().join("rows.redb")).expect("db");
         crate::init(&db).expect("init");
         let txn = redb::ReadableDatabase::begin_read(&db).expect("read");
-        let committed = Committed::default();
-        let mut tables = Tables::open(
-            &txn,
-            &committed,
-            Vec::new(),
-            Sizes::default(),
-            SessionEntries::default(),
-        )
-        .unwrap();
+        let mut committed = Committed::default();
+        let mut tables = Tables::open(&txn, &mut committed, Vec::new(), Sizes::default()).unwrap();
         let (s, id) = (
             SessionId::parse("ses_refused").unwrap(),
             MessageId::parse("msg_refused").unwrap(),
@@ -1455,80 +1387,81 @@ mod tests {
         let finished = tables.finish(false).unwrap();
         assert!(finished.writes.sessions.is_empty() && finished.writes.index.is_empty());
         assert!(
-            finished
-                .cached
-                .sessions
-                .entries
-                .iter()
-                .all(|(_, e)| e.now.is_none())
+            committed.records.is_empty(),
+            "a session the batch found missing is not kept"
         );
     }
 
+    /// One batch's use of the cache: each session in `used` is found (read as `record(id, 1)`
+    /// when the cache has none) and its record set to `last`.
+    fn batch(cache: &mut Committed, used: &[(&str, u64)]) {
+        let mut touched = Vec::new();
+        for &(id, last) in used {
+            let id = SessionId::parse(id).expect("id");
+            let at = cache
+                .find(&id, &mut touched, || Ok(Some((record(id.as_str(), 1), 0))))
+                .expect("found");
+            let entry = &mut cache.records[at];
+            assert!(entry.in_batch && entry.found == Some(false));
+            entry.now.as_mut().expect("record").row.last_seq = Seq(last);
+        }
+        cache.end_batch(&touched);
+        assert!(cache.records.values().all(|entry| !entry.in_batch));
+    }
+
     #[test]
-    fn the_cache_keeps_recent_sessions_and_the_newest_record_of_each() {
-        let mut cache = Committed {
-            records: Recent::new(2),
-            ..Committed::default()
-        };
+    fn the_cache_keeps_the_sessions_in_use_and_the_newest_record_of_each() {
+        let mut cache = Committed::new(2, 2);
         let last = |cache: &Committed, id: &str| {
             cache
                 .get(&SessionId::parse(id).expect("id"))
                 .map(|r| r.row.last_seq.0)
         };
-        cache.update(
-            [record("ses_a", 1), record("ses_b", 1)].into_iter(),
-            std::iter::empty(),
-        );
-        cache.update([record("ses_c", 1)].into_iter(), std::iter::empty());
-        assert_eq!(
-            last(&cache, "ses_a"),
-            Some(1),
-            "the older generation still answers"
-        );
-        cache.update([record("ses_a", 2)].into_iter(), std::iter::empty());
-        assert_eq!(
-            last(&cache, "ses_a"),
-            Some(2),
-            "the recent record shadows the older one"
-        );
-        cache.update([record("ses_d", 1)].into_iter(), std::iter::empty());
-        assert_eq!(last(&cache, "ses_a"), Some(2));
-        assert_eq!(last(&cache, "ses_c"), Some(1));
+        batch(&mut cache, &[("ses_a", 1), ("ses_b", 1)]);
+        batch(&mut cache, &[("ses_c", 1)]);
+        assert_eq!(last(&cache, "ses_a"), Some(1), "the last era's stay");
+        batch(&mut cache, &[("ses_a", 2)]);
+        assert_eq!(last(&cache, "ses_a"), Some(2), "changed in place");
         assert_eq!(
             last(&cache, "ses_b"),
             None,
-            "two rotations drop an unused session"
+            "an era without use drops a session"
         );
+        assert_eq!(last(&cache, "ses_c"), Some(1));
+        batch(&mut cache, &[("ses_d", 1)]);
+        batch(&mut cache, &[("ses_e", 1), ("ses_d", 3)]);
+        assert_eq!(last(&cache, "ses_d"), Some(3));
+        assert_eq!(last(&cache, "ses_e"), Some(1));
+        assert_eq!(last(&cache, "ses_a"), None);
+        assert!(cache.records.len() <= 4, "about twice an era at most");
+
+        let missing = SessionId::parse("ses_missing").expect("id");
+        let mut touched = Vec::new();
+        let at = (cache.find(&missing, &mut touched, || Ok(None))).expect("found");
+        assert_eq!(cache.records[at].found, None, "found missing");
+        cache.end_batch(&touched);
+        assert!(cache.records.get(&missing).is_none(), "not kept");
+        assert_eq!(last(&cache, "ses_d"), Some(3), "the others stay in place");
     }
 
     #[test]
-    fn an_input_leaves_the_cache_once_a_batch_promotes_it() {
-        let mut cache = Committed::default();
-        let session = SessionId::parse("ses_a").expect("id");
-        let input = |seq: u64| {
-            let row = InboxRow {
-                id: MessageId::parse(&format!("msg_{seq}")).expect("id"),
-                admitted_seq: Seq(seq),
-                delivery: agenthost_model::Delivery::Steer,
-                prompt: agenthost_model::Prompt::text("hi"),
-                wake: true,
-            };
-            ((session.clone(), Seq(seq)), row)
-        };
-        let batch = |inputs: Vec<((SessionId, Seq), InboxRow)>, promoted| Cached {
-            sessions: SessionEntries::default(),
-            inputs: inputs.into_iter().collect(),
-            promoted,
-        };
-        cache.take(batch(vec![input(1), input(2)], Vec::new()));
-        assert!(cache.inputs.get(&(session.clone(), Seq(1))).is_some());
-        // Promoted in a later batch, which admitted a third.
-        cache.take(batch(vec![input(3)], vec![(session.clone(), Seq(1))]));
-        assert!(cache.inputs.get(&(session.clone(), Seq(1))).is_none());
-        assert!(cache.inputs.get(&(session.clone(), Seq(2))).is_some());
-        assert!(cache.inputs.get(&(session.clone(), Seq(3))).is_some());
-        // Admitted and promoted by the same batch: never cached.
-        cache.take(batch(Vec::new(), vec![(session.clone(), Seq(4))]));
-        assert_eq!(cache.inputs.recent.len() + cache.inputs.older.len(), 2);
+    fn inputs_stay_for_two_generations_and_leave_when_removed() {
+        let mut inputs = Recent::new(2);
+        for key in 1..=3 {
+            inputs.insert(key, key * 10);
+        }
+        assert_eq!(
+            inputs.get(&1),
+            Some(&10),
+            "the older generation still answers"
+        );
+        inputs.insert(4, 40);
+        inputs.insert(5, 50);
+        assert_eq!(inputs.get(&1), None, "two rotations drop an entry");
+        assert_eq!(inputs.get(&3), Some(&30));
+        inputs.remove(&3);
+        inputs.remove(&5);
+        assert_eq!((inputs.get(&3), inputs.get(&5)), (None, None));
+        assert_eq!(inputs.get(&4), Some(&40));
     }
 }

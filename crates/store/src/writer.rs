@@ -54,9 +54,7 @@ use crate::error::{Error, Result, storage};
 use crate::folder::{self, Fold, Folding, Job};
 use crate::log::Front;
 use crate::ops::{Op, Outcome, execute};
-use crate::rows::{
-    Changes, Committed, Finished, Overlay, SessionEntries, Sizes, Tables, Writes, room,
-};
+use crate::rows::{Changes, Committed, Finished, Overlay, Sizes, Tables, Writes, room};
 use crate::slot::{Health, Slot};
 
 /// Called on the commit thread with every batch of events, in commit order, right after the
@@ -376,13 +374,14 @@ pub(crate) struct Planner {
     /// the events they recorded.
     pub(crate) last_batch: usize,
     pub(crate) last_events: usize,
-    /// What the batch handed over last held, which the next one starts with room for, and the
-    /// session entries it handed back, emptied.
+    /// What the batch handed over last held, which the next one starts with room for.
     pub(crate) sizes: Sizes,
-    pub(crate) entries: SessionEntries,
     pub(crate) stats: Arc<Stats>,
     pub(crate) pending_limit: u32,
     pub(crate) clock: Clock,
+    /// Tests: how many of the next batches to fail after one of their operations ran.
+    #[cfg(test)]
+    pub(crate) fail_plans: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Planner {
@@ -414,6 +413,18 @@ impl Planner {
             self.epoch += 1;
             self.folding.give_up(&mut self.front, None);
         }
+    }
+
+    /// After a batch failed while it was planned: what it changed in the caches in place is not
+    /// true, and the batches being committed are known only there, so the planner waits for
+    /// them to be done with before it drops the caches.
+    fn forget(&mut self, inbox: &Inbox, flow: &mut Flow) {
+        while flow.done < flow.handed {
+            flow.signal(inbox.signals.recv());
+        }
+        self.committed = Committed::default();
+        self.in_flight.clear();
+        self.after_failure(flow);
     }
 
     /// Takes in what the folder prepared, and sends it the next job when one is due; returns
@@ -455,15 +466,7 @@ impl Planner {
         let (fold, frozen) = self.fold_step(inbox, flow);
         let mut replies = Replies::with_capacity(room(self.last_batch));
         let mut events = Vec::with_capacity(room(self.last_events));
-        let entries = std::mem::take(&mut self.entries);
-        let finished = match self.gather(
-            inbox,
-            flow,
-            fold.folds(),
-            entries,
-            &mut replies,
-            &mut events,
-        ) {
+        let finished = match self.gather(inbox, flow, fold.folds(), &mut replies, &mut events) {
             Ok(finished) => finished,
             Err(reason) => {
                 self.folding.give_up(&mut self.front, frozen);
@@ -475,7 +478,7 @@ impl Planner {
                     }
                 }
                 fail(replies, &reason);
-                self.after_failure(flow);
+                self.forget(inbox, flow);
                 return true;
             }
         };
@@ -508,7 +511,6 @@ impl Planner {
         flow.working_since.get_or_insert_with(Instant::now);
         flow.linger_pause = flow.linger_pause.saturating_sub(1);
         self.sizes = finished.sizes;
-        self.entries = self.committed.take(finished.cached);
         let mut changes = finished.changes;
         changes.prunes = prunes;
         self.in_flight.push_back((n, changes));
@@ -518,11 +520,10 @@ impl Planner {
     /// Runs requests as they come, up to `max_batch` operations, until the committer is ready
     /// for another batch; then returns the batch's rows. `Err` fails the batch.
     fn gather(
-        &self,
+        &mut self,
         inbox: &Inbox,
         flow: &mut Flow,
         fold: bool,
-        entries: SessionEntries,
         replies: &mut Replies,
         events: &mut Vec<(SessionId, Stored)>,
     ) -> std::result::Result<Finished, Failure> {
@@ -531,7 +532,7 @@ impl Planner {
             .and_then(|db| db.begin_read().map_err(storage))
             .map_err(|e| Failure::of(&e))?;
         let in_flight: Vec<&Changes> = self.in_flight.iter().rev().map(|(_, c)| c).collect();
-        let mut tables = Tables::open(&read, &self.committed, in_flight, self.sizes, entries)
+        let mut tables = Tables::open(&read, &mut self.committed, in_flight, self.sizes)
             .map_err(|e| Failure::of(&e))?;
         let now = (self.clock)();
         let mut lingering: Option<Lingering> = None;
@@ -574,6 +575,11 @@ impl Planner {
                     return Err(failure);
                 }
                 replies.push((request.reply, result));
+                // Only while a batch is being committed: the case that needs care.
+                #[cfg(test)]
+                if flow.done < flow.handed && take_one(&self.fail_plans) {
+                    return Err(Failure::stopped("injected read failure"));
+                }
                 continue;
             }
             if linger {
@@ -767,21 +773,22 @@ impl Committer {
         // The planner may hand over the next batch while this one syncs.
         let _ = planner.send(Signal::Committing(n));
         #[cfg(test)]
-        if self
-            .fail_commits
-            .fetch_update(
-                std::sync::atomic::Ordering::SeqCst,
-                std::sync::atomic::Ordering::SeqCst,
-                |n| n.checked_sub(1),
-            )
-            .is_ok()
-        {
+        if take_one(&self.fail_commits) {
             return Err(Error::Storage("injected commit failure".into()));
         }
         let start = Instant::now();
         txn.commit().map_err(storage)?;
         Ok(start.elapsed())
     }
+}
+
+/// Tests: takes one from a count of failures to inject; whether there was one.
+#[cfg(test)]
+fn take_one(count: &std::sync::atomic::AtomicU64) -> bool {
+    use std::sync::atomic::Ordering::SeqCst;
+    count
+        .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+        .is_ok()
 }
 
 /// Tells the planner that the committer stopped if it panics, so that the batch it held is

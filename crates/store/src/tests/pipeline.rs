@@ -132,6 +132,39 @@ async fn folds_prepared_across_failed_commits_lose_and_repeat_nothing() {
     assert_answers_hold(&reopened, &answers);
 }
 
+/// A batch changes the writer's caches in place, and the batches still being committed are
+/// known only there: a batch that fails while it is planned (a read of redb failed) must drop
+/// what it changed without losing theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_failed_while_planned_loses_nothing_of_the_batches_being_committed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, sessions) = with_sessions(dir.path(), 8).await;
+    let (mut answers, mut injected) = (Vec::new(), 0);
+    for round in 0..12 {
+        if round % 2 == 1 {
+            store.fail_plans.store(1, Ordering::SeqCst);
+        }
+        answers.extend(admit_all(&store, &sessions, 20, &format!("p{round}x")).await);
+        // The failure waits for a batch planned while another is being committed, which a
+        // round almost always has.
+        if round % 2 == 1 && store.fail_plans.swap(0, Ordering::SeqCst) == 0 {
+            injected += 1;
+        }
+        assert_answers_hold(&store, &answers);
+        assert_replay_equal(&store);
+    }
+    let failed = answers.iter().filter(|(_, _, r)| r.is_err()).count();
+    assert!(
+        injected >= 1 && failed >= injected,
+        "{injected} batches failed, {failed} admissions"
+    );
+    let kept = contents(&store);
+    store.close();
+    let reopened = open(dir.path());
+    assert_eq!(contents(&reopened), kept);
+    assert_answers_hold(&reopened, &answers);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_and_promotions_see_the_batches_still_being_committed() {
     use agenthost_model::promotion::Boundary;
