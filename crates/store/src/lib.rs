@@ -309,7 +309,6 @@ impl RedbStore {
                 busy_for: config.busy_for,
             },
             last_batch: 0,
-            last_events: 0,
             sizes: Default::default(),
             stats: stats.clone(),
             pending_limit: config.pending_limit,

@@ -356,8 +356,8 @@ impl Writes {
     /// Room for as many rows as the last batch wrote.
     fn with_capacity(sizes: Sizes) -> Self {
         Writes {
-            front: Written::with_capacity(sizes.sessions),
-            sessions: Written::with_capacity(sizes.sessions),
+            front: Written::with_capacity(sizes.front),
+            sessions: Written::with_capacity(sizes.records),
             messages: Written::with_capacity(sizes.messages),
             index: Written::with_capacity(sizes.index),
             ..Writes::default()
@@ -494,14 +494,39 @@ pub(crate) struct Changes {
     pub(crate) prunes: bool,
 }
 
-/// How many rows of each kind a batch held in memory. The next batch's maps start as large as
-/// the last one's ended, so that batches of a steady size do not rehash them as they fill.
+/// How many operations, events and rows of each kind a batch held in memory. The next batch's
+/// vectors and maps start with room for as many, so that batches of a steady size do not grow
+/// them as they fill.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Sizes {
+    pub(crate) ops: usize,
+    pub(crate) events: usize,
     sessions: usize,
+    front: usize,
+    records: usize,
     messages: usize,
     index: usize,
     read_index: usize,
+}
+
+impl Sizes {
+    /// What the next batch starts with room for after `batch`: the larger of its sizes and of
+    /// the earlier batches', which fade by an eighth a batch. Batch sizes swing with the commit
+    /// that each one waits for, and a batch larger than the one before it would otherwise grow
+    /// (copy) its vectors again.
+    pub(crate) fn after(self, batch: Sizes) -> Sizes {
+        let keep = |earlier: usize, now: usize| now.max(earlier - earlier / 8);
+        Sizes {
+            ops: keep(self.ops, batch.ops),
+            events: keep(self.events, batch.events),
+            sessions: keep(self.sessions, batch.sessions),
+            front: keep(self.front, batch.front),
+            records: keep(self.records, batch.records),
+            messages: keep(self.messages, batch.messages),
+            index: keep(self.index, batch.index),
+            read_index: keep(self.read_index, batch.read_index),
+        }
+    }
 }
 
 /// Room for a batch a little larger than one of `rows`: a vector that has to grow copies what
@@ -754,10 +779,15 @@ impl<'t> Tables<'t> {
         if prune {
             self.writes.idle = self.idle_sessions()?;
         }
+        let (front, records) = (self.writes.front.0.len(), self.writes.sessions.0.len());
         self.writes.sort();
         self.committed.end_batch(&self.touched);
         let sizes = Sizes {
+            ops: 0,
+            events: 0,
             sessions: self.touched.len(),
+            front,
+            records,
             messages: self.changed_messages.len(),
             index: self.changed_index.len(),
             read_index: self.read_index.len(),

@@ -370,11 +370,9 @@ pub(crate) struct Planner {
     pub(crate) epoch: u64,
     pub(crate) max_batch: usize,
     pub(crate) linger: Linger,
-    /// Operations in the batch handed over last, which tell whether the writer is busy, and
-    /// the events they recorded.
+    /// Operations in the batch handed over last, which tell whether the writer is busy.
     pub(crate) last_batch: usize,
-    pub(crate) last_events: usize,
-    /// What the batch handed over last held, which the next one starts with room for.
+    /// What the batches handed over last held, which the next one starts with room for.
     pub(crate) sizes: Sizes,
     pub(crate) stats: Arc<Stats>,
     pub(crate) pending_limit: u32,
@@ -464,8 +462,8 @@ impl Planner {
             self.in_flight.pop_front();
         }
         let (fold, frozen) = self.fold_step(inbox, flow);
-        let mut replies = Replies::with_capacity(room(self.last_batch));
-        let mut events = Vec::with_capacity(room(self.last_events));
+        let mut replies = Replies::with_capacity(room(self.sizes.ops));
+        let mut events = Vec::with_capacity(room(self.sizes.events));
         let finished = match self.gather(inbox, flow, fold.folds(), &mut replies, &mut events) {
             Ok(finished) => finished,
             Err(reason) => {
@@ -507,10 +505,11 @@ impl Planner {
         }
         flow.handed = n;
         self.last_batch = ops;
-        self.last_events = recorded;
         flow.working_since.get_or_insert_with(Instant::now);
         flow.linger_pause = flow.linger_pause.saturating_sub(1);
-        self.sizes = finished.sizes;
+        let mut sizes = finished.sizes;
+        (sizes.ops, sizes.events) = (ops, recorded);
+        self.sizes = self.sizes.after(sizes);
         let mut changes = finished.changes;
         changes.prunes = prunes;
         self.in_flight.push_back((n, changes));
