@@ -1095,34 +1095,103 @@ pub(crate) struct Overlay<'a, 't> {
 }
 
 /// The rows one operation wrote, not yet handed to its batch. The batch keeps them between
-/// operations, empty, so that each operation reuses the maps of the one before it.
+/// operations, empty, so that each operation reuses the room of the one before it.
 #[derive(Default)]
 struct OpRows {
     /// The operation's events, in the order it recorded them.
     events: Vec<(SessionId, Stored)>,
-    sessions: HashMap<SessionId, SessionRow>,
-    messages: HashMap<(SessionId, Seq), Message>,
-    inbox: HashMap<(SessionId, Seq), Option<InboxRow>>,
-    index: HashMap<MessageId, IndexEntry>,
-    instructions: HashMap<SessionId, InstructionState>,
+    sessions: OpMap<SessionId, SessionRow>,
+    messages: OpMap<(SessionId, Seq), Message>,
+    inbox: OpMap<(SessionId, Seq), Option<InboxRow>>,
+    index: OpMap<MessageId, IndexEntry>,
+    instructions: OpMap<SessionId, InstructionState>,
     /// `None`: the operation removed the schedule.
-    schedules: HashMap<(SessionId, ScheduleId), Option<Schedule>>,
+    schedules: OpMap<(SessionId, ScheduleId), Option<Schedule>>,
 }
 
 impl OpRows {
     fn clear(&mut self) {
-        fn empty<K, V>(map: &mut HashMap<K, V>) {
-            if !map.is_empty() {
-                map.clear();
-            }
-        }
         self.events.clear();
-        empty(&mut self.sessions);
-        empty(&mut self.messages);
-        empty(&mut self.inbox);
-        empty(&mut self.index);
-        empty(&mut self.instructions);
-        empty(&mut self.schedules);
+        self.sessions.clear();
+        self.messages.clear();
+        self.inbox.clear();
+        self.index.clear();
+        self.instructions.clear();
+        self.schedules.clear();
+    }
+}
+
+/// One kind of row an operation wrote, in the order first written. An operation writes a
+/// handful, so a row is found by comparing keys (an id and its clones share their text, so that
+/// usually compares two pointers) instead of hashing one; past [`OpMap::SCAN`] rows a map finds
+/// them.
+struct OpMap<K, V> {
+    rows: Vec<(K, V)>,
+    /// Each key's place in `rows`, once there are more than [`OpMap::SCAN`].
+    at: Option<HashMap<K, usize>>,
+}
+
+impl<K, V> Default for OpMap<K, V> {
+    fn default() -> Self {
+        OpMap {
+            rows: Vec::new(),
+            at: None,
+        }
+    }
+}
+
+impl<K: std::hash::Hash + Eq + Clone, V> OpMap<K, V> {
+    const SCAN: usize = 16;
+
+    fn find(&self, key: &K) -> Option<usize> {
+        match &self.at {
+            Some(at) => at.get(key).copied(),
+            None => self.rows.iter().position(|(k, _)| k == key),
+        }
+    }
+
+    fn get(&self, key: &K) -> Option<&V> {
+        self.find(key).map(|i| &self.rows[i].1)
+    }
+
+    fn insert(&mut self, key: K, value: V) {
+        if let Some(i) = self.find(&key) {
+            self.rows[i].1 = value;
+            return;
+        }
+        match &mut self.at {
+            Some(at) => {
+                at.insert(key.clone(), self.rows.len());
+            }
+            None if self.rows.len() == Self::SCAN => {
+                let mut at: HashMap<K, usize> = map_of(2 * Self::SCAN);
+                at.extend(
+                    self.rows
+                        .iter()
+                        .enumerate()
+                        .map(|(i, (k, _))| (k.clone(), i)),
+                );
+                at.insert(key.clone(), self.rows.len());
+                self.at = Some(at);
+            }
+            None => {}
+        }
+        self.rows.push((key, value));
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+        self.rows.iter().map(|(k, v)| (k, v))
+    }
+
+    /// Takes every row out, in the order first written, keeping the room.
+    fn drain(&mut self) -> std::vec::Drain<'_, (K, V)> {
+        self.at = None;
+        self.rows.drain(..)
+    }
+
+    fn clear(&mut self) {
+        self.rows.clear();
+        self.at = None;
     }
 }
 
@@ -1195,7 +1264,7 @@ impl Rows for Overlay<'_, '_> {
 
     fn pending_inputs(&mut self, session: &SessionId) -> Result<Vec<InboxRow>> {
         let mut rows = self.tables.pending_inputs(session)?;
-        for ((s, seq), row) in &self.tables.op.inbox {
+        for ((s, seq), row) in self.tables.op.inbox.iter() {
             if s != session {
                 continue;
             }
@@ -1379,6 +1448,31 @@ mod tests {
             written.sort();
             let sorted: Vec<_> = written.iter().map(|(k, v)| (k.clone(), *v)).collect();
             proptest::prop_assert_eq!(sorted, model.into_iter().collect::<Vec<_>>());
+        }
+
+        /// An operation's rows of one kind are what a map holds after the same inserts, found
+        /// by scanning and, past a handful, through their map; they drain in the order first
+        /// written, with the value written last.
+        #[test]
+        fn op_rows_are_found_as_a_map_says(
+            inserts in proptest::collection::vec((0u8..40, proptest::prelude::any::<u32>()), 0..80),
+        ) {
+            let mut rows = OpMap::default();
+            let mut model = std::collections::HashMap::new();
+            let mut order = Vec::new();
+            for (key, value) in inserts {
+                rows.insert(key, value);
+                if model.insert(key, value).is_none() {
+                    order.push(key);
+                }
+                for k in 0u8..40 {
+                    proptest::prop_assert_eq!(rows.get(&k), model.get(&k));
+                }
+            }
+            let drained: Vec<(u8, u32)> = rows.drain().collect();
+            let expected: Vec<(u8, u32)> = order.iter().map(|k| (*k, model[k])).collect();
+            proptest::prop_assert_eq!(drained, expected);
+            proptest::prop_assert!(rows.get(&0).is_none() && rows.at.is_none());
         }
     }
 
