@@ -33,15 +33,15 @@ use crate::codec::{self, decode, encode};
 use crate::error::{Error, Result, storage};
 use crate::log::{self, BaseKey, Bytes};
 use crate::ops::Rows;
-use crate::record::{self, Inbox, SessionRecord};
+use crate::record::{self, SessionRecord};
 use crate::tables::*;
 
 /// What the writer keeps across batches, as the batches it planned left it: session records,
-/// so that a session's record is read from its B-tree and decoded once, not once per batch; and
-/// the pending inputs it admitted or read, so that a promotion a few commits after the admission
-/// does not read the prompt back from the log (an input leaves once a batch promotes it, so it
-/// holds what is pending, not what was). A batch changes both in place as its operations are
-/// accepted. Only the writer changes records, and an input's row never changes, so the cache is
+/// so that a session's record is read from its B-tree and decoded once, not once per batch; and,
+/// with each record, the rows of pending inputs it admitted or read, so that a promotion a few
+/// commits after the admission does not read the prompt back from the log (an input leaves once
+/// a batch promotes it, so they are what is pending, not what was). A batch changes both in place
+/// as its operations are accepted. Only the writer changes records, and an input's row never changes, so the cache is
 /// exact. It runs ahead of what is durable by the batches not yet committed, which are known
 /// only here: when a batch fails, the writer drops the whole cache, once no batch it could hold
 /// is still being committed (see `writer`).
@@ -56,15 +56,16 @@ pub(crate) struct Committed {
     era: u32,
     fresh: usize,
     capacity: usize,
-    /// Rows of inputs that were pending when cached. Whether one still is comes from its
-    /// session's inbox, never from here.
-    inputs: Recent<(SessionId, Seq), InboxRow>,
+    /// Input rows the records hold, and the most they may: past that, an input is not cached
+    /// until others leave (promoted, or with their session).
+    inputs: usize,
+    most_inputs: usize,
 }
 
-/// Most sessions one era of the cache takes in, and most inputs one generation holds: the
-/// writer keeps at most about twice as many.
+/// Most sessions one era of the cache takes in (the writer keeps at most about twice as many),
+/// and most input rows the cache holds.
 const CACHED_SESSIONS: usize = 65_536;
-const CACHED_INPUTS: usize = 16_384;
+const CACHED_INPUTS: usize = 32_768;
 
 impl Default for Committed {
     fn default() -> Self {
@@ -79,7 +80,46 @@ impl Committed {
             era: 0,
             fresh: 0,
             capacity: sessions,
-            inputs: Recent::new(inputs),
+            inputs: 0,
+            most_inputs: inputs,
+        }
+    }
+
+    /// The row of the session's pending input at `seq`, if the entry at `at` holds it.
+    fn input(&self, at: usize, seq: Seq) -> Option<&InboxRow> {
+        let rows = &self.records[at].inputs;
+        let i = rows
+            .binary_search_by_key(&seq, |row| row.admitted_seq)
+            .ok()?;
+        Some(&rows[i])
+    }
+
+    /// Keeps the row of a pending input with its session's entry, at `at`, while there is room.
+    fn keep_input(&mut self, at: usize, row: InboxRow) {
+        if self.inputs >= self.most_inputs {
+            return;
+        }
+        let rows = &mut self.records[at].inputs;
+        // Admitted in seq order, so a new input goes last.
+        let i = match rows.last() {
+            Some(last) if last.admitted_seq >= row.admitted_seq => {
+                match rows.binary_search_by_key(&row.admitted_seq, |r| r.admitted_seq) {
+                    Ok(_) => return,
+                    Err(i) => i,
+                }
+            }
+            _ => rows.len(),
+        };
+        rows.insert(i, row);
+        self.inputs += 1;
+    }
+
+    /// Lets go of the row of an input no longer pending.
+    fn drop_input(&mut self, at: usize, seq: Seq) {
+        let rows = &mut self.records[at].inputs;
+        if let Ok(i) = rows.binary_search_by_key(&seq, |row| row.admitted_seq) {
+            rows.remove(i);
+            self.inputs -= 1;
         }
     }
 
@@ -107,6 +147,7 @@ impl Committed {
                 let entry = SessionEntry {
                     now,
                     trail,
+                    inputs: Vec::new(),
                     // Used in this era for the first time below.
                     era: self.era.wrapping_sub(1),
                     in_batch: false,
@@ -150,53 +191,22 @@ impl Committed {
             }
         }
         for id in &missing {
-            self.records.swap_remove(id);
+            if let Some(entry) = self.records.swap_remove(id) {
+                self.inputs -= entry.inputs.len();
+            }
         }
         if self.fresh >= self.capacity {
-            let era = self.era;
-            self.records.retain(|_, entry| entry.era == era);
+            let (era, inputs) = (self.era, &mut self.inputs);
+            self.records.retain(|_, entry| {
+                let keep = entry.era == era;
+                if !keep {
+                    *inputs -= entry.inputs.len();
+                }
+                keep
+            });
             self.era = era.wrapping_add(1);
             self.fresh = 0;
         }
-    }
-}
-
-/// Two generations make an approximate LRU at the cost of a second lookup: entries go to
-/// `recent`, which shadows `older`; when `recent` is full it becomes `older` and the previous
-/// `older` is dropped. So the entries in use stay cached however many others come and go.
-struct Recent<K, V> {
-    recent: HashMap<K, V>,
-    older: HashMap<K, V>,
-    /// Most entries one generation holds.
-    capacity: usize,
-}
-
-impl<K: std::hash::Hash + Eq, V> Recent<K, V> {
-    fn new(capacity: usize) -> Self {
-        Recent {
-            recent: HashMap::default(),
-            older: HashMap::default(),
-            capacity,
-        }
-    }
-
-    fn insert(&mut self, key: K, value: V) {
-        if self.recent.len() >= self.capacity {
-            // The dropped generation's table, emptied, takes the new entries: it has grown to
-            // a generation's size already, so they go in without a rehash.
-            std::mem::swap(&mut self.older, &mut self.recent);
-            self.recent.clear();
-        }
-        self.recent.insert(key, value);
-    }
-
-    fn get(&self, key: &K) -> Option<&V> {
-        self.recent.get(key).or_else(|| self.older.get(key))
-    }
-
-    fn remove(&mut self, key: &K) {
-        self.recent.remove(key);
-        self.older.remove(key);
     }
 }
 
@@ -267,6 +277,8 @@ pub(crate) struct SessionEntry {
     now: Option<SessionRecord>,
     /// Admissions `now` is ahead of the record stored, or of the one the batch writes.
     trail: u32,
+    /// Rows of some of the session's pending inputs, in seq order (see [`Committed`]).
+    inputs: Vec<InboxRow>,
     /// The cache's era when a batch last used the entry.
     era: u32,
     /// Used by the batch being planned. The fields below are that batch's, and are reset when
@@ -664,17 +676,15 @@ impl<'t> Tables<'t> {
         Ok(self.entry(id)?.now.as_ref().map(|record| f(&record.row)))
     }
 
-    /// The session's record as this transaction has it, marked changed, for changing its
-    /// inbox.
-    fn inbox_of(&mut self, session: &SessionId) -> Result<&mut Inbox> {
+    /// The place of the session's entry, its record marked changed, for changing its inbox.
+    fn inbox_of(&mut self, session: &SessionId) -> Result<usize> {
         if self.entry(session)?.now.is_none() {
             return Err(Error::Corrupt {
                 what: format!("inbox of {session}"),
                 reason: "the session has no record".into(),
             });
         }
-        let record = self.touch(session)?.now.as_mut();
-        Ok(&mut record.expect("invariant: checked above").inbox)
+        self.touch(session)
     }
 
     /// Pending inputs of a session in admission order, as this transaction has them.
@@ -714,14 +724,14 @@ impl<'t> Tables<'t> {
     }
 
     /// Marks a session's record changed by the current operation.
-    fn touch(&mut self, id: &SessionId) -> Result<&mut SessionEntry> {
+    fn touch(&mut self, id: &SessionId) -> Result<usize> {
         let at = self.entry_at(id)?;
         let entry = &mut self.committed.records[at];
         if !entry.dirty {
             entry.dirty = true;
             self.dirty_sessions.push(at);
         }
-        Ok(entry)
+        Ok(at)
     }
 
     /// Encodes the rows the operation just flushed changed, so that handing the batch over
@@ -927,7 +937,8 @@ impl Projection for Tables<'_> {
     }
 
     fn put_session(&mut self, row: SessionRow) -> Result<()> {
-        let entry = self.touch(&row.id)?;
+        let at = self.touch(&row.id)?;
+        let entry = &mut self.committed.records[at];
         match &mut entry.now {
             Some(record) => record.row = row,
             None => {
@@ -968,16 +979,13 @@ impl Projection for Tables<'_> {
     }
 
     fn inbox(&mut self, session: &SessionId, seq: Seq) -> Result<Option<InboxRow>> {
-        let waiting = self
-            .entry(session)?
-            .now
-            .as_ref()
+        let at = self.entry_at(session)?;
+        let waiting = (self.committed.records[at].now.as_ref())
             .is_some_and(|record| record.inbox.waiting(seq));
         if !waiting {
             return Ok(None);
         }
-        let key = (session.clone(), seq);
-        if let Some(row) = self.committed.inputs.get(&key) {
+        if let Some(row) = self.committed.input(at, seq) {
             return Ok(Some(row.clone()));
         }
         let found = self.events.find(session.as_str(), seq.0)?;
@@ -988,19 +996,29 @@ impl Projection for Tables<'_> {
             });
         };
         let row = record::inbox_row(session, stored)?;
-        self.committed.inputs.insert(key, row.clone());
+        self.committed.keep_input(at, row.clone());
         Ok(Some(row))
     }
 
     fn put_inbox(&mut self, session: &SessionId, row: InboxRow) -> Result<()> {
-        self.inbox_of(session)?.add(row.admitted_seq);
-        (self.committed.inputs).insert((session.clone(), row.admitted_seq), row);
+        let at = self.inbox_of(session)?;
+        let record = self.committed.records[at].now.as_mut();
+        record
+            .expect("invariant: an inbox has a record")
+            .inbox
+            .add(row.admitted_seq);
+        self.committed.keep_input(at, row);
         Ok(())
     }
 
     fn remove_inbox(&mut self, session: &SessionId, seq: Seq) -> Result<()> {
-        self.inbox_of(session)?.remove(seq);
-        self.committed.inputs.remove(&(session.clone(), seq));
+        let at = self.inbox_of(session)?;
+        let record = self.committed.records[at].now.as_mut();
+        record
+            .expect("invariant: an inbox has a record")
+            .inbox
+            .remove(seq);
+        self.committed.drop_input(at, seq);
         Ok(())
     }
 
@@ -1107,6 +1125,10 @@ struct OpRows {
     instructions: OpMap<SessionId, InstructionState>,
     /// `None`: the operation removed the schedule.
     schedules: OpMap<(SessionId, ScheduleId), Option<Schedule>>,
+    /// The batch's index entry for the id the operation looked up last (`None`: absent). The
+    /// batch's rows stay as they are while an operation runs, and an admission looks its id up
+    /// twice: to check it, and in the projector.
+    looked_up: Option<(MessageId, Option<IndexEntry>)>,
 }
 
 impl OpRows {
@@ -1118,6 +1140,7 @@ impl OpRows {
         self.index.clear();
         self.instructions.clear();
         self.schedules.clear();
+        self.looked_up = None;
     }
 }
 
@@ -1321,10 +1344,18 @@ impl Projection for Overlay<'_, '_> {
         Ok(())
     }
     fn index(&mut self, id: &MessageId) -> Result<Option<IndexEntry>> {
-        match self.tables.op.index.get(id) {
-            Some(entry) => Ok(Some(entry.clone())),
-            None => self.tables.index(id),
+        let op = &self.tables.op;
+        if let Some(entry) = op.index.get(id) {
+            return Ok(Some(entry.clone()));
         }
+        if let Some((last, found)) = &op.looked_up
+            && last == id
+        {
+            return Ok(found.clone());
+        }
+        let found = self.tables.index(id)?;
+        self.tables.op.looked_up = Some((id.clone(), found.clone()));
+        Ok(found)
     }
     fn put_index(&mut self, id: &MessageId, entry: IndexEntry) -> Result<()> {
         self.tables.op.index.insert(id.clone(), entry);
@@ -1516,6 +1547,37 @@ mod tests {
         );
     }
 
+    /// An operation's lookups in the index are remembered for the operation only: the next
+    /// one sees what the last one wrote.
+    #[test]
+    fn the_next_operation_sees_the_index_entry_the_last_one_wrote() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = redb::Database::create(dir.path().join("rows.redb")).expect("db");
+        crate::init(&db).expect("init");
+        let txn = redb::ReadableDatabase::begin_read(&db).expect("read");
+        let mut committed = Committed::default();
+        let mut tables = Tables::open(&txn, &mut committed, Vec::new(), Sizes::default()).unwrap();
+        let (s, id) = (
+            SessionId::parse("ses_a").unwrap(),
+            MessageId::parse("msg_a").unwrap(),
+        );
+        let entry = IndexEntry::Message {
+            session: s,
+            seq: Seq(1),
+        };
+        let mut first = Overlay::new(&mut tables);
+        assert_eq!(first.index(&id).unwrap(), None);
+        first.put_index(&id, entry.clone()).unwrap();
+        assert_eq!(
+            first.index(&id).unwrap(),
+            Some(entry.clone()),
+            "its own write"
+        );
+        first.flush(&mut Vec::new()).unwrap();
+        let mut next = Overlay::new(&mut tables);
+        assert_eq!(next.index(&id).unwrap(), Some(entry));
+    }
+
     /// One batch's use of the cache: each session in `used` is found (read as `record(id, 1)`
     /// when the cache has none) and its record set to `last`.
     fn batch(cache: &mut Committed, used: &[(&str, u64)]) {
@@ -1569,23 +1631,49 @@ mod tests {
     }
 
     #[test]
-    fn inputs_stay_for_two_generations_and_leave_when_removed() {
-        let mut inputs = Recent::new(2);
-        for key in 1..=3 {
-            inputs.insert(key, key * 10);
-        }
+    fn input_rows_stay_in_seq_order_within_their_budget_and_leave_with_their_session() {
+        let mut cache = Committed::new(2, 3);
+        let input = |seq: u64| InboxRow {
+            id: MessageId::parse(&format!("msg_{seq}")).expect("id"),
+            admitted_seq: Seq(seq),
+            delivery: agenthost_model::Delivery::Steer,
+            prompt: agenthost_model::Prompt::text("hi"),
+            wake: true,
+        };
+        let mut touched = Vec::new();
+        let mut find = |cache: &mut Committed, id: &str| {
+            let found = || Ok(Some((record(id, 1), 0)));
+            let id = SessionId::parse(id).expect("id");
+            cache.find(&id, &mut touched, found).expect("found")
+        };
+        let (a, b) = (find(&mut cache, "ses_a"), find(&mut cache, "ses_b"));
+        let seqs = |cache: &Committed, at: usize| -> Vec<u64> {
+            cache.records[at]
+                .inputs
+                .iter()
+                .map(|row| row.admitted_seq.0)
+                .collect()
+        };
+        cache.keep_input(a, input(5));
+        cache.keep_input(a, input(3));
+        cache.keep_input(a, input(5));
+        assert_eq!(seqs(&cache, a), [3, 5], "in seq order, each once");
+        cache.keep_input(b, input(1));
+        cache.keep_input(b, input(2));
+        assert_eq!(cache.inputs, 3);
+        assert!(cache.input(b, Seq(2)).is_none(), "past the budget");
         assert_eq!(
-            inputs.get(&1),
-            Some(&10),
-            "the older generation still answers"
+            cache.input(a, Seq(5)).map(|row| row.admitted_seq),
+            Some(Seq(5))
         );
-        inputs.insert(4, 40);
-        inputs.insert(5, 50);
-        assert_eq!(inputs.get(&1), None, "two rotations drop an entry");
-        assert_eq!(inputs.get(&3), Some(&30));
-        inputs.remove(&3);
-        inputs.remove(&5);
-        assert_eq!((inputs.get(&3), inputs.get(&5)), (None, None));
-        assert_eq!(inputs.get(&4), Some(&40));
+        cache.drop_input(a, Seq(3));
+        cache.drop_input(a, Seq(9));
+        assert_eq!((seqs(&cache, a), cache.inputs), (vec![5], 2));
+        cache.keep_input(b, input(2));
+        assert_eq!(seqs(&cache, b), [1, 2], "room again");
+        cache.end_batch(&touched);
+        batch(&mut cache, &[("ses_c", 1), ("ses_d", 1)]);
+        assert!(cache.get(&SessionId::parse("ses_a").expect("id")).is_none());
+        assert_eq!(cache.inputs, 0, "their inputs left with them");
     }
 }
