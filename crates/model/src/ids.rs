@@ -32,8 +32,7 @@ macro_rules! prefixed_id {
             /// Mints a new sortable id from a time (ms since the Unix epoch) and 80 bits of
             /// entropy.
             pub fn mint(now: Timestamp, entropy: u128) -> Self {
-                let body = ulid::Ulid::from_parts(now.0, entropy);
-                Self(format!("{}{}", $prefix, body).into())
+                Self(minted($prefix, ulid::Ulid::from_parts(now.0, entropy)))
             }
 
             /// Parses and validates an id supplied from outside.
@@ -114,6 +113,20 @@ impl ScheduleId {
         let body = &self.0[Self::PREFIX.len()..];
         MessageId(format!("{}{body}-{}", MessageId::PREFIX, at.0).into())
     }
+}
+
+/// The text of a minted id, put together where it is kept: one allocation, no formatting
+/// machinery (the runtime mints an id for every message and every input without one).
+fn minted(prefix: &str, body: ulid::Ulid) -> Arc<str> {
+    let mut text = [0u8; 8 + ulid::ULID_LEN];
+    let (head, tail) = text.split_at_mut(prefix.len());
+    head.copy_from_slice(prefix.as_bytes());
+    body.array_to_str(
+        tail.first_chunk_mut()
+            .expect("invariant: prefixes are short"),
+    );
+    let text = &text[..prefix.len() + ulid::ULID_LEN];
+    Arc::from(std::str::from_utf8(text).expect("invariant: a prefix and base32 are ASCII"))
 }
 
 fn validate(value: &str, prefix: &str, kind: &'static str) -> Result<(), Error> {
@@ -251,6 +264,12 @@ mod tests {
         assert!(a.as_str().starts_with("ses_"));
         assert_eq!(a.as_str().len(), 4 + 26);
         assert_eq!(SessionId::parse(a.as_str()), Ok(a));
+        let body = ulid::Ulid::from_parts(1_002, 7);
+        let m = MessageId::mint(Timestamp(1_002), 7);
+        assert_eq!(m.as_str(), format!("msg_{body}"));
+        assert_eq!(MessageId::parse(m.as_str()), Ok(m));
+        let s = ScheduleId::mint(Timestamp(1_002), 7);
+        assert_eq!(s.as_str(), format!("sch_{body}"));
     }
 
     #[test]
