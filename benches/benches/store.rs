@@ -64,6 +64,8 @@ fn admissions(c: &mut Criterion) {
                             let tasks: Vec<_> = (0..sessions)
                                 .map(|s| {
                                     let store = store.clone();
+                                    // A writer holds the id of the session it admits to.
+                                    let s = session(s);
                                     tokio::spawn(async move {
                                         for _ in 0..per_session {
                                             // Minted as the runtime mints an id the client
@@ -71,7 +73,7 @@ fn admissions(c: &mut Criterion) {
                                             let n = MINTED.fetch_add(1, Ordering::Relaxed);
                                             let id = message_id(n);
                                             let admission = Admission {
-                                                session: session(s),
+                                                session: s.clone(),
                                                 id,
                                                 prompt: Prompt::text("benchmark prompt"),
                                                 delivery: Delivery::Steer,
