@@ -1507,40 +1507,46 @@ mod tests {
         }
     }
 
-    /// The batch keeps its operations' buffers between them (see `OpRows`): what a refused
-    /// operation buffered is gone before the next one reads or flushes anything.
-    #[test]
-    fn an_operation_dropped_unflushed_leaves_nothing_to_the_next() {
+    /// Runs `f` on a batch's tables over an empty store; returns the writer's cache after it.
+    fn on_empty_store(f: impl FnOnce(Tables<'_>)) -> Committed {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = redb::Database::create(dir.path().join("rows.redb")).expect("db");
         crate::init(&db).expect("init");
         let txn = redb::ReadableDatabase::begin_read(&db).expect("read");
         let mut committed = Committed::default();
-        let mut tables = Tables::open(&txn, &mut committed, Vec::new(), Sizes::default()).unwrap();
+        f(Tables::open(&txn, &mut committed, Vec::new(), Sizes::default()).expect("tables"));
+        committed
+    }
+
+    /// The batch keeps its operations' buffers between them (see `OpRows`): what a refused
+    /// operation buffered is gone before the next one reads or flushes anything.
+    #[test]
+    fn an_operation_dropped_unflushed_leaves_nothing_to_the_next() {
         let (s, id) = (
             SessionId::parse("ses_refused").unwrap(),
             MessageId::parse("msg_refused").unwrap(),
         );
-        {
-            let mut refused = Overlay::new(&mut tables);
-            refused
-                .put_session(session_row("ses_refused", 0, None))
-                .unwrap();
-            let entry = IndexEntry::Message {
-                session: s.clone(),
-                seq: Seq(1),
-            };
-            refused.put_index(&id, entry).unwrap();
-            assert!(refused.session(&s).unwrap().is_some(), "sees its own rows");
-        }
-        let mut next = Overlay::new(&mut tables);
-        assert!(next.session(&s).unwrap().is_none());
-        assert!(next.index(&id).unwrap().is_none());
-        let mut events = Vec::new();
-        next.flush(&mut events).unwrap();
-        assert!(events.is_empty());
-        let finished = tables.finish(false).unwrap();
-        assert!(finished.writes.sessions.is_empty() && finished.writes.index.is_empty());
+        let committed = on_empty_store(|mut tables| {
+            {
+                let mut refused = Overlay::new(&mut tables);
+                let row = session_row("ses_refused", 0, None);
+                refused.put_session(row).unwrap();
+                let entry = IndexEntry::Message {
+                    session: s.clone(),
+                    seq: Seq(1),
+                };
+                refused.put_index(&id, entry).unwrap();
+                assert!(refused.session(&s).unwrap().is_some(), "sees its own rows");
+            }
+            let mut next = Overlay::new(&mut tables);
+            assert!(next.session(&s).unwrap().is_none());
+            assert!(next.index(&id).unwrap().is_none());
+            let mut events = Vec::new();
+            next.flush(&mut events).unwrap();
+            assert!(events.is_empty());
+            let finished = tables.finish(false).unwrap();
+            assert!(finished.writes.sessions.is_empty() && finished.writes.index.is_empty());
+        });
         assert!(
             committed.records.is_empty(),
             "a session the batch found missing is not kept"
@@ -1551,31 +1557,24 @@ mod tests {
     /// one sees what the last one wrote.
     #[test]
     fn the_next_operation_sees_the_index_entry_the_last_one_wrote() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let db = redb::Database::create(dir.path().join("rows.redb")).expect("db");
-        crate::init(&db).expect("init");
-        let txn = redb::ReadableDatabase::begin_read(&db).expect("read");
-        let mut committed = Committed::default();
-        let mut tables = Tables::open(&txn, &mut committed, Vec::new(), Sizes::default()).unwrap();
-        let (s, id) = (
-            SessionId::parse("ses_a").unwrap(),
-            MessageId::parse("msg_a").unwrap(),
-        );
+        let id = MessageId::parse("msg_a").unwrap();
         let entry = IndexEntry::Message {
-            session: s,
+            session: SessionId::parse("ses_a").unwrap(),
             seq: Seq(1),
         };
-        let mut first = Overlay::new(&mut tables);
-        assert_eq!(first.index(&id).unwrap(), None);
-        first.put_index(&id, entry.clone()).unwrap();
-        assert_eq!(
-            first.index(&id).unwrap(),
-            Some(entry.clone()),
-            "its own write"
-        );
-        first.flush(&mut Vec::new()).unwrap();
-        let mut next = Overlay::new(&mut tables);
-        assert_eq!(next.index(&id).unwrap(), Some(entry));
+        on_empty_store(|mut tables| {
+            let mut first = Overlay::new(&mut tables);
+            assert_eq!(first.index(&id).unwrap(), None);
+            first.put_index(&id, entry.clone()).unwrap();
+            assert_eq!(
+                first.index(&id).unwrap(),
+                Some(entry.clone()),
+                "its own write"
+            );
+            first.flush(&mut Vec::new()).unwrap();
+            let mut next = Overlay::new(&mut tables);
+            assert_eq!(next.index(&id).unwrap(), Some(entry));
+        });
     }
 
     /// One batch's use of the cache: each session in `used` is found (read as `record(id, 1)`
