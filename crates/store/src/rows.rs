@@ -40,11 +40,11 @@ use crate::tables::*;
 /// so that a session's record is read from its B-tree and decoded once, not once per batch; and,
 /// with each record, the rows of pending inputs it admitted or read, so that a promotion a few
 /// commits after the admission does not read the prompt back from the log (an input leaves once
-/// a batch promotes it, so they are what is pending, not what was). A batch changes both in place
-/// as its operations are accepted. Only the writer changes records, and an input's row never changes, so the cache is
-/// exact. It runs ahead of what is durable by the batches not yet committed, which are known
-/// only here: when a batch fails, the writer drops the whole cache, once no batch it could hold
-/// is still being committed (see `writer`).
+/// a batch promotes it, so they are what is pending, not what was). A batch changes both in
+/// place as its operations are accepted. Only the writer changes records, and an input's row
+/// never changes, so the cache is exact. It runs ahead of what is durable by the batches not
+/// yet committed, which are known only here: when a batch fails, the writer drops the whole
+/// cache, once no batch it could hold is still being committed (see `writer`).
 pub(crate) struct Committed {
     /// Session records by id. A batch finds a session by id once and then by its place, which
     /// stays the same until the batch is handed over.
