@@ -51,8 +51,9 @@ pub(crate) struct Committed {
     records: IndexMap<SessionId, SessionEntry, foldhash::fast::RandomState>,
     /// Records stay for the sessions used in this era or the last: an era ends, between two
     /// batches, once `capacity` sessions were used in it for the first time, and the sessions
-    /// the ending era did not use go then. So the sessions in use stay cached however many
-    /// others come and go, and at most about twice `capacity` are kept.
+    /// the ending era did not use go then, unless a batch not yet durable used them. So the
+    /// sessions in use stay cached however many others come and go, and at most about twice
+    /// `capacity` are kept (more only while batches larger than an era are in flight).
     era: u32,
     fresh: usize,
     capacity: usize,
@@ -128,12 +129,14 @@ impl Committed {
         self.records.get(id).and_then(|entry| entry.now.as_ref())
     }
 
-    /// The place of the session's entry for the batch that used the entries at `touched`, which
-    /// stays the same until the batch ends; `load` reads the record when the cache has none.
-    /// The first time the batch uses an entry, it notes how it found the session.
+    /// The place of the session's entry for batch number `batch`, which used the entries at
+    /// `touched`; the place stays the same until the batch ends. `load` reads the record when
+    /// the cache has none. The first time the batch uses an entry, it notes how it found the
+    /// session.
     fn find(
         &mut self,
         id: &SessionId,
+        batch: u64,
         touched: &mut Vec<usize>,
         load: impl FnOnce() -> Result<Option<(SessionRecord, u32)>>,
     ) -> Result<usize> {
@@ -150,6 +153,7 @@ impl Committed {
                     inputs: Vec::new(),
                     // Used in this era for the first time below.
                     era: self.era.wrapping_sub(1),
+                    batch,
                     in_batch: false,
                     found: None,
                     dirty: false,
@@ -162,6 +166,7 @@ impl Committed {
         let entry = &mut self.records[at];
         if !entry.in_batch {
             entry.in_batch = true;
+            entry.batch = batch;
             entry.found = entry.now.as_ref().map(SessionRecord::working);
             touched.push(at);
             if entry.era != self.era {
@@ -174,8 +179,9 @@ impl Committed {
 
     /// Ends the batch that used the entries at `touched`: they are nobody's any more, those of
     /// sessions it found missing (and did not create) go, and so do, at the end of an era, the
-    /// sessions the era did not use.
-    fn end_batch(&mut self, touched: &[usize]) {
+    /// sessions the era did not use. Batches up to number `durable` are durable: a record a
+    /// later one changed is known only here, so it stays whatever its era.
+    fn end_batch(&mut self, touched: &[usize], durable: u64) {
         let mut missing = Vec::new();
         for &at in touched {
             let (id, entry) = self
@@ -198,7 +204,7 @@ impl Committed {
         if self.fresh >= self.capacity {
             let (era, inputs) = (self.era, &mut self.inputs);
             self.records.retain(|_, entry| {
-                let keep = entry.era == era;
+                let keep = entry.era == era || entry.batch > durable;
                 if !keep {
                     *inputs -= entry.inputs.len();
                 }
@@ -279,8 +285,9 @@ pub(crate) struct SessionEntry {
     trail: u32,
     /// Rows of some of the session's pending inputs, in seq order (see [`Committed`]).
     inputs: Vec<InboxRow>,
-    /// The cache's era when a batch last used the entry.
+    /// The cache's era when a batch last used the entry, and that batch's number.
     era: u32,
+    batch: u64,
     /// Used by the batch being planned. The fields below are that batch's, and are reset when
     /// it ends.
     in_batch: bool,
@@ -577,6 +584,8 @@ pub(crate) struct Tables<'t> {
     committed: &'t mut Committed,
     /// The batches being committed, which the read transaction does not see yet, newest first.
     in_flight: Vec<&'t Changes>,
+    /// The batch's number (see `writer`).
+    batch: u64,
     /// The places of the session entries this batch used, in `committed`, and of the one it
     /// found last: an operation looks its session up several times in a row, and comparing ids
     /// costs less than hashing one.
@@ -609,12 +618,13 @@ pub(crate) struct Tables<'t> {
 impl<'t> Tables<'t> {
     /// Opens every table for reading. `in_flight` are the batches being committed, newest
     /// first: `txn` must have begun after every earlier batch was durable. `sizes` are the last
-    /// batch's.
+    /// batch's; `batch` the batch's number.
     pub(crate) fn open(
         txn: &ReadTransaction,
         committed: &'t mut Committed,
         in_flight: Vec<&'t Changes>,
         sizes: Sizes,
+        batch: u64,
     ) -> Result<Self> {
         let events = log::ReadLog::open(txn)?;
         let index: ReadOnlyTable<&'static str, Bytes> = txn.open_table(INDEX).map_err(storage)?;
@@ -634,6 +644,7 @@ impl<'t> Tables<'t> {
             front_rows: 0,
             committed,
             in_flight,
+            batch,
             touched: Vec::with_capacity(room(sizes.sessions)),
             last: usize::MAX,
             dirty_sessions: Vec::new(),
@@ -666,7 +677,8 @@ impl<'t> Tables<'t> {
             return Ok(self.last);
         }
         let (sessions, events) = (&self.sessions, &self.events);
-        let at = (self.committed).find(id, &mut self.touched, || load(sessions, events, id))?;
+        let load = || load(sessions, events, id);
+        let at = (self.committed).find(id, self.batch, &mut self.touched, load)?;
         self.last = at;
         Ok(at)
     }
@@ -785,13 +797,14 @@ impl<'t> Tables<'t> {
     /// what the caches take. Called once, after the last operation. With `prune`, the batch also
     /// takes out of the working set every session that is idle once it commits, as the writer
     /// knows them: the batch folds the front, and that is when the set sheds idle sessions.
-    pub(crate) fn finish(mut self, prune: bool) -> Result<Finished> {
+    /// Batches up to number `durable` are durable.
+    pub(crate) fn finish(mut self, prune: bool, durable: u64) -> Result<Finished> {
         if prune {
             self.writes.idle = self.idle_sessions()?;
         }
         let (front, records) = (self.writes.front.0.len(), self.writes.sessions.0.len());
         self.writes.sort();
-        self.committed.end_batch(&self.touched);
+        self.committed.end_batch(&self.touched, durable);
         let sizes = Sizes {
             ops: 0,
             events: 0,
@@ -1514,7 +1527,7 @@ mod tests {
         crate::init(&db).expect("init");
         let txn = redb::ReadableDatabase::begin_read(&db).expect("read");
         let mut committed = Committed::default();
-        f(Tables::open(&txn, &mut committed, Vec::new(), Sizes::default()).expect("tables"));
+        f(Tables::open(&txn, &mut committed, Vec::new(), Sizes::default(), 1).expect("tables"));
         committed
     }
 
@@ -1544,7 +1557,7 @@ mod tests {
             let mut events = Vec::new();
             next.flush(&mut events).unwrap();
             assert!(events.is_empty());
-            let finished = tables.finish(false).unwrap();
+            let finished = tables.finish(false, 0).unwrap();
             assert!(finished.writes.sessions.is_empty() && finished.writes.index.is_empty());
         });
         assert!(
@@ -1577,21 +1590,51 @@ mod tests {
         });
     }
 
-    /// One batch's use of the cache: each session in `used` is found (read as `record(id, 1)`
-    /// when the cache has none) and its record set to `last`.
-    fn batch(cache: &mut Committed, used: &[(&str, u64)]) {
+    /// The use of the cache by batch number `n` while those up to `durable` are: each session
+    /// in `used` is found (read as `record(id, 1)` when the cache has none) and its record set
+    /// to `last`.
+    fn batch_of(cache: &mut Committed, n: u64, durable: u64, used: &[(&str, u64)]) {
         let mut touched = Vec::new();
         for &(id, last) in used {
             let id = SessionId::parse(id).expect("id");
             let at = cache
-                .find(&id, &mut touched, || Ok(Some((record(id.as_str(), 1), 0))))
+                .find(&id, n, &mut touched, || {
+                    Ok(Some((record(id.as_str(), 1), 0)))
+                })
                 .expect("found");
             let entry = &mut cache.records[at];
             assert!(entry.in_batch && entry.found == Some(false));
             entry.now.as_mut().expect("record").row.last_seq = Seq(last);
         }
-        cache.end_batch(&touched);
+        cache.end_batch(&touched, durable);
         assert!(cache.records.values().all(|entry| !entry.in_batch));
+    }
+
+    /// One batch's use of the cache once every batch before it is durable.
+    fn batch(cache: &mut Committed, used: &[(&str, u64)]) {
+        batch_of(cache, 1, 1, used);
+    }
+
+    /// An era may end while the batches that changed a record in the last one are still being
+    /// committed: the record is known only in the cache then, so it stays.
+    #[test]
+    fn the_end_of_an_era_keeps_what_batches_not_yet_durable_changed() {
+        let mut cache = Committed::new(2, 2);
+        let last = |cache: &Committed, id: &str| {
+            cache
+                .get(&SessionId::parse(id).expect("id"))
+                .map(|r| r.row.last_seq.0)
+        };
+        batch_of(&mut cache, 1, 0, &[("ses_a", 5), ("ses_b", 5)]);
+        batch_of(&mut cache, 2, 0, &[("ses_c", 1), ("ses_d", 1)]);
+        assert_eq!(last(&cache, "ses_a"), Some(5), "batch 1 is not durable yet");
+        batch_of(&mut cache, 3, 2, &[("ses_e", 1), ("ses_f", 1)]);
+        assert_eq!(
+            last(&cache, "ses_a"),
+            None,
+            "durable now, and unused for an era"
+        );
+        assert_eq!(last(&cache, "ses_e"), Some(1));
     }
 
     #[test]
@@ -1622,9 +1665,9 @@ mod tests {
 
         let missing = SessionId::parse("ses_missing").expect("id");
         let mut touched = Vec::new();
-        let at = (cache.find(&missing, &mut touched, || Ok(None))).expect("found");
+        let at = (cache.find(&missing, 1, &mut touched, || Ok(None))).expect("found");
         assert_eq!(cache.records[at].found, None, "found missing");
-        cache.end_batch(&touched);
+        cache.end_batch(&touched, 1);
         assert!(cache.records.get(&missing).is_none(), "not kept");
         assert_eq!(last(&cache, "ses_d"), Some(3), "the others stay in place");
     }
@@ -1643,7 +1686,7 @@ mod tests {
         let mut find = |cache: &mut Committed, id: &str| {
             let found = || Ok(Some((record(id, 1), 0)));
             let id = SessionId::parse(id).expect("id");
-            cache.find(&id, &mut touched, found).expect("found")
+            cache.find(&id, 1, &mut touched, found).expect("found")
         };
         let (a, b) = (find(&mut cache, "ses_a"), find(&mut cache, "ses_b"));
         let seqs = |cache: &Committed, at: usize| -> Vec<u64> {
@@ -1670,7 +1713,7 @@ mod tests {
         assert_eq!((seqs(&cache, a), cache.inputs), (vec![5], 2));
         cache.keep_input(b, input(2));
         assert_eq!(seqs(&cache, b), [1, 2], "room again");
-        cache.end_batch(&touched);
+        cache.end_batch(&touched, 1);
         batch(&mut cache, &[("ses_c", 1), ("ses_d", 1)]);
         assert!(cache.get(&SessionId::parse("ses_a").expect("id")).is_none());
         assert_eq!(cache.inputs, 0, "their inputs left with them");

@@ -531,7 +531,8 @@ impl Planner {
             .and_then(|db| db.begin_read().map_err(storage))
             .map_err(|e| Failure::of(&e))?;
         let in_flight: Vec<&Changes> = self.in_flight.iter().rev().map(|(_, c)| c).collect();
-        let mut tables = Tables::open(&read, &mut self.committed, in_flight, self.sizes)
+        let n = flow.handed + 1;
+        let mut tables = Tables::open(&read, &mut self.committed, in_flight, self.sizes, n)
             .map_err(|e| Failure::of(&e))?;
         let now = (self.clock)();
         let mut lingering: Option<Lingering> = None;
@@ -557,7 +558,7 @@ impl Planner {
                             flow.working_since.map(|since| since.elapsed()),
                         )));
             if ready && !linger {
-                return tables.finish(fold).map_err(|e| Failure::of(&e));
+                return (tables.finish(fold, flow.done)).map_err(|e| Failure::of(&e));
             }
             if room && let Some(request) = flow.backlog.pop_front() {
                 let mut overlay = Overlay::new(&mut tables);
@@ -602,7 +603,7 @@ impl Planner {
                     if size == state.first {
                         flow.linger_pause = DRY_PAUSE;
                     }
-                    return tables.finish(fold).map_err(|e| Failure::of(&e));
+                    return (tables.finish(fold, flow.done)).map_err(|e| Failure::of(&e));
                 };
                 // Asleep on the committer's channel: a request does not wake the planner (a
                 // thread wake-up each would cost more than the linger saves); what came is
