@@ -1610,6 +1610,30 @@ mod tests {
         assert!(cache.records.values().all(|entry| !entry.in_batch));
     }
 
+    #[test]
+    fn a_batch_starts_with_room_for_the_larger_of_the_last_and_the_fading_peak() {
+        let sizes = |ops| Sizes {
+            ops,
+            ..Sizes::default()
+        };
+        assert_eq!(
+            sizes(800).after(sizes(100)).ops,
+            700,
+            "the peak fades by an eighth"
+        );
+        assert_eq!(
+            sizes(800).after(sizes(750)).ops,
+            750,
+            "a larger batch sets it"
+        );
+        assert_eq!(sizes(0).after(sizes(30)).ops, 30);
+        let mut room = sizes(800);
+        for _ in 0..40 {
+            room = room.after(sizes(10));
+        }
+        assert_eq!(room.ops, 10, "small batches bring it down to their size");
+    }
+
     /// One batch's use of the cache once every batch before it is durable.
     fn batch(cache: &mut Committed, used: &[(&str, u64)]) {
         batch_of(cache, 1, 1, used);
