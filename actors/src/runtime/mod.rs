@@ -189,6 +189,17 @@ impl Runtime {
             preparers,
             recovery: Arc::new(done_rx),
         };
+        if let Some(ownership) = runtime.shared.store.ownership() {
+            let follower = runtime.clone();
+            let changes = ownership.subscribe();
+            // What is held now, the boot sweep (which `wait_idle` waits for) covers.
+            runtime.sweeps.handled(ownership.version());
+            tokio::spawn(async move { recovery::follow(&follower, changes).await });
+        }
+        // The boot sweep lists what a previous process left before anything can be admitted or
+        // fired here: input admitted from now on is this process's own to wake, and the counts
+        // the listing seeds are not older than any commit of this process.
+        let found = recovery::owed(&runtime).await;
         tokio::spawn(session::passivate(
             runtime.shared.clone(),
             runtime.actors.clone(),
@@ -199,17 +210,9 @@ impl Runtime {
             schedules::load(&timer).await;
             schedules::run(timer).await;
         });
-        let sweeper = runtime.clone();
-        let recovery = config.recovery;
-        if let Some(ownership) = runtime.shared.store.ownership() {
-            let follower = runtime.clone();
-            let changes = ownership.subscribe();
-            // What is held now, the boot sweep (which `wait_idle` waits for) covers.
-            runtime.sweeps.handled(ownership.version());
-            tokio::spawn(async move { recovery::follow(&follower, changes).await });
-        }
+        let (sweeper, recovery) = (runtime.clone(), config.recovery);
         tokio::spawn(async move {
-            recovery::sweep(&sweeper, &recovery, None).await;
+            recovery::resume(&sweeper, &recovery, found, None).await;
             let _ = done_tx.send(true);
             // Like recovery, the lost-wake sweep resumes work nobody asked for again: it runs in
             // `resume` mode only.

@@ -21,19 +21,37 @@ use crate::runtime::Runtime;
 /// session that stays busy longer keeps running, it only stops holding up the sweep.
 const RECOVERY_WAIT: Duration = Duration::from_secs(60);
 
-/// Sweeps the sessions this node owns. `listing` (a takeover's) is released once the sessions
-/// owed recovery are known, each of them until it is recovered: until then `wait_idle` on them
-/// waits (a session owed recovery is not idle).
-pub(crate) async fn sweep(runtime: &Runtime, config: &Recovery, listing: Option<Listing>) {
-    // Store reads, one per pending session: on the blocking pool. They also seed the in-memory
-    // counts of pending inputs and claims, whatever the mode.
-    let found = match blocking(runtime, candidates).await {
+/// Sweeps the sessions of partitions this node just took over. `listing` is released once the
+/// sessions owed recovery are known, each of them until it is recovered: until then `wait_idle`
+/// on them waits (a session owed recovery is not idle).
+pub(crate) async fn sweep(runtime: &Runtime, config: &Recovery, listing: Listing) {
+    let found = owed(runtime).await;
+    resume(runtime, config, found, Some(listing)).await;
+}
+
+/// What the sessions this node owns owe recovery: those holding a claim or pending input that
+/// asked for a wake. The read also seeds the in-memory counts of pending inputs and claims,
+/// whatever the mode. The boot sweep reads this before its runtime admits anything, so it finds
+/// exactly what a previous process left and its seeds are never older than a live commit.
+pub(crate) async fn owed(runtime: &Runtime) -> BTreeSet<SessionId> {
+    // Store reads, one per pending session: on the blocking pool.
+    match blocking(runtime, candidates).await {
         Ok(found) => found,
         Err(e) => {
             tracing::error!(error = %e, "recovery sweep could not read the store");
-            return;
+            BTreeSet::new()
         }
-    };
+    }
+}
+
+/// Wakes each session `found` owed recovery, with bounded concurrency (`resume` mode), or
+/// reports them (`pause`). `listing`, a takeover's, is released once they are marked owed.
+pub(crate) async fn resume(
+    runtime: &Runtime,
+    config: &Recovery,
+    found: BTreeSet<SessionId>,
+    listing: Option<Listing>,
+) {
     if found.is_empty() || config.mode == RecoveryMode::Off {
         return;
     }
@@ -218,7 +236,7 @@ pub(crate) async fn follow(
                 tokio::spawn(async move {
                     // Their schedules are this node's to fire now.
                     crate::runtime::schedules::load(&runtime).await;
-                    sweep(&runtime, &config, Some(listing)).await
+                    sweep(&runtime, &config, listing).await
                 });
             }
             // Missed changes: make the actors match what is held, and sweep what may be new.
@@ -230,7 +248,7 @@ pub(crate) async fn follow(
                 let (runtime, config) = (runtime.clone(), runtime.shared.recovery.clone());
                 tokio::spawn(async move {
                     crate::runtime::schedules::load(&runtime).await;
-                    sweep(&runtime, &config, Some(listing)).await
+                    sweep(&runtime, &config, listing).await
                 });
             }
             Err(RecvError::Closed) => return,

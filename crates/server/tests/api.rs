@@ -354,7 +354,8 @@ async fn metrics_count_exactly_what_happened() {
 }
 
 /// A scrape reads no store: its gauges of pending inputs and claims come from memory, seeded
-/// by the start's recovery read and moved by every commit, so they hold across a restart too.
+/// by the start's recovery read and moved by every commit, so they hold across a restart too,
+/// from the first scrape on (the read is done before the runtime is handed out).
 #[tokio::test]
 async fn a_scrape_reads_no_store() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -363,7 +364,6 @@ async fn a_scrape_reads_no_store() {
         let config =
             Config::new(path).with_provider("scripted", Arc::new(Scripted::new([text("ok")])));
         let runtime = Runtime::start(config).await.expect("runtime starts");
-        runtime.recovered().await;
         Api::new(runtime, Options::default())
     };
     let get = |router: Router| async move {
