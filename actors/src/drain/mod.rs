@@ -275,13 +275,9 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
     // The row and the pending inputs from one snapshot; the inputs serve the first boundary.
     let (row, mut first_inputs) = d
         .read(|snap, session| {
-            let row = snap
-                .session(session)?
+            let (row, inputs) = snap
+                .session_and_pending(session)?
                 .ok_or_else(|| Error::SessionNotFound(session.clone()))?;
-            let inputs = match row.pending {
-                0 => Vec::new(),
-                _ => snap.pending(session)?,
-            };
             Ok((row, Some(inputs)))
         })
         .await?;

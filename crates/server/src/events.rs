@@ -244,18 +244,27 @@ impl AsRef<[u8]> for ArcBytes {
 
 /// The SSE frame of a durable event.
 fn render(stored: &Stored) -> Vec<u8> {
-    let event = wire::Event::from(stored);
-    let json = serde_json::to_vec(&event)
-        .unwrap_or_else(|e| format!("{{\"error\":\"cannot serialize: {e}\"}}").into_bytes());
-    let mut frame = Vec::with_capacity(json.len() + 64);
+    let mut frame = Vec::with_capacity(128 + stored.event.weight());
     frame.extend_from_slice(b"event: ");
     frame.extend_from_slice(stored.event.kind().as_bytes());
     frame.extend_from_slice(b"\nid: ");
     frame.extend_from_slice(stored.seq.0.to_string().as_bytes());
     frame.extend_from_slice(b"\ndata: ");
-    frame.extend_from_slice(&json);
-    frame.extend_from_slice(b"\n\n");
+    data(&mut frame, &wire::Event::from(stored));
     frame
+}
+
+/// Appends `payload` as a frame's JSON data line and the blank line that ends the frame,
+/// serialized in place.
+fn data<T: serde::Serialize>(frame: &mut Vec<u8>, payload: &T) {
+    let start = frame.len();
+    if let Err(e) = serde_json::to_writer(&mut *frame, payload) {
+        // Wire types serialize infallibly; keep the stream well-formed regardless.
+        frame.truncate(start);
+        let error = serde_json::json!({ "error": format!("cannot serialize: {e}") });
+        frame.extend_from_slice(error.to_string().as_bytes());
+    }
+    frame.extend_from_slice(b"\n\n");
 }
 
 /// The event streams open, in all and per session.
@@ -683,10 +692,12 @@ impl Feed {
 
 /// The frame of an ephemeral event (no `id`).
 fn json_event<T: serde::Serialize>(name: &str, payload: &T) -> Bytes {
-    // Wire types serialize infallibly; keep the stream well-formed regardless.
-    let json = serde_json::to_string(payload)
-        .unwrap_or_else(|e| format!("{{\"error\":\"cannot serialize: {e}\"}}"));
-    Bytes::from(format!("event: {name}\ndata: {json}\n\n"))
+    let mut frame = Vec::with_capacity(64 + name.len());
+    frame.extend_from_slice(b"event: ");
+    frame.extend_from_slice(name.as_bytes());
+    frame.extend_from_slice(b"\ndata: ");
+    data(&mut frame, payload);
+    Bytes::from(frame)
 }
 
 #[cfg(test)]
@@ -694,6 +705,27 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn a_frame_is_its_event_its_id_and_one_json_data_line() {
+        let stored = Stored {
+            seq: Seq(7),
+            time: agenthost_model::Timestamp(1_700_000_000_000),
+            event: agenthost_model::Event::ExecutionSucceeded,
+        };
+        let frame = String::from_utf8(render(&stored)).unwrap();
+        let data = frame
+            .strip_prefix("event: execution_succeeded\nid: 7\ndata: ")
+            .and_then(|rest| rest.strip_suffix("\n\n"))
+            .unwrap_or_else(|| panic!("not a durable frame: {frame:?}"));
+        let json: serde_json::Value = serde_json::from_str(data).unwrap();
+        assert_eq!(json["type"], "execution_succeeded");
+        assert_eq!(json["seq"], 7);
+        assert!(!data.contains('\n'));
+
+        let status = json_event("status", &wire::Status::of(wire::StatusType::Idle));
+        assert_eq!(&status[..], b"event: status\ndata: {\"type\":\"idle\"}\n\n");
+    }
 
     #[test]
     fn a_bursts_first_delta_goes_at_once_and_the_rest_together_an_interval_later() {

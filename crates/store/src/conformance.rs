@@ -193,11 +193,16 @@ pub async fn promotion_follows_the_rules_exactly_once(backend: &dyn Backend) {
         Boundary::Idle,
         Boundary::Idle,
     ] {
-        let pending = store
-            .snapshot()
-            .expect("snapshot")
-            .pending(&s)
-            .expect("pending");
+        let snap = store.snapshot().expect("snapshot");
+        let pending = snap.pending(&s).expect("pending");
+        // The row and the inputs read together are the two read apart.
+        let together = snap.session_and_pending(&s).expect("session and pending");
+        let apart = snap
+            .session(&s)
+            .expect("session")
+            .map(|row| (row, pending.clone()));
+        assert_eq!(together, apart, "at {boundary:?}");
+        drop(snap);
         let expected = promotion::select(&pending, boundary);
         let written = store.promote(s.clone(), boundary).await.expect("promoted");
         let promoted: Vec<MessageId> = written

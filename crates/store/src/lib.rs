@@ -402,7 +402,7 @@ impl RedbStore {
 
     pub(crate) fn redb_snapshot(&self) -> Result<snapshot::RedbSnapshot> {
         let txn = self.db.get()?.begin_read().map_err(storage)?;
-        Ok(snapshot::RedbSnapshot { txn })
+        Ok(snapshot::RedbSnapshot::new(txn))
     }
 }
 

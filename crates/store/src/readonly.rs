@@ -99,7 +99,7 @@ impl ReadOnlyStore {
     /// A consistent read view.
     pub fn snapshot(&self) -> Result<Box<dyn Snapshot>> {
         let txn = self.db.begin_read().map_err(storage)?;
-        Ok(Box::new(RedbSnapshot { txn }))
+        Ok(Box::new(RedbSnapshot::new(txn)))
     }
 
     fn check_version(&self) -> Result<()> {

@@ -2,6 +2,8 @@
 //! however long it is held; redb's MVCC means it never blocks the writer and the writer never
 //! blocks it.
 
+use std::cell::OnceCell;
+
 use agenthost_model::history::{self, History, Mode};
 use agenthost_model::{
     InboxRow, IndexEntry, InstructionState, Message, MessageId, Schedule, Seq, SessionId,
@@ -31,6 +33,18 @@ pub trait Snapshot: Send {
     /// The admitted seqs of the pending inputs, in order: [`Snapshot::pending`] without reading
     /// the prompts.
     fn pending_seqs(&self, id: &SessionId) -> Result<Vec<Seq>>;
+    /// A session's row and, when it has any, its pending inputs: [`Snapshot::session`] and
+    /// [`Snapshot::pending`] in one read of the session.
+    fn session_and_pending(&self, id: &SessionId) -> Result<Option<(SessionRow, Vec<InboxRow>)>> {
+        let Some(row) = self.session(id)? else {
+            return Ok(None);
+        };
+        let inputs = match row.pending {
+            0 => Vec::new(),
+            _ => self.pending(id)?,
+        };
+        Ok(Some((row, inputs)))
+    }
     fn instructions(&self, id: &SessionId) -> Result<InstructionState>;
     fn index(&self, id: &MessageId) -> Result<Option<IndexEntry>>;
     /// Events with `seq >= from`, in seq order, at most `limit`.
@@ -103,11 +117,42 @@ pub trait Snapshot: Send {
     }
 }
 
+/// A redb read transaction, with the tables its reads open most kept open for its life: one
+/// snapshot often serves several reads (a drain reads a session's record and its pending inputs
+/// together), and opening a table looks its definition up and checks its types each time.
 pub(crate) struct RedbSnapshot {
     pub(crate) txn: ReadTransaction,
+    sessions: OnceCell<ReadOnlyTable<&'static str, Bytes>>,
+    log: OnceCell<log::ReadLog>,
 }
 
 impl RedbSnapshot {
+    pub(crate) fn new(txn: ReadTransaction) -> Self {
+        RedbSnapshot {
+            txn,
+            sessions: OnceCell::new(),
+            log: OnceCell::new(),
+        }
+    }
+
+    /// The sessions table, opened on first use.
+    fn sessions_table(&self) -> Result<&ReadOnlyTable<&'static str, Bytes>> {
+        if let Some(table) = self.sessions.get() {
+            return Ok(table);
+        }
+        let table = self.txn.open_table(SESSIONS).map_err(storage)?;
+        Ok(self.sessions.get_or_init(|| table))
+    }
+
+    /// The log's tables and parts, opened on first use.
+    fn log(&self) -> Result<&log::ReadLog> {
+        if let Some(log) = self.log.get() {
+            return Ok(log);
+        }
+        let log = log::ReadLog::open(&self.txn)?;
+        Ok(self.log.get_or_init(|| log))
+    }
+
     /// A session's events with `seq >= from`, in seq order, at most `limit`, stopping once the
     /// events read hold `max_bytes` encoded (at least one is read).
     fn events_range(
@@ -122,7 +167,7 @@ impl RedbSnapshot {
         if limit == 0 {
             return Ok(out);
         }
-        log::ReadLog::open(&self.txn)?.for_each(id.as_str(), from.0, |_, bytes| {
+        self.log()?.for_each(id.as_str(), from.0, |_, bytes| {
             out.push(decode("event", bytes)?);
             read = read.saturating_add(bytes.len());
             Ok(out.len() < limit && read < max_bytes)
@@ -133,7 +178,7 @@ impl RedbSnapshot {
     /// Every event of the store, each session's in seq order.
     #[cfg(test)]
     fn all_events(&self, mut each: impl FnMut(SessionId, Stored)) -> Result<()> {
-        log::ReadLog::open(&self.txn)?.for_all(|session, _, bytes| {
+        self.log()?.for_all(|session, _, bytes| {
             each(session_key(session)?, decode("event", bytes)?);
             Ok(())
         })
@@ -142,8 +187,7 @@ impl RedbSnapshot {
     /// A session's record as of this snapshot: the stored one, caught up with the admissions
     /// the log holds after it (see `record`).
     fn record(&self, id: &SessionId) -> Result<Option<SessionRecord>> {
-        let table = self.txn.open_table(SESSIONS).map_err(storage)?;
-        let value = table.get(id.as_str()).map_err(storage)?;
+        let value = self.sessions_table()?.get(id.as_str()).map_err(storage)?;
         let Some(mut record) = value
             .map(|v| decode::<SessionRecord>("session record", v.value()))
             .transpose()?
@@ -151,7 +195,7 @@ impl RedbSnapshot {
             return Ok(None);
         };
         if record.may_trail() {
-            crate::rows::catch_up(&mut record, &log::ReadLog::open(&self.txn)?)?;
+            crate::rows::catch_up(&mut record, self.log()?)?;
         }
         Ok(Some(record))
     }
@@ -187,7 +231,7 @@ impl RedbSnapshot {
         if inbox.is_empty() {
             return Ok(Vec::new());
         }
-        let log = log::ReadLog::open(&self.txn)?;
+        let log = self.log()?;
         let mut out = Vec::new();
         for seq in inbox.seqs() {
             let found = log.find(id.as_str(), seq.0)?;
@@ -271,6 +315,14 @@ impl Snapshot for RedbSnapshot {
             Some(record) => self.inputs(id, &record.inbox),
             None => Ok(Vec::new()),
         }
+    }
+
+    fn session_and_pending(&self, id: &SessionId) -> Result<Option<(SessionRow, Vec<InboxRow>)>> {
+        let Some(record) = self.record(id)? else {
+            return Ok(None);
+        };
+        let inputs = self.inputs(id, &record.inbox)?;
+        Ok(Some((record.row, inputs)))
     }
 
     fn pending_seqs(&self, id: &SessionId) -> Result<Vec<Seq>> {
@@ -359,12 +411,12 @@ impl RedbSnapshot {
     pub(crate) fn projections(&self) -> Result<agenthost_model::Projections> {
         let mut p = agenthost_model::Projections::default();
         let mut inboxes = Vec::new();
-        let log = log::ReadLog::open(&self.txn)?;
+        let log = self.log()?;
         self.all(
             SESSIONS,
             "session record",
             |_, mut record: SessionRecord| {
-                crate::rows::catch_up(&mut record, &log)?;
+                crate::rows::catch_up(&mut record, log)?;
                 if !record.inbox.is_empty() {
                     inboxes.push((record.row.id.clone(), record.inbox));
                 }
