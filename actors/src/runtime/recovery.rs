@@ -289,20 +289,29 @@ pub(crate) async fn watch(runtime: &Runtime) {
             _ = tokio::time::sleep(every) => {}
         }
         // Store reads: on the blocking pool, like every read that grows with the store.
-        let found = match blocking(runtime, |r| {
-            let mut found = admitted_last(r)?;
-            found.extend(decided_last(r)?);
-            Ok(found)
+        let reader = runtime.clone();
+        let swept = tokio::task::spawn_blocking(move || {
+            let owed = lost_wakes(&reader, &mut unwoken);
+            (unwoken, owed)
         })
-        .await
-        {
-            Ok(found) => found,
+        .await;
+        let owed = match swept {
+            Ok((kept, Ok(owed))) => {
+                unwoken = kept;
+                owed
+            }
+            Ok((kept, Err(e))) => {
+                unwoken = kept;
+                tracing::warn!(error = %e, "the lost-wake sweep could not read the store");
+                continue;
+            }
             Err(e) => {
+                unwoken = Unwoken::default();
                 tracing::warn!(error = %e, "the lost-wake sweep could not read the store");
                 continue;
             }
         };
-        for session in unwoken.due(found) {
+        for session in owed {
             // Waiting in line for a place: the registry holds its wake already.
             if runtime.shared.parked.contains_key(&session) {
                 continue;
@@ -315,9 +324,21 @@ pub(crate) async fn watch(runtime: &Runtime) {
     }
 }
 
-/// Which sessions the lost-wake sweep wakes: those found with the same newest admission (by its
-/// seq) in two sweeps in a row. Decisions as data: the sweep's reads go in, sessions to wake
-/// come out.
+/// Why a session may be owed a wake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wake {
+    /// It has pending input, no claim and no drain here: owed one if its newest event is an
+    /// admission that asked for a wake (read only once the session is due, see [`Unwoken`]).
+    Input,
+    /// Its newest event is an approval decided since it began to wait.
+    Decision,
+}
+
+/// Which sessions the lost-wake sweep wakes: those found with the same newest event (by its seq)
+/// in two sweeps in a row, and owed a wake. The same newest event means the same log, so what
+/// is read to tell whether a session is owed a wake is read only for a session due, not for
+/// every session with pending input at every sweep. Decisions as data: the sweep's reads go in,
+/// sessions to check come out.
 #[derive(Debug, Default)]
 struct Unwoken {
     /// What the previous sweep found: each session and the seq of its newest event.
@@ -325,21 +346,41 @@ struct Unwoken {
 }
 
 impl Unwoken {
-    fn due(&mut self, found: Vec<(SessionId, Seq)>) -> Vec<SessionId> {
+    fn due(&mut self, found: Vec<(SessionId, Seq, Wake)>) -> Vec<(SessionId, Wake)> {
         let due = found
             .iter()
-            .filter(|(session, seq)| self.seen.get(session) == Some(seq))
-            .map(|(session, _)| session.clone())
+            .filter(|(session, seq, _)| self.seen.get(session) == Some(seq))
+            .map(|(session, _, owed)| (session.clone(), *owed))
             .collect();
-        self.seen = found.into_iter().collect();
+        self.seen = found
+            .into_iter()
+            .map(|(session, seq, _)| (session, seq))
+            .collect();
         due
     }
 }
 
-/// Sessions with pending input that asked for a wake, no drain in this process, and an
-/// admission as newest event, with that event's seq.
-fn admitted_last(runtime: &Runtime) -> Result<Vec<(SessionId, Seq)>> {
+/// One lost-wake sweep's reads, in one snapshot: the sessions found go into `unwoken`, and the
+/// sessions due that are owed a wake come out.
+fn lost_wakes(runtime: &Runtime, unwoken: &mut Unwoken) -> Result<Vec<SessionId>> {
     let snap = runtime.snapshot()?;
+    let mut found = waiting(runtime, &*snap)?;
+    found.extend(decided_last(runtime, &*snap)?);
+    let mut owed = Vec::new();
+    for (session, why) in unwoken.due(found) {
+        if why == Wake::Decision || admitted_last(&*snap, &session)? {
+            owed.push(session);
+        }
+    }
+    Ok(owed)
+}
+
+/// Sessions with pending input, no claim, not halted and no drain in this process, with the
+/// seq of their newest event: one session row each.
+fn waiting(
+    runtime: &Runtime,
+    snap: &dyn agenthost_store::Snapshot,
+) -> Result<Vec<(SessionId, Seq, Wake)>> {
     let mut found = Vec::new();
     for session in snap.with_pending()? {
         if runtime.shared.active.contains_key(&session) || !runtime.owns(&session) {
@@ -351,27 +392,35 @@ fn admitted_last(runtime: &Runtime) -> Result<Vec<(SessionId, Seq)>> {
         if row.pending == 0 || row.claim.is_some() || row.halted.is_some() {
             continue;
         }
-        let newest = snap.events(&session, row.last_seq, 1)?;
-        // An admission is last, or a schedule's firing that admitted in the same commit.
-        if newest.first().is_some_and(|e| {
-            matches!(
-                e.event,
-                agenthost_model::Event::PromptAdmitted { .. }
-                    | agenthost_model::Event::ScheduleFired { admitted: true, .. }
-            )
-        }) && asked_for_a_wake(&*snap, &session)?
-        {
-            found.push((session, row.last_seq));
-        }
+        found.push((session, row.last_seq, Wake::Input));
     }
     Ok(found)
+}
+
+/// Whether the newest event of `session` is an admission (or a schedule's firing that admitted
+/// in the same commit), with pending input that asked for a wake.
+fn admitted_last(snap: &dyn agenthost_store::Snapshot, session: &SessionId) -> Result<bool> {
+    let Some(row) = snap.session(session)? else {
+        return Ok(false);
+    };
+    let newest = snap.events(session, row.last_seq, 1)?;
+    let admitted = newest.first().is_some_and(|e| {
+        matches!(
+            e.event,
+            agenthost_model::Event::PromptAdmitted { .. }
+                | agenthost_model::Event::ScheduleFired { admitted: true, .. }
+        )
+    });
+    Ok(admitted && asked_for_a_wake(snap, session)?)
 }
 
 /// Sessions waiting for approvals here, with no drain in this process, whose newest event is a
 /// decision made since the session began to wait, with that event's seq: a decision whose wake
 /// never ran (its caller went away between the two) is woken like an admission's.
-fn decided_last(runtime: &Runtime) -> Result<Vec<(SessionId, Seq)>> {
-    let snap = runtime.snapshot()?;
+fn decided_last(
+    runtime: &Runtime,
+    snap: &dyn agenthost_store::Snapshot,
+) -> Result<Vec<(SessionId, Seq, Wake)>> {
     let mut found = Vec::new();
     for (session, since) in runtime.shared.deadlines.sessions() {
         if runtime.shared.active.contains_key(&session) || !runtime.owns(&session) {
@@ -384,7 +433,7 @@ fn decided_last(runtime: &Runtime) -> Result<Vec<(SessionId, Seq)>> {
         if newest.first().is_some_and(|e| {
             e.time >= since && matches!(e.event, agenthost_model::Event::ApprovalDecided { .. })
         }) {
-            found.push((session, row.last_seq));
+            found.push((session, row.last_seq, Wake::Decision));
         }
     }
     Ok(found)
@@ -401,23 +450,30 @@ mod tests {
         let a = SessionId::parse("ses_a").expect("id");
         let b = SessionId::parse("ses_b").expect("id");
         let mut unwoken = Unwoken::default();
+        let input = Wake::Input;
         assert!(
-            unwoken.due(vec![(a.clone(), Seq(3))]).is_empty(),
+            unwoken.due(vec![(a.clone(), Seq(3), input)]).is_empty(),
             "just admitted"
         );
         assert_eq!(
-            unwoken.due(vec![(a.clone(), Seq(3)), (b.clone(), Seq(7))]),
-            vec![a.clone()],
+            unwoken.due(vec![
+                (a.clone(), Seq(3), input),
+                (b.clone(), Seq(7), Wake::Decision)
+            ]),
+            vec![(a.clone(), input)],
             "still unwoken a sweep later"
         );
         // `a` admitted again meanwhile (a newer seq): its wake may be on its way.
         assert_eq!(
-            unwoken.due(vec![(a.clone(), Seq(5)), (b.clone(), Seq(7))]),
-            vec![b.clone()]
+            unwoken.due(vec![
+                (a.clone(), Seq(5), input),
+                (b.clone(), Seq(7), Wake::Decision)
+            ]),
+            vec![(b.clone(), Wake::Decision)]
         );
         // A session missing from one sweep (a drain picked it up) starts over.
         assert!(unwoken.due(vec![]).is_empty());
-        assert!(unwoken.due(vec![(b.clone(), Seq(9))]).is_empty());
+        assert!(unwoken.due(vec![(b.clone(), Seq(9), input)]).is_empty());
     }
 
     /// A session is not settled while a takeover's sweep is listing, while it is listed and not
