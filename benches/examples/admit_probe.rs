@@ -3,8 +3,9 @@
 //!
 //! `cargo run --release -p agenthost-benches --example admit_probe -- [sessions] [per round] [minted|named] [rounds] [linger ms] [max batch] [fold rows] [cache MiB]`
 //!
-//! A linger makes batches full even when the threads run one at a time, as under callgrind, so
-//! an instruction count sees the batch sizes of a real run.
+//! The linger is the store's default (`DEFAULT_LINGER`, 1 ms, as `serve` runs) unless given; 0
+//! never lingers. A long one makes batches full even when the threads run one at a time, as
+//! under callgrind, so an instruction count sees the batch sizes of a real run.
 //!
 //! `minted` uses sortable ids as the runtime mints them; `named` uses client-chosen ids in
 //! the store bench's pattern.
@@ -27,7 +28,10 @@ fn main() {
     let rt = tokio_runtime();
     let dir = tempfile::tempdir().expect("tempdir");
     let mut config = Config::new(dir.path().join("p.redb"));
-    config.max_wait = std::time::Duration::from_millis(arg(5, 0) as u64);
+    // The store's own linger unless given: what `serve` and an embedding program run with.
+    if let Some(ms) = args.get(5) {
+        config.max_wait = std::time::Duration::from_millis(ms.parse().expect("a number"));
+    }
     config.max_batch = arg(6, config.max_batch);
     config.fold_rows = arg(7, config.fold_rows);
     // The page cache: redb's own default (1 GiB) unless given, as `serve` gives its own.
