@@ -183,12 +183,12 @@ fn candidates(runtime: &Runtime) -> Result<BTreeSet<SessionId>> {
     let claimed: BTreeSet<SessionId> = snap.claimed()?.into_iter().collect();
     let mut found = claimed.clone();
     let held = &runtime.shared.metrics.held;
-    for session in snap.with_pending()? {
+    for row in snap.pending_rows()? {
+        let session = row.id;
         if !runtime.owns(&session) {
             continue;
         }
-        let pending = snap.session(&session)?.map_or(0, |row| row.pending);
-        held.seed(&session, pending, claimed.contains(&session));
+        held.seed(&session, row.pending, claimed.contains(&session));
         if !found.contains(&session) && asked_for_a_wake(&*snap, &session)? {
             found.insert(session);
         }
@@ -350,7 +350,7 @@ impl Unwoken {
         let due = found
             .iter()
             .filter(|(session, seq, _)| self.seen.get(session) == Some(seq))
-            .map(|(session, _, owed)| (session.clone(), *owed))
+            .map(|(session, _, wake)| (session.clone(), *wake))
             .collect();
         self.seen = found
             .into_iter()
@@ -376,19 +376,17 @@ fn lost_wakes(runtime: &Runtime, unwoken: &mut Unwoken) -> Result<Vec<SessionId>
 }
 
 /// Sessions with pending input, no claim, not halted and no drain in this process, with the
-/// seq of their newest event: one session row each.
+/// seq of their newest event: one read of each session's row.
 fn waiting(
     runtime: &Runtime,
     snap: &dyn agenthost_store::Snapshot,
 ) -> Result<Vec<(SessionId, Seq, Wake)>> {
     let mut found = Vec::new();
-    for session in snap.with_pending()? {
+    for row in snap.pending_rows()? {
+        let session = row.id;
         if runtime.shared.active.contains_key(&session) || !runtime.owns(&session) {
             continue;
         }
-        let Some(row) = snap.session(&session)? else {
-            continue;
-        };
         if row.pending == 0 || row.claim.is_some() || row.halted.is_some() {
             continue;
         }

@@ -250,14 +250,20 @@ pub async fn claims_are_taken_and_released_by_events(backend: &dyn Backend) {
         .admit(admission(&s, &message("late"), "late", Delivery::Steer))
         .await
         .expect("admitted");
+    let snap = store.snapshot().expect("snapshot");
     assert_eq!(
-        store
-            .snapshot()
-            .expect("snapshot")
-            .with_pending()
-            .expect("pending"),
+        snap.with_pending().expect("pending"),
         std::slice::from_ref(&s)
     );
+    // The same sessions' rows, each as `session` reads it.
+    let rows = snap.pending_rows().expect("pending rows");
+    assert_eq!(
+        rows,
+        [snap.session(&s).expect("read").expect("row")],
+        "the rows of the sessions with pending input"
+    );
+    assert!(rows[0].pending > 0);
+    drop(snap);
     // Input is pending: nothing is settled.
     let written = store
         .write(s.clone(), vec![Action::SucceedIfIdle])
@@ -286,6 +292,7 @@ pub async fn claims_are_taken_and_released_by_events(backend: &dyn Backend) {
     );
     assert!(snap.claimed().expect("claimed").is_empty());
     assert!(snap.with_pending().expect("pending").is_empty());
+    assert!(snap.pending_rows().expect("pending rows").is_empty());
     for end in [
         Event::ExecutionFailed {
             error: "boom".into(),

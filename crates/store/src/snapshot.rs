@@ -97,6 +97,17 @@ pub trait Snapshot: Send {
     fn claimed(&self) -> Result<Vec<SessionId>>;
     /// Sessions with pending input.
     fn with_pending(&self) -> Result<Vec<SessionId>>;
+    /// The rows of the sessions with pending input, in the order of [`Snapshot::with_pending`]:
+    /// what a sweep over them reads, each row read once.
+    fn pending_rows(&self) -> Result<Vec<SessionRow>> {
+        let mut rows = Vec::new();
+        for id in self.with_pending()? {
+            if let Some(row) = self.session(&id)? {
+                rows.push(row);
+            }
+        }
+        Ok(rows)
+    }
     /// The session's schedules (its durable wake-ups), in schedule id order; none for a session
     /// that does not exist.
     fn schedules(&self, id: &SessionId) -> Result<Vec<Schedule>>;
@@ -212,15 +223,17 @@ impl RedbSnapshot {
         }
     }
 
-    /// Sessions of the working set whose row passes `keep`, in key order.
-    fn working(&self, keep: fn(&SessionRow) -> bool) -> Result<Vec<SessionId>> {
+    /// The rows of the working set's sessions that pass `keep`, in key order.
+    fn working(&self, keep: fn(&SessionRow) -> bool) -> Result<Vec<SessionRow>> {
         let table = self.txn.open_table(WORKING).map_err(storage)?;
         let mut out = Vec::new();
         for entry in table.iter().map_err(storage)? {
             let (key, _) = entry.map_err(storage)?;
             let id = session_key(key.value())?;
-            if self.session(&id)?.is_some_and(|row| keep(&row)) {
-                out.push(id);
+            if let Some(row) = self.session(&id)?
+                && keep(&row)
+            {
+                out.push(row);
             }
         }
         Ok(out)
@@ -362,10 +375,16 @@ impl Snapshot for RedbSnapshot {
     }
 
     fn claimed(&self) -> Result<Vec<SessionId>> {
-        self.working(|row| row.claim.is_some())
+        let rows = self.working(|row| row.claim.is_some())?;
+        Ok(rows.into_iter().map(|row| row.id).collect())
     }
 
     fn with_pending(&self) -> Result<Vec<SessionId>> {
+        let rows = self.pending_rows()?;
+        Ok(rows.into_iter().map(|row| row.id).collect())
+    }
+
+    fn pending_rows(&self) -> Result<Vec<SessionRow>> {
         self.working(|row| row.pending > 0)
     }
 
