@@ -368,6 +368,10 @@ fn lost_wakes(runtime: &Runtime, unwoken: &mut Unwoken) -> Result<Vec<SessionId>
     found.extend(decided_last(runtime, &*snap)?);
     let mut owed = Vec::new();
     for (session, why) in unwoken.due(found) {
+        // Waiting in line for a place: the registry holds its wake already.
+        if runtime.shared.parked.contains_key(&session) {
+            continue;
+        }
         if why == Wake::Decision || admitted_last(&*snap, &session)? {
             owed.push(session);
         }
