@@ -234,6 +234,38 @@ async fn an_approved_call_runs_exactly_once_and_the_model_sees_its_result() {
     h.assert_replay_equal();
 }
 
+/// A decision made durable whose wake never ran (its caller went away between the two) is woken
+/// by the lost-wake sweep, once, and the approved call runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_whose_wake_never_ran_is_woken_by_the_sweep() {
+    let Setup { h, charge, s } = waiting(vec![text("paid")], |c| {
+        c.limits.wake_sweep = Duration::from_millis(20);
+    })
+    .await;
+    let asked = h.runtime.approvals(&s).await.expect("approvals").remove(0);
+    // Decided straight into the store, as `decide` does before its wake.
+    h.runtime
+        .store()
+        .append(s.clone(), vec![approved(&asked.message)])
+        .await
+        .expect("decided");
+    for _ in 0..2000 {
+        if charge.runs() > 0 && h.runtime.activity(&s) == Activity::Idle {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    h.idle(&s).await;
+    assert_eq!(
+        (h.provider.calls(), charge.runs()),
+        (2, 1),
+        "{:?}",
+        h.kinds(&s)
+    );
+    assert!(h.row(&s).claim.is_none());
+    h.assert_replay_equal();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_denied_call_never_runs_and_the_model_learns_who_denied_it_and_why() {
     let Setup { h, charge, s } = waiting(vec![text("ok, not paying")], |_| {}).await;
