@@ -116,6 +116,8 @@ impl From<agenthost_store::Error> for Error {
                 what: "another node owns this session now (a takeover may be under way); retry",
                 detail: moved.to_string(),
             },
+            // The store's own storage failure keeps its text: it says "storage failure" once.
+            S::Storage(detail) => Error::Storage(detail),
             other => Error::Storage(other.to_string()),
         }
     }

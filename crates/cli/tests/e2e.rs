@@ -773,6 +773,15 @@ fn config_errors_exit_2_without_touching_the_data_dir() {
     assert_eq!(status.code(), Some(2), "{err}");
     assert!(err.contains("no store at"), "{err}");
     assert!(!Path::new(data).exists());
+    // A data dir that cannot be made (under a regular file): the cause, said once.
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").expect("write file");
+    let under = file.join("data");
+    let under = under.to_str().expect("utf-8");
+    let (status, _, err) = run(&["serve", "--data-dir", under, "--bind", "127.0.0.1:0"]);
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains(&format!("cannot create {under}")), "{err}");
+    assert_eq!(err.matches("storage failure").count(), 1, "{err}");
 }
 
 /// A mock provider that calls tools in a share `tool_ratio` of its answers.
