@@ -28,6 +28,7 @@ pub enum Live {
     /// is as large as its largest kind.
     Event(Box<Stored>),
     /// A streamed fragment of an assistant part. Never stored; the part's durable event follows.
+    /// Fragments the provider's stream had ready together come joined, up to 16 KiB in one.
     Delta {
         message: MessageId,
         kind: DeltaKind,

@@ -319,10 +319,11 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
             let mut cancelled = std::pin::pin!(cancelled);
             let mut grace: Option<Pin<Box<tokio::time::Sleep>>> = None;
             Ok::<bool, Error>(loop {
-                // What the stream has ready is handled at once; before waiting for more, what the
-                // step submitted goes to the store: the step's start at once, the events of
-                // parts that ended after [`PART_END_GRACE`] (see there). One poll per event: the
-                // stream is not polled once to see whether it is ready and again to wait.
+                // What the stream has ready is handled at once; before waiting for more, its
+                // deltas go live (those of one part joined into one) and what the step submitted
+                // goes to the store: the step's start at once, the events of parts that ended
+                // after [`PART_END_GRACE`] (see there). One poll per event: the stream is not
+                // polled once to see whether it is ready and again to wait.
                 let next = std::future::poll_fn(|cx| {
                     if cancelled.as_mut().poll(cx).is_ready() {
                         return Poll::Ready(None);
@@ -330,6 +331,8 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
                     match stream.poll_next_unpin(cx) {
                         Poll::Ready(next) => Poll::Ready(Some(next)),
                         Poll::Pending => {
+                            // What the stream had ready goes live before the step waits.
+                            a.publish(d, &message);
                             let wait = d.unsent_only_part_ends()
                                 && grace
                                     .get_or_insert_with(|| {
@@ -369,6 +372,7 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
             })
         };
         let cancelled = streamed.instrument(call.clone()).await?;
+        a.publish(d, &message);
         call.record(
             "outcome",
             match (&a.error, cancelled) {
@@ -701,6 +705,9 @@ fn aborted(message: &MessageId) -> Event {
     }
 }
 
+/// The most bytes of deltas joined into one for the bus (see [`Attempt::delta`]).
+const JOINED_DELTA: usize = 16 * 1024;
+
 /// What one attempt's stream produced so far.
 #[derive(Debug, Default)]
 struct Attempt {
@@ -719,6 +726,9 @@ struct Attempt {
     durable_output: bool,
     /// Bytes streamed so far (text, reasoning, tool inputs), against [`MAX_STEP_OUTPUT`].
     streamed: usize,
+    /// Deltas of one part the stream had ready together, joined, not yet published: they go
+    /// to the bus as one before the step waits for the stream, and before any other event.
+    unpublished: Option<(DeltaKind, u32, String)>,
 }
 
 impl Attempt {
@@ -735,9 +745,30 @@ impl Attempt {
         self.streamed > MAX_STEP_OUTPUT
     }
 
-    fn on_event(&mut self, d: &Drain, message: &MessageId, policy: &Policy<'_>, event: llm::Event) {
-        // Publishing checks for subscribers first: a delta nobody watches goes no further.
-        let delta = |kind, part, delta: String| {
+    /// Queues a delta for the bus, joined to the one before it when it continues that part. A
+    /// joined delta goes once it holds [`JOINED_DELTA`] bytes, so what the bus holds for a
+    /// reader stays counted in pieces of a bounded size.
+    fn delta(&mut self, d: &Drain, message: &MessageId, kind: DeltaKind, part: u32, text: String) {
+        match &mut self.unpublished {
+            Some((k, p, joined)) if *k == kind && *p == part => joined.push_str(&text),
+            _ => {
+                self.publish(d, message);
+                self.unpublished = Some((kind, part, text));
+            }
+        }
+        if self
+            .unpublished
+            .as_ref()
+            .is_some_and(|(_, _, joined)| joined.len() >= JOINED_DELTA)
+        {
+            self.publish(d, message);
+        }
+    }
+
+    /// Publishes the queued delta, if any. Publishing checks for subscribers first: a delta
+    /// nobody watches goes no further.
+    fn publish(&mut self, d: &Drain, message: &MessageId) {
+        if let Some((kind, part, delta)) = self.unpublished.take() {
             d.shared.bus.publish(
                 &d.session,
                 Live::Delta {
@@ -746,8 +777,21 @@ impl Attempt {
                     part,
                     delta,
                 },
-            )
-        };
+            );
+        }
+    }
+
+    fn on_event(&mut self, d: &Drain, message: &MessageId, policy: &Policy<'_>, event: llm::Event) {
+        let is_delta = matches!(
+            event,
+            llm::Event::TextDelta { .. }
+                | llm::Event::ReasoningDelta { .. }
+                | llm::Event::ToolInputDelta { .. }
+        );
+        if !is_delta {
+            // Deltas go out ahead of whatever follows them.
+            self.publish(d, message);
+        }
         match event {
             llm::Event::StepStart { .. } => {}
             llm::Event::TextStart { part } => self.text = Some((part, String::new())),
@@ -756,7 +800,7 @@ impl Attempt {
                     return;
                 }
                 grow(&mut self.text, part, &text);
-                delta(DeltaKind::Text, part, text);
+                self.delta(d, message, DeltaKind::Text, part, text);
             }
             llm::Event::TextEnd { .. } => {
                 if let Some((_, text)) = self.text.take() {
@@ -774,7 +818,7 @@ impl Attempt {
                     return;
                 }
                 grow(&mut self.reasoning, part, &text);
-                delta(DeltaKind::Reasoning, part, text);
+                self.delta(d, message, DeltaKind::Reasoning, part, text);
             }
             llm::Event::ReasoningEnd { metadata, .. } => {
                 let text = self.reasoning.take().map(|(_, t)| t).unwrap_or_default();
@@ -789,7 +833,7 @@ impl Attempt {
             llm::Event::ToolInputStart { .. } | llm::Event::ToolInputEnd { .. } => {}
             llm::Event::ToolInputDelta { part, delta: text } => {
                 if !self.over(&text) {
-                    delta(DeltaKind::ToolInput, part, text)
+                    self.delta(d, message, DeltaKind::ToolInput, part, text)
                 }
             }
             llm::Event::ToolCall { call, .. } => {

@@ -1912,13 +1912,17 @@ async fn a_stream_opened_mid_turn_misses_nothing() {
 async fn paced_deltas_keep_their_order_and_none_is_lost() {
     let h = harness_with(
         vec![
+            // The yields make each delta a bus message of its own: deltas the stream has
+            // ready together reach the bus joined.
             Script::new()
                 .text("a")
+                .yield_now()
                 .text("b")
                 .delay(Duration::from_millis(5))
                 .text("c")
                 .delay(Duration::from_millis(1_500))
                 .text("d")
+                .yield_now()
                 .text("e")
                 .finish(FinishReason::Stop),
         ],
@@ -1999,9 +2003,10 @@ async fn a_stream_that_falls_behind_is_closed_with_a_final_frame_and_resumes_fro
     // More deltas than a stream may fall behind by while the client reads nothing: the stream
     // ends with a final `error` frame saying so, and a reconnect with `Last-Event-ID` gets every
     // durable event it missed, once each.
+    // Each delta on its own (a stream's ready deltas reach the bus joined).
     let mut script = Script::new();
     for _ in 0..20_000 {
-        script = script.text("x");
+        script = script.text("x").yield_now();
     }
     let h = harness(vec![script.finish(FinishReason::Stop), text("again")]).await;
     let s = h.session().await;

@@ -356,13 +356,17 @@ async fn twenty_thousand_self_wakes_coalesce() {
 
 /// A step's start is written without waiting for its commit, so the provider streams at once;
 /// subscribers still see every delta after the `step_started` that creates its message and
-/// before the `text_ended` that closes its part, and none is lost.
+/// before the `text_ended` that closes its part, and none is lost. What the stream has ready
+/// together goes out as one delta; a wait for the stream ends a delta.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deltas_follow_the_event_that_creates_their_message() {
     use agenthost_actors::Live;
     use agenthost_model::Event;
     let script = (0..20)
-        .fold(Script::new(), |s, i| s.text(format!("t{i} ")))
+        .fold(Script::new(), |s, i| match i {
+            12 => s.yield_now().text(format!("t{i} ")),
+            _ => s.text(format!("t{i} ")),
+        })
         .finish(FinishReason::Stop);
     let h = Harness::start([script.clone(), script]).await;
     let s = h.session().await;
@@ -375,28 +379,58 @@ async fn deltas_follow_the_event_that_creates_their_message() {
     while let Ok(item) = live.try_recv() {
         seen.push(match &item.1 {
             Live::Event(stored) => match &stored.event {
-                Event::StepStarted { id, .. } => format!("start {id}"),
-                Event::TextEnded { id, .. } => format!("end {id}"),
+                Event::StepStarted { id, .. } => (format!("start {id}"), String::new()),
+                Event::TextEnded { id, .. } => (format!("end {id}"), String::new()),
                 _ => continue,
             },
-            Live::Delta { message, .. } => format!("delta {message}"),
+            Live::Delta { message, delta, .. } => (format!("delta {message}"), delta.clone()),
             Live::Status(_) => continue,
         });
     }
-    let starts: Vec<_> = seen.iter().filter(|l| l.starts_with("start")).collect();
+    let starts: Vec<_> = seen
+        .iter()
+        .filter(|(l, _)| l.starts_with("start"))
+        .collect();
     assert_eq!(starts.len(), 2, "{seen:#?}");
-    for start in starts {
+    let first: String = (0..12).map(|i| format!("t{i} ")).collect();
+    let rest: String = (12..20).map(|i| format!("t{i} ")).collect();
+    for (start, _) in starts {
         let id = start.trim_start_matches("start ");
-        let mine: Vec<&str> = seen
+        let mine: Vec<(&str, &str)> = seen
             .iter()
-            .filter(|l| l.ends_with(id))
-            .map(|l| l.split(' ').next().expect("kind"))
+            .filter(|(l, _)| l.ends_with(id))
+            .map(|(l, text)| (l.split(' ').next().expect("kind"), text.as_str()))
             .collect();
-        let mut want = vec!["start"];
-        want.extend(["delta"; 20]);
-        want.push("end");
+        let want = vec![
+            ("start", ""),
+            ("delta", first.as_str()),
+            ("delta", rest.as_str()),
+            ("end", ""),
+        ];
         assert_eq!(mine, want, "{seen:#?}");
     }
+}
+
+/// Deltas a stream has ready together are joined for the bus, but never past 16 KiB in one:
+/// what the bus holds for a reader stays counted in bounded pieces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_deltas_are_joined_in_pieces_of_bounded_size() {
+    use agenthost_actors::Live;
+    let script = (0..40_000)
+        .fold(Script::new(), |s, _| s.text("x"))
+        .finish(FinishReason::Stop);
+    let h = Harness::start([script]).await;
+    let s = h.session().await;
+    let mut live = h.runtime.subscribe_session(&s);
+    h.prompt(&s, "go").await;
+    h.idle(&s).await;
+    let mut sizes = Vec::new();
+    while let Ok(item) = live.try_recv() {
+        if let Live::Delta { delta, .. } = &item.1 {
+            sizes.push(delta.len());
+        }
+    }
+    assert_eq!(sizes, [16 * 1024, 16 * 1024, 40_000 - 32 * 1024]);
 }
 
 /// A step's events go to the store in bursts: what the stream has ready is handled first, and
