@@ -35,6 +35,27 @@ pub(crate) type Opener = Box<dyn Fn() -> Result<Database> + Send + Sync>;
 /// Tells whether the disk takes writes again, without touching the database.
 pub(crate) type Probe = Box<dyn Fn() -> std::io::Result<()> + Send + Sync>;
 
+/// How long closing the database waits for the transactions that hold it to let go.
+const RELEASE_WAIT: Duration = Duration::from_secs(5);
+
+/// Drops `db` once this is its last holder (readers, the planner and the folder hold it only for
+/// one transaction at a time), by `deadline`; otherwise gives it back.
+fn last(mut db: Arc<Database>, deadline: Instant) -> std::result::Result<(), Arc<Database>> {
+    loop {
+        match Arc::try_unwrap(db) {
+            Ok(only) => {
+                drop(only);
+                return Ok(());
+            }
+            Err(shared) if Instant::now() < deadline => {
+                db = shared;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(shared) => return Err(shared),
+        }
+    }
+}
+
 pub(crate) struct Slot {
     /// `None` once closed: closing releases the file, so another store can open it.
     db: RwLock<Option<Arc<Database>>>,
@@ -68,12 +89,19 @@ impl Slot {
         }
     }
 
-    /// Releases the database (for good).
+    /// Releases the database (for good), returning once the file is free: a reader that took
+    /// the database for a transaction just before is waited for (boundedly), so the process can
+    /// open the store again as soon as this returns.
     pub(crate) fn close(&self) {
         self.closed
             .store(true, std::sync::atomic::Ordering::Release);
         let taken = self.db.write().unwrap_or_else(|e| e.into_inner()).take();
-        drop(taken);
+        if let Some(db) = taken
+            && let Err(db) = last(db, Instant::now() + RELEASE_WAIT)
+        {
+            tracing::warn!("the store's file is still in use after closing; it is released later");
+            drop(db);
+        }
     }
 
     /// Closes the database and opens it again, which clears redb's refusal after an I/O error.
@@ -87,23 +115,14 @@ impl Slot {
         // database open for readers instead.
         (self.probe)().map_err(|e| Error::DiskFull(e.to_string()))?;
         let mut slot = self.db.write().unwrap_or_else(|e| e.into_inner());
-        let deadline = Instant::now() + Duration::from_secs(5);
         // Empty when the last attempt to open it failed: just try again.
-        let mut old = slot.take();
-        while let Some(db) = old.take() {
-            match Arc::try_unwrap(db) {
-                Ok(db) => drop(db),
-                Err(shared) if Instant::now() < deadline => {
-                    old = Some(shared);
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Err(shared) => {
-                    *slot = Some(shared);
-                    return Err(Error::Io(
-                        "the database is still in use; it cannot be opened again yet".into(),
-                    ));
-                }
-            }
+        if let Some(db) = slot.take()
+            && let Err(shared) = last(db, Instant::now() + RELEASE_WAIT)
+        {
+            *slot = Some(shared);
+            return Err(Error::Io(
+                "the database is still in use; it cannot be opened again yet".into(),
+            ));
         }
         match (self.open)() {
             Ok(db) => {
@@ -139,5 +158,34 @@ impl Slot {
             }
             *current = health;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reader that took the database just before the close holds it for a moment more:
+    /// `close` returns only once it let go, so the file can be opened again at once.
+    #[test]
+    fn close_returns_once_the_file_is_free() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("store.redb");
+        let db = Database::create(&path).expect("create");
+        let again = path.clone();
+        let slot = Slot::new(
+            db,
+            Box::new(move || Database::create(&again).map_err(crate::error::storage)),
+            Box::new(|| Ok(())),
+        );
+        let held = slot.get().expect("the database");
+        let reader = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            drop(held);
+        });
+        slot.close();
+        Database::create(&path).expect("the file is free once close returns");
+        reader.join().expect("the reader");
+        assert!(matches!(slot.get(), Err(Error::Closed)));
     }
 }

@@ -617,6 +617,33 @@ async fn every_shutdown_call_returns_once_the_store_is_released() {
     again.shutdown().await;
 }
 
+/// A snapshot still held when the shutdown comes (a `generate`'s preparer, an API read on the
+/// blocking pool) does not keep the store's file: the process can open the same store again as
+/// soon as `shutdown` returns, while the old snapshot is still alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_held_across_shutdown_does_not_keep_the_store() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let provider = Arc::new(Scripted::new([text("a")]));
+    let (runtime, _) = harness::started_with_prompt(dir.path(), provider.clone(), "hi").await;
+    let (held, holding) = std::sync::mpsc::channel();
+    let reader = {
+        let runtime = runtime.clone();
+        std::thread::spawn(move || {
+            let snapshot = runtime.snapshot().expect("a snapshot");
+            held.send(()).expect("the test waits");
+            std::thread::sleep(Duration::from_millis(300));
+            drop(snapshot);
+        })
+    };
+    holding.recv().expect("the reader holds a snapshot");
+    runtime.shutdown().await;
+    let again = Runtime::start(harness::config(dir.path(), provider))
+        .await
+        .expect("the store was released");
+    again.shutdown().await;
+    reader.join().expect("the reader");
+}
+
 /// An interrupt sent while a panicked actor waits out its restart backoff wins: it restarts the
 /// actor at once, and the turn the panic cut (its claim held) ends as interrupted instead of being
 /// resumed by the restarted actor.
