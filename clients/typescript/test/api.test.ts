@@ -1,4 +1,4 @@
-// The typed API against a real `agenthost serve` with the built-in mock provider.
+// The typed API against a real `agenthost serve` with a mock provider.
 
 import assert from "node:assert/strict";
 import { after, before, describe as suite, test } from "node:test";
@@ -9,12 +9,23 @@ import { describe, durable, scriptedFetch, takeUntil } from "./support/streams.j
 
 const TIMEOUT = { timeout: 30_000 };
 
+// The mock streams its reply a token at a time, as a model does: deltas the provider has ready
+// together reach the stream joined, so a reply ready all at once would come as one delta.
+const CONFIG = `
+[providers.mock]
+kind = "mock"
+tokens_per_sec = 2000
+
+[models.default]
+provider = "mock"
+`;
+
 suite("api", { timeout: 120_000 }, () => {
   let server: Server;
   let agenthost: Agenthost;
 
   before(async () => {
-    server = await startServer();
+    server = await startServer({ config: CONFIG });
     agenthost = createAgenthost({ baseUrl: server.baseUrl });
   });
   after(async () => {
