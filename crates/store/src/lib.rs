@@ -365,7 +365,8 @@ impl RedbStore {
     }
 
     /// Stops accepting writes, lets the writer commit everything already queued, waits for it,
-    /// and releases the database file (once no snapshot holds it any more). Later writes and
+    /// and releases the database file, after any reader that has just taken the database to
+    /// begin a transaction (a snapshot already begun does not hold the file). Later writes and
     /// snapshots fail with [`Error::Closed`].
     fn close_writer(&self) {
         if let Some(tx) = lock(&self.tx).take() {
