@@ -136,6 +136,12 @@ impl Course {
         std::mem::take(&mut self.opening)
     }
 
+    /// Whether only a promotion at this boundary would give the drain a step: nothing is owed
+    /// and no tool results wait for a call. Otherwise a step follows whatever is promoted.
+    pub(crate) fn settles_unless_promoted(&self) -> bool {
+        !self.owed && !self.continuation
+    }
+
     /// The boundary's promotion is done; `promoted` says whether it promoted input (new input
     /// starts a new exchange: the step count starts over).
     pub(crate) fn promoted(&mut self, promoted: bool) -> AfterPromotion {
@@ -143,7 +149,7 @@ impl Course {
             self.step = 1;
             self.owed = true;
         }
-        if !self.owed && !self.continuation {
+        if self.settles_unless_promoted() {
             return AfterPromotion::Settle;
         }
         self.owed = false;
@@ -298,6 +304,32 @@ mod tests {
             course.at_boundary(false),
             AtBoundary::Promote(Boundary::Idle)
         );
+    }
+
+    #[test]
+    fn only_a_promotion_gives_a_step_where_nothing_is_owed() {
+        let mut course = Course::new(true, false, 1);
+        assert!(
+            course.settles_unless_promoted(),
+            "an idle drain waits on input"
+        );
+        assert_eq!(course.promoted(true), AfterPromotion::Step(1));
+        course.stepped(TOOLS);
+        assert!(
+            !course.settles_unless_promoted(),
+            "tool results are owed a call"
+        );
+        course.promoted(false);
+        course.stepped(ANSWER);
+        assert!(
+            course.settles_unless_promoted(),
+            "an answered exchange settles"
+        );
+        assert!(
+            !Course::new(false, true, 3).settles_unless_promoted(),
+            "recovered work"
+        );
+        assert!(!Course::recovered(2, Boundary::Continuation).settles_unless_promoted());
     }
 
     #[test]

@@ -20,7 +20,8 @@
 //! so the promotion rides with the step's first write. Until that write is durable nothing is
 //! promoted: a crash leaves the input pending. A plain turn is therefore two writer operations:
 //! the admission, and one write carrying the claim, the promotion, the step and the drain's
-//! success.
+//! success; and one snapshot: the opening read, which the first step's build reads again
+//! ([`Opening`]), while the settlement looks for input that arrived during the step itself.
 
 pub(crate) mod compaction;
 mod course;
@@ -271,16 +272,38 @@ impl Drain {
     }
 }
 
+/// The snapshot a drain opened with and the session's row in it, kept for the drain's first
+/// step where reads are local: when the drain promotes the inputs that snapshot showed and writes
+/// nothing before the step, the step's build reads the same state, so it reads that snapshot
+/// instead of taking another and reading the row again.
+pub(crate) struct Opening {
+    pub snap: Box<dyn Snapshot>,
+    pub row: agenthost_model::SessionRow,
+}
+
+/// The session's row and its pending inputs, from one snapshot.
+fn opening_read(
+    snap: &dyn Snapshot,
+    session: &SessionId,
+) -> Result<(agenthost_model::SessionRow, Vec<agenthost_model::InboxRow>)> {
+    snap.session_and_pending(session)?
+        .ok_or_else(|| Error::SessionNotFound(session.clone()))
+}
+
 async fn agent_loop(d: &Drain) -> Result<Outcome> {
     // The row and the pending inputs from one snapshot; the inputs serve the first boundary.
-    let (row, mut first_inputs) = d
-        .read(|snap, session| {
-            let (row, inputs) = snap
-                .session_and_pending(session)?
-                .ok_or_else(|| Error::SessionNotFound(session.clone()))?;
-            Ok((row, Some(inputs)))
-        })
-        .await?;
+    let (row, inputs, snap) = match d.shared.store.local_reads() {
+        true => {
+            let snap = d.shared.store.snapshot()?;
+            let (row, inputs) = opening_read(&*snap, &d.session)?;
+            (row, inputs, Some(snap))
+        }
+        false => {
+            let (row, inputs) = d.read(|snap, session| opening_read(snap, session)).await?;
+            (row, inputs, None)
+        }
+    };
+    let mut first_inputs = Some(inputs);
     // Drains of one session never overlap, so a claim seen here was left by an execution that
     // is gone: a crash, a shutdown or a dead actor. Recovery comes before anything else, unless
     // the user interrupted it already: then the interrupt wins, and nothing is run again.
@@ -298,8 +321,13 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
     // (instructions, promotion, or the first step's start and, when the stream is quick, its
     // whole settlement). Recovery takes it first, with the attempt it counts.
     d.shared.metrics.drains.inc();
+    // Recovery writes before any step: its drain keeps no snapshot.
+    let mut opening = None;
     let mut course = match recovering {
-        false => Course::new(true, d.forced, 1),
+        false => {
+            opening = snap.map(|snap| Opening { snap, row });
+            Course::new(true, d.forced, 1)
+        }
         true => match Box::pin(recover(d, &row, steering(&first_inputs))).await? {
             Recovered::GaveUp(reason) => {
                 return Err(Error::Halted {
@@ -332,6 +360,7 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
         // inputs do not count, and the writer chooses.
         let deferrable = d.nothing_submitted();
         let first = first_inputs.take();
+        let mut opened_with = opening.take();
         let (inputs, pending) = if deferrable {
             let inputs = match first {
                 Some(inputs) => inputs,
@@ -339,6 +368,11 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
             };
             let pending = !inputs.is_empty();
             (inputs, pending)
+        } else if course.settles_unless_promoted() {
+            // Only new input would give this drain a step, and the settlement looks for it
+            // itself: `SucceedIfIdle` does not succeed over pending input, and the loop goes
+            // round to promote it. A read here would cost every turn to save a rare one a write.
+            (Vec::new(), false)
         } else {
             let seqs = d
                 .read(|snap, session| Ok(snap.pending_seqs(session)?))
@@ -393,6 +427,8 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
             promised = ahead.iter().map(|input| input.admitted_seq).collect();
             true
         } else {
+            // A write comes first, or nothing is promoted: the step reads a fresh snapshot.
+            opened_with = None;
             let mut actions: Vec<Action> = opened
                 .into_iter()
                 .chain(update)
@@ -428,7 +464,7 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
         // a write.
         let mut waiting = None;
         let mut exceeded = None;
-        let (end, failure) = match Box::pin(step::run(d, step, ahead)).await? {
+        let (end, failure) = match Box::pin(step::run(d, step, ahead, opened_with)).await? {
             StepEnd::Done { continuation } => (Stepped::Done { continuation }, None),
             StepEnd::Waiting { expires_at } => {
                 waiting = Some(expires_at);

@@ -18,7 +18,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use agenthost_llm as llm;
-use agenthost_model::history::Mode;
+use agenthost_model::history::{self, Mode};
 use agenthost_model::owed;
 use agenthost_model::{
     Event, FailureKind, Finish, InboxRow, InterruptReason, Message, MessageId, StepError,
@@ -31,8 +31,8 @@ use tracing::Instrument as _;
 use crate::approvals::{Gate, Policy};
 use crate::bus::{DeltaKind, Live};
 use crate::config::Price;
-use crate::drain::Drain;
 use crate::drain::compaction::{self, threshold};
+use crate::drain::{Drain, Opening};
 use crate::error::{Error, Result};
 use crate::history_cache::HistoryCache;
 use crate::hooks::{Purpose, StepReport, ToolReport};
@@ -81,7 +81,7 @@ pub const CONTINUE_NOTE: &str = "Your previous response was cut off by a network
 
 /// The step's request from a fresh snapshot.
 async fn build(d: &Drain, step: u32) -> Result<Prepared> {
-    build_with(d, step, None, Vec::new()).await
+    build_with(d, step, None, Vec::new(), None).await
 }
 
 /// Records the step's assistant message. The event is submitted, not awaited: the provider
@@ -125,12 +125,14 @@ fn spent(d: &Drain, message: &MessageId, a: &Attempt, prepared: &Prepared) -> Ve
 /// the blocking pool costs more than that build.
 ///
 /// `ahead` are inputs the drain promoted in events it submitted and has not written yet: they
-/// join the history as the user messages those events create.
+/// join the history as the user messages those events create. `opening` is the snapshot they
+/// were chosen from, when the drain kept it: the build reads it instead of a fresh one.
 async fn build_with(
     d: &Drain,
     step: u32,
     note: Option<&'static str>,
     ahead: Vec<InboxRow>,
+    opening: Option<Opening>,
 ) -> Result<Prepared> {
     // Inline only where that blocks nothing: no hook to run, the store's reads local, and a
     // short cached history.
@@ -140,10 +142,10 @@ async fn build_with(
             .as_ref()
             .is_some_and(|cache| lock(cache).holds_a_short_history());
     if small {
-        return build_blocking(d, step, note, ahead);
+        return build_blocking(d, step, note, ahead, opening);
     }
     let d = d.clone();
-    tokio::task::spawn_blocking(move || build_blocking(&d, step, note, ahead))
+    tokio::task::spawn_blocking(move || build_blocking(&d, step, note, ahead, opening))
         .await
         .map_err(|e| match e.try_into_panic() {
             // A panicking hook fails the drain like any panic in it.
@@ -157,14 +159,21 @@ fn build_blocking(
     step: u32,
     note: Option<&str>,
     ahead: Vec<InboxRow>,
+    opening: Option<Opening>,
 ) -> Result<Prepared> {
     let shared = &d.shared;
     let not_found = || Error::SessionNotFound(d.session.clone());
-    let snap = shared.store.snapshot()?;
-    let mut cache = d.history.as_ref().map(lock);
-    let (row, mut history) = match cache.as_mut() {
-        Some(cache) => {
+    let (snap, row) = match opening {
+        Some(Opening { snap, row }) => (snap, row),
+        None => {
+            let snap = shared.store.snapshot()?;
             let row = snap.session(&d.session)?.ok_or_else(not_found)?;
+            (snap, row)
+        }
+    };
+    let mut cache = d.history.as_ref().map(lock);
+    let mut history = match cache.as_mut() {
+        Some(cache) => {
             let history = cache.load(&*snap, &d.session, &row)?;
             #[cfg(debug_assertions)]
             {
@@ -175,9 +184,12 @@ fn build_blocking(
                     d.session
                 );
             }
-            (row, history)
+            history
         }
-        None => snap.history(&d.session, Mode::All)?.ok_or_else(not_found)?,
+        None => {
+            let messages = snap.messages(&d.session, history::load_from(&row), usize::MAX)?;
+            history::select(&row, messages, Mode::All)
+        }
     };
     drop(snap);
     // Their seqs are not assigned until the write; the ones given here follow the row's last
@@ -208,15 +220,23 @@ fn build_blocking(
 }
 
 /// Runs step `step`. `ahead` are the inputs promoted in events the drain submitted just before
-/// (see `drain::run`); everything else the drain submitted is durable already.
-pub(crate) async fn run(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd> {
+/// (see `drain::run`); everything else the drain submitted is durable already. `opening` is the
+/// snapshot `ahead` was chosen from, when the drain kept it ([`Opening`]).
+pub(crate) async fn run(
+    d: &Drain,
+    step: u32,
+    ahead: Vec<InboxRow>,
+    opening: Option<Opening>,
+) -> Result<StepEnd> {
     let span = tracing::info_span!(
         "step",
         session_id = %d.session,
         step,
         outcome = tracing::field::Empty
     );
-    let end = run_step(d, step, ahead).instrument(span.clone()).await;
+    let end = run_step(d, step, ahead, opening)
+        .instrument(span.clone())
+        .await;
     let outcome = match &end {
         Ok(StepEnd::Done { continuation: true }) => "continue",
         Ok(StepEnd::Done {
@@ -232,13 +252,18 @@ pub(crate) async fn run(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<St
     end
 }
 
-async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd> {
+async fn run_step(
+    d: &Drain,
+    step: u32,
+    ahead: Vec<InboxRow>,
+    opening: Option<Opening>,
+) -> Result<StepEnd> {
     if ahead.is_empty() {
         // The previous step's settlement must be in the snapshot this step is built from.
         d.flush().await?;
     }
     let shared = &d.shared;
-    let mut prepared = build_with(d, step, None, ahead).await?;
+    let mut prepared = build_with(d, step, None, ahead, opening).await?;
     // Compaction check: compact before the request when it would not fit.
     let limit = threshold(prepared.model.context_window, prepared.model.max_output);
     let mut compacted = false;
@@ -482,7 +507,7 @@ async fn run_step(d: &Drain, step: u32, ahead: Vec<InboxRow>) -> Result<StepEnd>
                     // The partial message is settled: nothing is left open to clean up.
                     return Ok(StepEnd::Interrupted);
                 }
-                prepared = build_with(d, step, Some(CONTINUE_NOTE), Vec::new()).await?;
+                prepared = build_with(d, step, Some(CONTINUE_NOTE), Vec::new(), None).await?;
                 extra = Spend::default();
                 // The partial message is settled: a continuation the budget does not allow is
                 // owed again once it does.

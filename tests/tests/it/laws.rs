@@ -466,6 +466,58 @@ async fn a_ready_stream_settles_its_turn_in_one_write() {
     h.assert_replay_equal();
 }
 
+/// A plain turn's drain takes one snapshot: its opening read finds the input, the step is built
+/// from that same snapshot (the drain wrote nothing in between), and the settlement itself looks
+/// for input that arrived during the step instead of a read before it. Input that does arrive
+/// during the step is still answered by the same drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_turn_takes_one_snapshot() {
+    let gate = Gate::new();
+    let answer = || Script::new().text("answer").finish(FinishReason::Stop);
+    let h = Harness::start([
+        answer(),
+        answer(),
+        Script::new()
+            .gate(&gate)
+            .text("first")
+            .finish(FinishReason::Stop),
+        answer(),
+    ])
+    .await;
+    let s = h.session().await;
+    // The first turn loads the session's history cache.
+    h.prompt(&s, "warm up").await;
+    h.idle(&s).await;
+    let snapshots = || h.runtime.store().stats().snapshots.get();
+    let before = snapshots();
+    h.prompt(&s, "go").await;
+    h.idle(&s).await;
+    assert_eq!(snapshots() - before, 1, "{:?}", h.kinds(&s));
+
+    h.prompt(&s, "first").await;
+    gate.reached().await;
+    let mut queued = agenthost_actors::PromptRequest::new(&s, "meanwhile");
+    queued.delivery = agenthost_model::Delivery::Queue;
+    h.runtime.prompt(queued).await.expect("queued");
+    gate.release();
+    h.idle(&s).await;
+    assert_eq!(
+        h.count(&s, "execution_started"),
+        3,
+        "one drain answers both"
+    );
+    assert_eq!(h.count(&s, "execution_succeeded"), 3);
+    let requests = h.provider.requests();
+    assert_eq!(requests.len(), 4);
+    let users = requests[3]
+        .messages
+        .iter()
+        .filter(|m| matches!(m, agenthost_llm::Message::User { .. }))
+        .count();
+    assert_eq!(users, 4, "the queued input is answered after the first");
+    h.assert_replay_equal();
+}
+
 /// A part that ends with the provider's finish waits a moment for the stream's end, as over
 /// HTTP, where usage and the end marker follow the finish: it rides in the step's last write. A
 /// turn then costs three writer operations: the admission, the step's start (sent while the
