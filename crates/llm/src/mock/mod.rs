@@ -80,18 +80,22 @@ impl Provider for Mock {
     fn stream_ref(&self, request: &Request) -> EventStream {
         let plan = plan(&self.config, request);
         let interval = self.config.token_interval();
-        let mut schedule: VecDeque<(Duration, Event)> = VecDeque::new();
+        let Plan { id, reply, usage } = plan;
+        let mut schedule: VecDeque<(Duration, Event)> = VecDeque::with_capacity(match &reply {
+            Reply::Text(tokens) => tokens.len() + 4,
+            Reply::Tool(_) => 8,
+        });
         schedule.push_back((
             self.config.latency,
             Event::StepStart {
-                id: Some(plan.id.clone()),
+                id: Some(id),
                 model: Some(request.model.clone()),
             },
         ));
-        let (reason, raw) = match &plan.reply {
+        let (reason, raw) = match reply {
             Reply::Text(tokens) => {
                 schedule.push_back((Duration::ZERO, Event::TextStart { part: 0 }));
-                for (position, token) in tokens.iter().enumerate() {
+                for (position, token) in tokens.into_iter().enumerate() {
                     let pause = if position == 0 {
                         Duration::ZERO
                     } else {
@@ -101,7 +105,7 @@ impl Provider for Mock {
                         pause,
                         Event::TextDelta {
                             part: 0,
-                            delta: token.clone(),
+                            delta: token,
                         },
                     ));
                 }
@@ -132,13 +136,7 @@ impl Provider for Mock {
                     ));
                 }
                 schedule.push_back((Duration::ZERO, Event::ToolInputEnd { part: 0 }));
-                schedule.push_back((
-                    Duration::ZERO,
-                    Event::ToolCall {
-                        part: 0,
-                        call: call.clone(),
-                    },
-                ));
+                schedule.push_back((Duration::ZERO, Event::ToolCall { part: 0, call }));
                 (FinishReason::ToolCalls, "tool_calls")
             }
         };
@@ -147,7 +145,7 @@ impl Provider for Mock {
             Event::StepFinish {
                 reason,
                 raw_reason: Some(raw.to_owned()),
-                usage: plan.usage,
+                usage,
             },
         ));
         futures::stream::unfold(schedule, |mut schedule| async move {
@@ -330,11 +328,11 @@ fn text(tokens: u32, random: &mut SplitMix) -> Vec<String> {
     let mut capitalize = true;
     for position in 0..tokens {
         let word = WORDS[random.below(WORDS.len())];
-        let mut token = if position == 0 {
-            String::new()
-        } else {
-            " ".to_owned()
-        };
+        // Room for the leading space, the word and a full stop.
+        let mut token = String::with_capacity(word.len() + 2);
+        if position != 0 {
+            token.push(' ');
+        }
         if capitalize {
             let mut chars = word.chars();
             if let Some(first) = chars.next() {
