@@ -12,6 +12,7 @@
 //! Main types: [`Runtime`] (the handle), [`Config`], [`Outcome`], [`Error`], [`Live`] events,
 //! [`Hook`], [`Tools`].
 
+mod admitted;
 mod approvals;
 pub mod bus;
 mod catalog;

@@ -40,6 +40,9 @@ pub struct Metrics {
     pub passivations: Counter,
     /// Sessions the runtime settled and resumed after a crash or a takeover.
     pub recoveries: Counter,
+    /// Pending inputs a drain took from the rows kept at their admission instead of reading
+    /// them from the store.
+    pub inputs_from_memory: Counter,
     /// Pending inputs and claims, kept in memory from the commits (see [`Held`]).
     pub(crate) held: Arc<Held>,
     /// Tokens and cost (billionths of a US dollar) spent on model calls, by agent and model:

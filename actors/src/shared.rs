@@ -56,6 +56,8 @@ pub(crate) struct Shared {
     pub recovery: crate::config::Recovery,
     /// What session actors' history caches may hold together.
     pub history_budget: Arc<crate::history_cache::Budget>,
+    /// Rows of inputs admitted here that no drain has read yet.
+    pub admitted: crate::admitted::Admitted,
     pub metrics: Metrics,
     /// Set once by `Runtime::shutdown`; new work is refused from then on.
     pub shutting_down: AtomicBool,

@@ -281,12 +281,19 @@ pub(crate) struct Opening {
     pub row: agenthost_model::SessionRow,
 }
 
-/// The session's row and its pending inputs, from one snapshot.
+/// The session's row and its pending inputs, from one snapshot; the inputs admitted here are
+/// taken from memory (see `admitted`).
 fn opening_read(
     snap: &dyn Snapshot,
     session: &SessionId,
+    shared: &Shared,
 ) -> Result<(agenthost_model::SessionRow, Vec<agenthost_model::InboxRow>)> {
-    snap.session_and_pending(session)?
+    let mut known = |seq| {
+        let row = shared.admitted.take(session, seq)?;
+        shared.metrics.inputs_from_memory.inc();
+        Some(row)
+    };
+    snap.session_and_pending_known(session, &mut known)?
         .ok_or_else(|| Error::SessionNotFound(session.clone()))
 }
 
@@ -295,11 +302,14 @@ async fn agent_loop(d: &Drain) -> Result<Outcome> {
     let (row, inputs, snap) = match d.shared.store.local_reads() {
         true => {
             let snap = d.shared.store.snapshot()?;
-            let (row, inputs) = opening_read(&*snap, &d.session)?;
+            let (row, inputs) = opening_read(&*snap, &d.session, &d.shared)?;
             (row, inputs, Some(snap))
         }
         false => {
-            let (row, inputs) = d.read(|snap, session| opening_read(snap, session)).await?;
+            let shared = d.shared.clone();
+            let (row, inputs) = d
+                .read(move |snap, session| opening_read(snap, session, &shared))
+                .await?;
             (row, inputs, None)
         }
     };

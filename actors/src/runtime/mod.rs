@@ -169,6 +169,7 @@ impl Runtime {
             compaction: config.compaction,
             recovery: config.recovery.clone(),
             history_budget,
+            admitted: Default::default(),
             metrics,
             shutting_down: AtomicBool::new(false),
             stopping: Default::default(),
@@ -331,6 +332,13 @@ impl Runtime {
         self.check_open()?;
         // The store checks the session, the id and the pending limit in the admission's own
         // transaction.
+        // The input's row is kept for the drain's opening read (see `admitted`) when its id is
+        // minted here, so no earlier admission of it can exist, and its store reads rows from
+        // memory (the embedded store; a PostgreSQL snapshot reads them in its one query).
+        let kept = (request.id.is_none()
+            && self.shared.store.local_reads()
+            && request.prompt.size() <= crate::admitted::MOST_PROMPT)
+            .then(|| request.prompt.clone());
         let id = request.id.unwrap_or_else(crate::mint::message_id);
         let admission = Admission {
             session: request.session.clone(),
@@ -340,6 +348,18 @@ impl Runtime {
             wake: request.resume,
         };
         let receipt = self.shared.store.admit(admission).await?;
+        if let Some(prompt) = kept
+            && receipt.promoted_seq.is_none()
+        {
+            let row = agenthost_model::InboxRow {
+                id: receipt.id.clone(),
+                admitted_seq: receipt.admitted_seq,
+                delivery: receipt.delivery,
+                prompt,
+                wake: request.resume,
+            };
+            self.shared.admitted.keep(&receipt.session, row);
+        }
         for hook in &self.shared.hooks {
             hook.on_admitted(&receipt.session, &receipt.id);
         }

@@ -197,6 +197,12 @@ impl Metrics {
             "Sessions settled and resumed after a crash or a takeover",
             m.recoveries.clone(),
         );
+        r.register(
+            "agenthost_inputs_from_memory",
+            "Pending inputs a drain took from the rows kept at their admission instead of reading \
+             them from the store",
+            m.inputs_from_memory.clone(),
+        );
 
         r.register(
             "agenthost_store_health",

@@ -190,6 +190,7 @@ async fn health_metrics_and_unknown_routes() {
         "agenthost_drains_waiting ",
         "agenthost_actor_restarts_total ",
         "agenthost_sessions_recovered_total ",
+        "agenthost_inputs_from_memory_total ",
         "agenthost_store_commits_total ",
         "agenthost_store_commit_batch_size_bucket{le=\"1.0\"}",
         "agenthost_store_commit_seconds_bucket{le=\"0.0001\"}",

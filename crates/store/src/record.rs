@@ -109,6 +109,7 @@ impl Inbox {
             .is_some_and(|i| seq.0 < self.spans[i].end())
     }
 
+    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.spans.is_empty()
     }

@@ -45,6 +45,18 @@ pub trait Snapshot: Send {
         };
         Ok(Some((row, inputs)))
     }
+    /// [`Snapshot::session_and_pending`], taking the row of a pending input from `known` (by its
+    /// admitted seq) where it has it instead of reading the event that admitted it: an input's
+    /// row never changes once it is durable, so a caller that kept the rows it admitted spares
+    /// the read. `known` must only give rows of durable admissions of this session.
+    fn session_and_pending_known(
+        &self,
+        id: &SessionId,
+        known: &mut dyn FnMut(Seq) -> Option<InboxRow>,
+    ) -> Result<Option<(SessionRow, Vec<InboxRow>)>> {
+        let _ = known;
+        self.session_and_pending(id)
+    }
     fn instructions(&self, id: &SessionId) -> Result<InstructionState>;
     fn index(&self, id: &MessageId) -> Result<Option<IndexEntry>>;
     /// Events with `seq >= from`, in seq order, at most `limit`.
@@ -239,24 +251,41 @@ impl RedbSnapshot {
         Ok(out)
     }
 
-    /// The pending inputs an inbox names, read from the events that admitted them.
-    fn inputs(&self, id: &SessionId, inbox: &Inbox) -> Result<Vec<InboxRow>> {
-        if inbox.is_empty() {
-            return Ok(Vec::new());
-        }
-        let log = self.log()?;
+    /// The pending inputs an inbox names: from `known` where it has them, else read from the
+    /// events that admitted them. Debug builds check every known row against its event.
+    fn inputs(
+        &self,
+        id: &SessionId,
+        inbox: &Inbox,
+        known: &mut dyn FnMut(Seq) -> Option<InboxRow>,
+    ) -> Result<Vec<InboxRow>> {
         let mut out = Vec::new();
         for seq in inbox.seqs() {
-            let found = log.find(id.as_str(), seq.0)?;
-            let Some(bytes) = found else {
-                return Err(crate::Error::Corrupt {
-                    what: format!("pending input {id}/{seq}"),
-                    reason: "its event is missing from the log".into(),
-                });
-            };
-            out.push(record::inbox_row(id, decode("event", &bytes)?)?);
+            match known(seq) {
+                Some(row) => {
+                    #[cfg(debug_assertions)]
+                    assert_eq!(
+                        row,
+                        self.input(id, seq)?,
+                        "a known input differs from the log"
+                    );
+                    out.push(row);
+                }
+                None => out.push(self.input(id, seq)?),
+            }
         }
         Ok(out)
+    }
+
+    /// The pending input admitted at `seq`, read from its event.
+    fn input(&self, id: &SessionId, seq: Seq) -> Result<InboxRow> {
+        let Some(bytes) = self.log()?.find(id.as_str(), seq.0)? else {
+            return Err(crate::Error::Corrupt {
+                what: format!("pending input {id}/{seq}"),
+                reason: "its event is missing from the log".into(),
+            });
+        };
+        record::inbox_row(id, decode("event", &bytes)?)
     }
 
     #[cfg(test)]
@@ -325,16 +354,24 @@ impl Snapshot for RedbSnapshot {
 
     fn pending(&self, id: &SessionId) -> Result<Vec<InboxRow>> {
         match self.record(id)? {
-            Some(record) => self.inputs(id, &record.inbox),
+            Some(record) => self.inputs(id, &record.inbox, &mut |_| None),
             None => Ok(Vec::new()),
         }
     }
 
     fn session_and_pending(&self, id: &SessionId) -> Result<Option<(SessionRow, Vec<InboxRow>)>> {
+        self.session_and_pending_known(id, &mut |_| None)
+    }
+
+    fn session_and_pending_known(
+        &self,
+        id: &SessionId,
+        known: &mut dyn FnMut(Seq) -> Option<InboxRow>,
+    ) -> Result<Option<(SessionRow, Vec<InboxRow>)>> {
         let Some(record) = self.record(id)? else {
             return Ok(None);
         };
-        let inputs = self.inputs(id, &record.inbox)?;
+        let inputs = self.inputs(id, &record.inbox, known)?;
         Ok(Some((record.row, inputs)))
     }
 
@@ -444,7 +481,7 @@ impl RedbSnapshot {
             },
         )?;
         for (s, inbox) in inboxes {
-            for row in self.inputs(&s, &inbox)? {
+            for row in self.inputs(&s, &inbox, &mut |_| None)? {
                 p.inbox.insert((s.clone(), row.admitted_seq), row);
             }
         }

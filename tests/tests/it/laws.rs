@@ -518,6 +518,34 @@ async fn a_plain_turn_takes_one_snapshot() {
     h.assert_replay_equal();
 }
 
+/// A drain takes an input admitted in this process from memory, not from the store, when the
+/// runtime minted its id; an id the client chose may have been admitted before with other flags,
+/// so that input is read from the store. Both are answered alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_takes_an_input_admitted_here_from_memory() {
+    let answer = || Script::new().text("answer").finish(FinishReason::Stop);
+    let h = Harness::start([answer(), answer()]).await;
+    let s = h.session().await;
+    let from_memory = || h.runtime.metrics().inputs_from_memory.get();
+    h.prompt(&s, "minted").await;
+    h.idle(&s).await;
+    assert_eq!(from_memory(), 1);
+
+    let mut chosen = agenthost_actors::PromptRequest::new(&s, "chosen");
+    chosen.id = Some(agenthost_model::MessageId::parse("msg_chosen").expect("id"));
+    h.runtime.prompt(chosen).await.expect("admitted");
+    h.idle(&s).await;
+    assert_eq!(from_memory(), 1, "read from the store");
+    let users = h.provider.requests()[1]
+        .messages
+        .iter()
+        .filter(|m| matches!(m, agenthost_llm::Message::User { .. }))
+        .count();
+    assert_eq!(users, 2);
+    assert_eq!(h.count(&s, "execution_succeeded"), 2);
+    h.assert_replay_equal();
+}
+
 /// A part that ends with the provider's finish waits a moment for the stream's end, as over
 /// HTTP, where usage and the end marker follow the finish: it rides in the step's last write. A
 /// turn then costs three writer operations: the admission, the step's start (sent while the

@@ -697,3 +697,65 @@ async fn queued_admissions_trail_the_stored_record_and_every_reader_catches_up()
     assert_eq!(row.expect("the session").pending, 0);
     assert_replay_equal(&store);
 }
+
+/// A reader that kept the rows of inputs it admitted gives them to the read of a session's
+/// pending inputs, which reads only the others from the log; debug builds check each row given
+/// against the log.
+#[tokio::test]
+async fn pending_inputs_come_from_the_rows_a_reader_kept_where_it_has_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = open(dir.path());
+    let s = sid("known");
+    store
+        .create_session(new_session(&s))
+        .await
+        .expect("created");
+    for (id, text) in [("one", "first"), ("two", "second"), ("three", "third")] {
+        store
+            .admit(admission(&s, &mid(id), text))
+            .await
+            .expect("admitted");
+    }
+    let snap = store.snapshot().expect("snapshot");
+    let (row, inputs) = snap.session_and_pending(&s).expect("read").expect("exists");
+    assert_eq!(inputs.len(), 3);
+    let kept = inputs[1].clone();
+    let mut asked = Vec::new();
+    let (known_row, known_inputs) = snap
+        .session_and_pending_known(&s, &mut |seq| {
+            asked.push(seq);
+            (seq == kept.admitted_seq).then(|| kept.clone())
+        })
+        .expect("read")
+        .expect("exists");
+    assert_eq!((known_row, known_inputs), (row, inputs.clone()));
+    let seqs: Vec<Seq> = inputs.iter().map(|input| input.admitted_seq).collect();
+    assert_eq!(
+        asked, seqs,
+        "each pending input is asked for once, in order"
+    );
+}
+
+/// A row given for a pending input that is not what the log holds is a bug in the reader that
+/// kept it: debug builds stop there.
+#[cfg(debug_assertions)]
+#[tokio::test]
+#[should_panic(expected = "a known input differs from the log")]
+async fn a_kept_row_that_differs_from_the_log_is_caught_in_debug_builds() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = open(dir.path());
+    let s = sid("wrong");
+    store
+        .create_session(new_session(&s))
+        .await
+        .expect("created");
+    store
+        .admit(admission(&s, &mid("one"), "first"))
+        .await
+        .expect("admitted");
+    let snap = store.snapshot().expect("snapshot");
+    let (_, inputs) = snap.session_and_pending(&s).expect("read").expect("exists");
+    let mut wrong = inputs[0].clone();
+    wrong.wake = !wrong.wake;
+    let _ = snap.session_and_pending_known(&s, &mut |_| Some(wrong.clone()));
+}
