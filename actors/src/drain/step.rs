@@ -348,14 +348,19 @@ async fn run_step(
                 // deltas go live (those of one part joined into one) and what the step submitted
                 // goes to the store: the step's start at once, the events of parts that ended
                 // after [`PART_END_GRACE`] (see there). One poll per event: the stream is not
-                // polled once to see whether it is ready and again to wait.
+                // polled once to see whether it is ready and again to wait. A cancellation is
+                // seen before every event; the step waits for one only when it waits for the
+                // stream.
                 let next = std::future::poll_fn(|cx| {
-                    if cancelled.as_mut().poll(cx).is_ready() {
+                    if d.cancel.is_cancelled() {
                         return Poll::Ready(None);
                     }
                     match stream.poll_next_unpin(cx) {
                         Poll::Ready(next) => Poll::Ready(Some(next)),
                         Poll::Pending => {
+                            if cancelled.as_mut().poll(cx).is_ready() {
+                                return Poll::Ready(None);
+                            }
                             // What the stream had ready goes live before the step waits.
                             a.publish(d, &message);
                             let wait = d.unsent_only_part_ends()
