@@ -83,8 +83,9 @@ impl Admitted {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Rows kept, their bytes, and the keys in the order (the rows' and those of rows taken).
     #[cfg(test)]
-    fn bytes(&self) -> (usize, usize, usize) {
+    fn sizes(&self) -> (usize, usize, usize) {
         let inner = self.lock();
         (inner.count, inner.bytes, inner.order.len())
     }
@@ -146,8 +147,8 @@ mod tests {
         assert_eq!(admitted.take(&b, Seq(3)), None, "another session's seq");
         assert_eq!(admitted.take(&b, Seq(2)), Some(row(2, "other")));
         assert_eq!(admitted.take(&a, Seq(2)), Some(row(2, "one")));
-        assert_eq!(admitted.bytes().0, 0);
-        assert_eq!(admitted.bytes().1, 0);
+        assert_eq!(admitted.sizes().0, 0);
+        assert_eq!(admitted.sizes().1, 0);
     }
 
     #[test]
@@ -160,7 +161,7 @@ mod tests {
         for seq in 0..(fit as u64 + 10) {
             admitted.keep(&s, row(seq, &text));
         }
-        let (count, bytes, _) = admitted.bytes();
+        let (count, bytes, _) = admitted.sizes();
         assert_eq!(count, fit);
         assert!(bytes <= MOST_BYTES);
         assert_eq!(admitted.take(&s, Seq(9)), None, "evicted, oldest first");
@@ -178,7 +179,7 @@ mod tests {
             admitted.keep(&s, row(seq, "hi"));
             assert!(admitted.take(&s, Seq(seq)).is_some());
         }
-        let (count, _, order) = admitted.bytes();
+        let (count, _, order) = admitted.sizes();
         assert_eq!(count, 0);
         assert!(order <= 64 + 1, "{order} keys kept for no row");
     }

@@ -333,8 +333,9 @@ impl Runtime {
         // The store checks the session, the id and the pending limit in the admission's own
         // transaction.
         // The input's row is kept for the drain's opening read (see `admitted`) when its id is
-        // minted here, so no earlier admission of it can exist, and its store reads rows from
-        // memory (the embedded store; a PostgreSQL snapshot reads them in its one query).
+        // minted here, so no earlier admission of it can exist, and the store's reads are local:
+        // only the embedded store's snapshot takes kept rows (a PostgreSQL snapshot reads the
+        // pending inputs either way, and would leave them to age out unused).
         let kept = (request.id.is_none()
             && self.shared.store.local_reads()
             && request.prompt.size() <= crate::admitted::MOST_PROMPT)
