@@ -556,8 +556,7 @@ fn init(db: &Database) -> Result<()> {
         // writer's own count of front rows starts true.
         log::fold(&txn)?;
         rows::prune_working(&txn)?;
-        // Creates every table, so that readers never meet a missing one.
-        rows::Writes::default().apply(&txn)?;
+        rows::create_tables(&txn)?;
     }
     txn.commit().map_err(storage)
 }

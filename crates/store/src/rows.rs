@@ -393,38 +393,51 @@ impl Writes {
         self.schedules.sort();
     }
 
-    /// Inserts every row into its table. Every table is opened, so that all of them exist for
-    /// readers whatever the batch wrote.
+    /// Inserts every row into its table. Only the tables the batch writes are opened: each one
+    /// opened costs the commit a lookup in redb's tree of tables, and every table exists
+    /// already ([`create_tables`], when the store opens).
     pub(crate) fn apply(&self, txn: &WriteTransaction) -> Result<()> {
-        let mut front = txn.open_table(EVENTS_FRONT).map_err(storage)?;
-        let runs: Vec<_> = self
-            .front
-            .iter()
-            .map(|((session, first), run)| {
-                ((self.generation, session.as_str(), first.0), run.as_slice())
-            })
-            .collect();
-        put_sorted(&mut front, &runs)?;
+        if !self.front.0.is_empty() {
+            let mut front = txn.open_table(EVENTS_FRONT).map_err(storage)?;
+            let runs: Vec<_> = self
+                .front
+                .iter()
+                .map(|((session, first), run)| {
+                    ((self.generation, session.as_str(), first.0), run.as_slice())
+                })
+                .collect();
+            put_sorted(&mut front, &runs)?;
+        }
         put_by_id(
             txn,
             SESSIONS,
             self.sessions.iter().map(|(id, v)| (id.as_str(), v)),
         )?;
-        let mut by_created = txn.open_table(SESSIONS_BY_CREATED).map_err(storage)?;
-        for (created, id) in &self.by_created {
-            by_created
-                .insert((*created, id.as_str()), ())
-                .map_err(storage)?;
+        if !self.by_created.is_empty() {
+            let mut by_created = txn.open_table(SESSIONS_BY_CREATED).map_err(storage)?;
+            for (created, id) in &self.by_created {
+                by_created
+                    .insert((*created, id.as_str()), ())
+                    .map_err(storage)?;
+            }
         }
-        let mut working = txn.open_table(WORKING).map_err(storage)?;
-        for id in &self.working {
-            working.insert(id.as_str(), ()).map_err(storage)?;
+        if !self.working.is_empty() || !self.idle.is_empty() {
+            let mut working = txn.open_table(WORKING).map_err(storage)?;
+            for id in &self.working {
+                working.insert(id.as_str(), ()).map_err(storage)?;
+            }
+            // After the rows above (see [`Tables::finish`]).
+            for id in &self.idle {
+                working.remove(id.as_str()).map_err(storage)?;
+            }
         }
-        let mut messages = txn.open_table(MESSAGES).map_err(storage)?;
-        for ((session, seq), message) in self.messages.iter() {
-            messages
-                .insert((session.as_str(), seq.0), message.as_slice())
-                .map_err(storage)?;
+        if !self.messages.0.is_empty() {
+            let mut messages = txn.open_table(MESSAGES).map_err(storage)?;
+            for ((session, seq), message) in self.messages.iter() {
+                messages
+                    .insert((session.as_str(), seq.0), message.as_slice())
+                    .map_err(storage)?;
+            }
         }
         put_by_id(
             txn,
@@ -436,22 +449,35 @@ impl Writes {
             INSTRUCTIONS,
             self.instructions.iter().map(|(id, v)| (id.as_str(), v)),
         )?;
-        let mut schedules = txn.open_table(SCHEDULES).map_err(storage)?;
-        for ((session, id), schedule) in self.schedules.iter() {
-            let key = (session.as_str(), id.as_str());
-            match schedule {
-                Some(schedule) => schedules.insert(key, schedule.as_slice()),
-                None => schedules.remove(key),
+        if !self.schedules.0.is_empty() {
+            let mut schedules = txn.open_table(SCHEDULES).map_err(storage)?;
+            for ((session, id), schedule) in self.schedules.iter() {
+                let key = (session.as_str(), id.as_str());
+                match schedule {
+                    Some(schedule) => schedules.insert(key, schedule.as_slice()),
+                    None => schedules.remove(key),
+                }
+                .map_err(storage)?;
             }
-            .map_err(storage)?;
         }
-        for id in &self.idle {
-            working.remove(id.as_str()).map_err(storage)?;
-        }
-        txn.open_table(EVENTS).map_err(storage)?;
-        txn.open_table(EVENTS_MIDDLE).map_err(storage)?;
         Ok(())
     }
+}
+
+/// Creates every table a store has that `txn`'s store lacks, so that readers never meet a
+/// missing one: a new store, or one of an older format opened for writing.
+pub(crate) fn create_tables(txn: &WriteTransaction) -> Result<()> {
+    txn.open_table(EVENTS).map_err(storage)?;
+    txn.open_table(EVENTS_MIDDLE).map_err(storage)?;
+    txn.open_table(EVENTS_FRONT).map_err(storage)?;
+    txn.open_table(SESSIONS).map_err(storage)?;
+    txn.open_table(SESSIONS_BY_CREATED).map_err(storage)?;
+    txn.open_table(WORKING).map_err(storage)?;
+    txn.open_table(MESSAGES).map_err(storage)?;
+    txn.open_table(INDEX).map_err(storage)?;
+    txn.open_table(INSTRUCTIONS).map_err(storage)?;
+    txn.open_table(SCHEDULES).map_err(storage)?;
+    Ok(())
 }
 
 /// Inserts rows given in ascending key order. Those above the table's greatest key (a new
@@ -486,13 +512,17 @@ fn put_sorted<'r, K: redb::Key + 'static>(
     Ok(())
 }
 
-/// Puts rows keyed by an id, given in key order, into one table (see [`put_sorted`]).
+/// Puts rows keyed by an id, given in key order, into one table (see [`put_sorted`]); opens the
+/// table only when there are rows.
 fn put_by_id<'a>(
     txn: &WriteTransaction,
     table: redb::TableDefinition<'static, &'static str, Bytes>,
     rows: impl Iterator<Item = (&'a str, &'a Vec<u8>)>,
 ) -> Result<()> {
     let rows: Vec<(&str, &[u8])> = rows.map(|(id, value)| (id, value.as_slice())).collect();
+    if rows.is_empty() {
+        return Ok(());
+    }
     put_sorted(&mut txn.open_table(table).map_err(storage)?, &rows)
 }
 

@@ -32,6 +32,55 @@ async fn a_read_only_open_reads_and_verifies_without_writing() {
     );
 }
 
+/// A new store that never wrote a row has every table all the same: the store creates them when
+/// it opens, not when a batch writes to them, and its readers (a read-only one too) find them.
+#[test]
+fn a_store_that_never_wrote_has_every_table() {
+    use redb::ReadableDatabase as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = open(dir.path());
+    store.close();
+    drop(store);
+    let path = dir.path().join("store.redb");
+    {
+        let db = redb::Database::open(&path).expect("raw open");
+        let txn = db.begin_read().expect("txn");
+        let names: Vec<String> = (txn.list_tables().expect("tables"))
+            .map(|t| redb::TableHandle::name(&t).to_owned())
+            .collect();
+        for table in [
+            "meta",
+            "events",
+            "events_front",
+            "events_middle",
+            "sessions",
+            "sessions_by_created",
+            "working",
+            "messages",
+            "message_index",
+            "instructions",
+            "schedules",
+        ] {
+            assert!(
+                names.iter().any(|n| n == table),
+                "{table} missing: {names:?}"
+            );
+        }
+    }
+    let store = ReadOnlyStore::open(&path).expect("opens read-only");
+    let snap = store.snapshot().expect("snapshot");
+    assert!(snap.sessions(None, 10).expect("sessions").is_empty());
+    assert!(snap.all_schedules().expect("schedules").is_empty());
+    let s = sid("none");
+    assert!(
+        snap.messages(&s, Seq::ZERO, 10)
+            .expect("messages")
+            .is_empty()
+    );
+    assert!(snap.events(&s, Seq::ZERO, 10).expect("events").is_empty());
+    assert!(crate::verify(&*snap).expect("readable").ok());
+}
+
 /// A store of a format before 6 has no schedules table, and one before 8 no middle tier of the
 /// log; a read-only open creates neither: it reads as a store without schedules, its whole log
 /// (verified against its projections), and writes nothing.
