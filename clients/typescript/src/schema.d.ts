@@ -1853,15 +1853,6 @@ export interface operations {
                     "application/json": components["schemas"]["Data_Session"];
                 };
             };
-            /** @description Malformed id */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorEnvelope"];
-                };
-            };
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -1980,15 +1971,6 @@ export interface operations {
                     "application/json": components["schemas"]["Data_Vec_Approval"];
                 };
             };
-            /** @description Malformed id */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorEnvelope"];
-                };
-            };
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -2046,7 +2028,7 @@ export interface operations {
                     "application/json": components["schemas"]["Data_ApprovalDecision"];
                 };
             };
-            /** @description Malformed body or id; `by` or `reason` over its limit */
+            /** @description Malformed body; `by` or `reason` over its limit */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2072,7 +2054,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
-            /** @description No such session, or no such call waiting for approval */
+            /** @description No such session, or no such call waiting for approval (or an id that cannot be one) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -2223,7 +2205,7 @@ export interface operations {
                     "text/event-stream": components["schemas"]["Event"];
                 };
             };
-            /** @description Malformed id, `after` or `Last-Event-ID`, or either past the session's last event */
+            /** @description Malformed `after` or `Last-Event-ID`, or either past the session's last event */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2762,15 +2744,6 @@ export interface operations {
                     "application/json": components["schemas"]["Data_Vec_Schedule"];
                 };
             };
-            /** @description Malformed id */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorEnvelope"];
-                };
-            };
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -2906,15 +2879,6 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Data_ScheduleCancelled"];
-                };
-            };
-            /** @description Malformed id */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
             401: {

@@ -154,10 +154,11 @@ suite("api", { timeout: 120_000 }, () => {
         return true;
       },
     );
-    // A malformed id is a 400, not a 404.
+    // A path id that cannot be a session's names none: a 404 too, saying why.
     await assert.rejects(
       unwrap(api.POST("/api/session/{id}/wait", { params: { path: { id: "nope" } } })),
-      (error: unknown) => error instanceof AgenthostError && error.status === 400 && error.type === "invalid_request",
+      (error: unknown) =>
+        error instanceof AgenthostError && error.status === 404 && error.type === "session_not_found" && /missing prefix/.test(error.message),
     );
     const session = await unwrap(api.POST("/api/session", { body: {} }));
     await assert.rejects(
@@ -175,7 +176,7 @@ suite("api", { timeout: 120_000 }, () => {
     const client = createAgenthost({ baseUrl: server.baseUrl, fetch });
     for (const [id, status, type] of [
       ["ses_missing", 404, "session_not_found"],
-      ["nope", 400, "invalid_request"],
+      ["nope", 404, "session_not_found"],
     ] as const) {
       requests.length = 0;
       await assert.rejects(

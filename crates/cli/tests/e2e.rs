@@ -1156,7 +1156,7 @@ async fn a_large_tool_output_is_previewed_in_history_and_read_back_whole_after_a
             None,
         )
         .await;
-    assert_eq!(status, 400);
+    assert_eq!(status, 404);
 }
 
 /// `inspect` opens the store read-only: it refuses a store a running server holds (saying so),

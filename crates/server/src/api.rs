@@ -21,7 +21,7 @@ use axum::routing::{get, post};
 use serde::Serialize;
 
 use crate::error::{ApiError, ErrorType};
-use crate::extract::{Json, Query, RouteOptions, SessionPath};
+use crate::extract::{Json, Query, RouteOptions, SessionPath, id_in_path, session_in_path};
 use crate::wire::{self, Data, ErrorEnvelope};
 use crate::{Shared, read};
 
@@ -374,7 +374,6 @@ pub(crate) async fn active(State(shared): AppState) -> Response {
     params(("id" = String, Path, description = "Session id, `ses_…`", pattern = r"^ses_[A-Za-z0-9_-]{1,64}$")),
     responses(
         (status = 200, description = "The session", body = Data<wire::Session>),
-        (status = 400, description = "Malformed id", body = ErrorEnvelope),
         (status = 401, body = ErrorEnvelope),
         (status = 404, description = "No such session", body = ErrorEnvelope),
     ),
@@ -658,8 +657,8 @@ pub(crate) async fn tool_output(
 ) -> Result<Response, ApiError> {
     let Path((id, message_id, call_id)) =
         path.map_err(|r| ApiError::invalid(format!("invalid path: {}", r.body_text())))?;
-    let id = SessionId::parse(&id)?;
-    let message_id = agenthost_model::MessageId::parse(&message_id)?;
+    let id = session_in_path(&id)?;
+    let message_id = id_in_path(&message_id, agenthost_model::MessageId::parse)?;
     let whole = shared
         .runtime
         .tool_output(&id, &message_id, &call_id)
@@ -727,7 +726,6 @@ const MAX_REASON: usize = 4096;
     params(("id" = String, Path, description = "Session id, `ses_…`", pattern = r"^ses_[A-Za-z0-9_-]{1,64}$")),
     responses(
         (status = 200, description = "Pending approvals", body = Data<Vec<wire::Approval>>),
-        (status = 400, description = "Malformed id", body = ErrorEnvelope),
         (status = 401, body = ErrorEnvelope),
         (status = 404, description = "No such session", body = ErrorEnvelope),
     ),
@@ -765,9 +763,9 @@ pub(crate) async fn approvals(
     request_body = wire::Decide,
     responses(
         (status = 200, description = "The decision", body = Data<wire::ApprovalDecision>),
-        (status = 400, description = "Malformed body or id; `by` or `reason` over its limit", body = ErrorEnvelope),
+        (status = 400, description = "Malformed body; `by` or `reason` over its limit", body = ErrorEnvelope),
         (status = 401, body = ErrorEnvelope),
-        (status = 404, description = "No such session, or no such call waiting for approval", body = ErrorEnvelope),
+        (status = 404, description = "No such session, or no such call waiting for approval (or an id that cannot be one)", body = ErrorEnvelope),
         (status = 409, description = "Decided already (`approval_decided`, with the first decision) or the digest is not the call's (`digest_mismatch`); nothing changed", body = ErrorEnvelope),
         (status = 503, body = ErrorEnvelope),
     ),
@@ -780,8 +778,8 @@ pub(crate) async fn decide(
 ) -> Result<Response, ApiError> {
     let Path((id, message_id, call_id)) =
         path.map_err(|r| ApiError::invalid(format!("invalid path: {}", r.body_text())))?;
-    let id = SessionId::parse(&id)?;
-    let message_id = MessageId::parse(&message_id)?;
+    let id = session_in_path(&id)?;
+    let message_id = id_in_path(&message_id, MessageId::parse)?;
     let bounded = |field: &str, value: &Option<String>, limit: usize| match value {
         Some(v) if v.len() > limit => Err(ApiError::invalid(format!(
             "{field} is {} bytes, over the limit of {limit}",
@@ -888,7 +886,6 @@ pub(crate) async fn set_schedule(
     params(("id" = String, Path, description = "Session id, `ses_…`", pattern = r"^ses_[A-Za-z0-9_-]{1,64}$")),
     responses(
         (status = 200, description = "The schedules", body = Data<Vec<wire::Schedule>>),
-        (status = 400, description = "Malformed id", body = ErrorEnvelope),
         (status = 401, body = ErrorEnvelope),
         (status = 404, body = ErrorEnvelope),
     ),
@@ -912,7 +909,6 @@ pub(crate) async fn schedules(
     ),
     responses(
         (status = 200, description = "Whether a schedule was cancelled", body = Data<wire::ScheduleCancelled>),
-        (status = 400, description = "Malformed id", body = ErrorEnvelope),
         (status = 401, body = ErrorEnvelope),
         (status = 404, body = ErrorEnvelope),
         (status = 503, body = ErrorEnvelope),
@@ -924,8 +920,8 @@ pub(crate) async fn cancel_schedule(
 ) -> Result<Response, ApiError> {
     let Path((id, schedule)) =
         path.map_err(|r| ApiError::invalid(format!("invalid path: {}", r.body_text())))?;
-    let id = SessionId::parse(&id)?;
-    let schedule = agenthost_model::ScheduleId::parse(&schedule)?;
+    let id = session_in_path(&id)?;
+    let schedule = id_in_path(&schedule, agenthost_model::ScheduleId::parse)?;
     let cancelled = shared.runtime.cancel_schedule(&id, &schedule).await?;
     Ok(data(wire::ScheduleCancelled { cancelled }))
 }

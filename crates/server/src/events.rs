@@ -84,7 +84,7 @@ const KEEP_ALIVE: &[u8] = b":\n\n";
     ),
     responses(
         (status = 200, description = "Server-sent events: durable events (`event: <type>`, `id: <seq>`, data: Event), then `synced` (data: Synced) and the current `status`, then live durable events, `delta` (data: Delta) and `status` (data: Status); a final `error` (data: ErrorBody) when the store cannot be read or the client fell too far behind", content_type = "text/event-stream", body = wire::Event),
-        (status = 400, description = "Malformed id, `after` or `Last-Event-ID`, or either past the session's last event", body = ErrorEnvelope),
+        (status = 400, description = "Malformed `after` or `Last-Event-ID`, or either past the session's last event", body = ErrorEnvelope),
         (status = 401, body = ErrorEnvelope),
         (status = 404, body = ErrorEnvelope),
         (status = 503, description = "Too many event streams open, on this session or in all", body = ErrorEnvelope),

@@ -151,10 +151,31 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Query<T> {
     }
 }
 
-/// The `{id}` segment of a session route, parsed. A malformed id is `invalid_request` (400),
-/// distinct from a well-formed id that does not exist (`session_not_found`, 404).
+/// The `{id}` segment of a session route, parsed. A path names a session or none: an id that
+/// cannot be one (no `ses_` prefix, say) is `session_not_found` (404) like a well-formed id that
+/// does not exist, with the reason in the message. Only a body that would create a session under
+/// a malformed id is `invalid_request` (see ARCHITECTURE.md, "HTTP API").
 #[derive(Debug, Clone)]
 pub struct SessionPath(pub SessionId);
+
+/// The session a path segment names; see [`SessionPath`].
+pub(crate) fn session_in_path(raw: &str) -> Result<SessionId, ApiError> {
+    SessionId::parse(raw).map_err(|e| {
+        ApiError::new(
+            ErrorType::SessionNotFound,
+            format!("session not found: {e}"),
+        )
+    })
+}
+
+/// What a path segment names below a session (a message, a tool call, a schedule): an id that
+/// cannot be one names nothing, `not_found` (404), with the reason in the message.
+pub(crate) fn id_in_path<T>(
+    raw: &str,
+    parse: impl FnOnce(&str) -> Result<T, agenthost_model::Error>,
+) -> Result<T, ApiError> {
+    parse(raw).map_err(|e| ApiError::new(ErrorType::NotFound, format!("not found: {e}")))
+}
 
 impl<S: Send + Sync> FromRequestParts<S> for SessionPath {
     type Rejection = ApiError;
@@ -165,9 +186,7 @@ impl<S: Send + Sync> FromRequestParts<S> for SessionPath {
             .map_err(|rejection| {
                 ApiError::invalid(format!("invalid path: {}", rejection.body_text()))
             })?;
-        SessionId::parse(&raw)
-            .map(SessionPath)
-            .map_err(ApiError::from)
+        session_in_path(&raw).map(SessionPath)
     }
 }
 
