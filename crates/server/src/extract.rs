@@ -154,7 +154,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Query<T> {
 /// The `{id}` segment of a session route, parsed. A path names a session or none: an id that
 /// cannot be one (no `ses_` prefix, say) is `session_not_found` (404) like a well-formed id that
 /// does not exist, with the reason in the message. Only a body that would create a session under
-/// a malformed id is `invalid_request` (see ARCHITECTURE.md, "HTTP API").
+/// a malformed id is `invalid_request` (see ARCHITECTURE.md, "crates/server").
 #[derive(Debug, Clone)]
 pub struct SessionPath(pub SessionId);
 
