@@ -184,7 +184,7 @@ fn status(shared: &Shared, id: &SessionId) -> wire::StatusType {
 /// Reads the session row or fails `session_not_found`.
 async fn row(shared: &Shared, id: &SessionId) -> Result<SessionRow, ApiError> {
     let id = id.clone();
-    read(&shared.runtime, move |snap| {
+    read(shared, move |snap| {
         snap.session(&id)?
             .ok_or_else(|| Error::SessionNotFound(id.clone()).into())
     })
@@ -312,10 +312,7 @@ pub(crate) async fn list(
 ) -> Result<Response, ApiError> {
     let limit = page_size(query.limit, SESSIONS_PAGE)?;
     let cursor = query.cursor.as_deref().map(parse_cursor).transpose()?;
-    let mut rows = read(&shared.runtime, move |snap| {
-        Ok(snap.sessions(cursor, limit + 1)?)
-    })
-    .await?;
+    let mut rows = read(&shared, move |snap| Ok(snap.sessions(cursor, limit + 1)?)).await?;
     let next = if rows.len() > limit {
         rows.truncate(limit);
         rows.last().map(|r| format!("{}.{}", r.created.0, r.id))
@@ -622,7 +619,7 @@ pub(crate) async fn messages(
         None => Some(Seq::ZERO),
         Some(after) => after.checked_add(1).map(Seq),
     };
-    let messages = read(&shared.runtime, move |snap| {
+    let messages = read(&shared, move |snap| {
         snap.session(&id)?
             .ok_or_else(|| ApiError::from(Error::SessionNotFound(id.clone())))?;
         match from {
@@ -692,7 +689,7 @@ pub(crate) async fn inbox(
 ) -> Result<Response, ApiError> {
     let limit = page_size(query.limit, MESSAGES_PAGE)?;
     let after = query.after_seq.map(Seq);
-    let rows = read(&shared.runtime, move |snap| {
+    let rows = read(&shared, move |snap| {
         snap.session(&id)?
             .ok_or_else(|| ApiError::from(Error::SessionNotFound(id.clone())))?;
         Ok(snap.pending_page(&id, after, limit, INBOX_PAGE_BYTES)?)

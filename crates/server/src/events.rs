@@ -30,9 +30,10 @@
 //! behind: it gets a final `error` frame, type `unavailable`, and ends, and the client resumes
 //! from the store with `Last-Event-ID`); it renders at most [`AHEAD`] beyond what the
 //! connection took; the connection takes a frame in slices of at most [`SLICE`] bytes into a
-//! bounded write buffer; and a durable event's frame is rendered once for every stream that
-//! sends it at the same time ([`Renders`]), so a large event watched by many streams is one
-//! copy, not one per stream.
+//! bounded write buffer; a durable event's frame is rendered once for every stream that
+//! sends it at the same time, or moments apart ([`Renders`]), so a large event watched by many
+//! streams is one copy, not one per stream; and the store reads of replays and catch-ups run a
+//! few at a time (`crate::read`), rendering on the thread that read.
 
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
@@ -110,7 +111,7 @@ pub(crate) async fn stream(
     // is in the store.
     let rx = shared.runtime.subscribe_session(&session);
     let id = session.clone();
-    let row = read(&shared.runtime, move |snap| {
+    let row = read(&shared, move |snap| {
         snap.session(&id)?
             .ok_or_else(|| ApiError::from(agenthost_actors::Error::SessionNotFound(id.clone())))
     })
@@ -200,11 +201,25 @@ impl Stream for Sliced {
 
 /// Frames of durable events being sent, shared by the streams sending them: a large event
 /// watched by many streams (or replayed to many at once) is rendered and held once. Entries
-/// live as long as some stream holds their frame.
+/// live as long as some stream holds their frame, and the most recent large frames (up to
+/// [`RECENT_BYTES`] in all) a while longer: a stream whose client reads hands its frame to the
+/// kernel's socket buffer at once and lets it go, so streams sending the same event moments
+/// apart would otherwise each render (and allocate) it anew.
 #[derive(Debug, Default)]
 pub(crate) struct Renders {
-    frames: Mutex<HashMap<FrameKey, Weak<Vec<u8>>>>,
+    frames: Mutex<Frames>,
 }
+
+#[derive(Debug, Default)]
+struct Frames {
+    held: HashMap<FrameKey, Weak<Vec<u8>>>,
+    /// The most recently rendered large frames, oldest first, and their bytes.
+    recent: VecDeque<Arc<Vec<u8>>>,
+    recent_bytes: usize,
+}
+
+/// The most bytes of recently rendered frames [`Renders`] keeps after every stream let them go.
+const RECENT_BYTES: usize = 8 * 1024 * 1024;
 
 /// A durable event: its session and seq.
 type FrameKey = (SessionId, u64);
@@ -218,16 +233,26 @@ impl Renders {
         }
         let key = (session.clone(), stored.seq.0);
         let mut frames = self.frames.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(shared) = frames.get(&key).and_then(Weak::upgrade) {
+        if let Some(shared) = frames.held.get(&key).and_then(Weak::upgrade) {
             return Bytes::from_owner(ArcBytes(shared));
         }
         let rendered = Arc::new(render(stored));
         // Forget the frames no stream holds any more, now and then: the map stays as large as
-        // the frames in flight.
-        if frames.len() >= 64 && frames.len().is_power_of_two() {
-            frames.retain(|_, frame| frame.strong_count() > 0);
+        // the frames in flight and the recent ones.
+        if frames.held.len() >= 64 && frames.held.len().is_power_of_two() {
+            frames.held.retain(|_, frame| frame.strong_count() > 0);
         }
-        frames.insert(key, Arc::downgrade(&rendered));
+        frames.held.insert(key, Arc::downgrade(&rendered));
+        if rendered.len() <= RECENT_BYTES / 4 {
+            frames.recent_bytes += rendered.len();
+            frames.recent.push_back(rendered.clone());
+            while frames.recent_bytes > RECENT_BYTES {
+                let Some(oldest) = frames.recent.pop_front() else {
+                    break;
+                };
+                frames.recent_bytes -= oldest.len();
+            }
+        }
         drop(frames);
         Bytes::from_owner(ArcBytes(rendered))
     }
@@ -647,33 +672,46 @@ impl Feed {
 
     fn push(&mut self, stored: &Stored) {
         let frame = self.shared.renders.frame(&self.session, stored);
+        self.push_frame(stored.seq.0, frame);
+    }
+
+    /// Queues the frame of the durable event `seq`.
+    fn push_frame(&mut self, seq: u64, frame: Bytes) {
         let bytes = frame.len();
         self.queue.push_back(Frame {
             body: Body::Frame(frame),
             bytes,
         });
         self.queued += bytes;
-        self.last = Some(stored.seq.0);
-        self.next = stored.seq.0 + 1;
+        self.last = Some(seq);
+        self.next = seq + 1;
     }
 
     /// Queues durable events from `next`, a page at most and no further than [`AHEAD`] bytes
-    /// beyond what the client took; `true` when there may be more.
+    /// beyond what the client took; `true` when there may be more. The events are rendered where
+    /// they were read, and only their frames come back: a large event read by many streams at
+    /// once is then decoded and dropped on the reading thread, instead of allocated there and
+    /// freed on another, which an allocator with per-thread heaps holds on to.
     async fn catch_up(&mut self) -> Result<bool, ApiError> {
         let session = self.session.clone();
         let from = Seq(self.next);
-        let events = read(&self.shared.runtime, move |snap| {
-            Ok(snap.events_within(&session, from, PAGE, AHEAD)?)
+        let shared = self.shared.clone();
+        let frames = read(&self.shared, move |snap| {
+            let events = snap.events_within(&session, from, PAGE, AHEAD)?;
+            Ok(events
+                .iter()
+                .map(|stored| (stored.seq.0, shared.renders.frame(&session, stored)))
+                .collect::<Vec<_>>())
         })
         .await?;
         // Empty only at the end of the log.
-        let more = !events.is_empty();
-        for stored in &events {
+        let more = !frames.is_empty();
+        for (seq, frame) in frames {
             if self.queued >= AHEAD {
                 // The rest is read again once the client took what is queued.
                 return Ok(true);
             }
-            self.push(stored);
+            self.push_frame(seq, frame);
         }
         Ok(more)
     }
@@ -725,6 +763,60 @@ mod tests {
 
         let status = json_event("status", &wire::Status::of(wire::StatusType::Idle));
         assert_eq!(&status[..], b"event: status\ndata: {\"type\":\"idle\"}\n\n");
+    }
+
+    fn failed(seq: u64, bytes: usize) -> Stored {
+        Stored {
+            seq: Seq(seq),
+            time: agenthost_model::Timestamp(1_700_000_000_000),
+            event: agenthost_model::Event::ExecutionFailed {
+                error: "x".repeat(bytes),
+                halted: false,
+            },
+        }
+    }
+
+    #[test]
+    fn a_large_frame_is_rendered_once_for_streams_that_send_it_moments_apart() {
+        let renders = Renders::default();
+        let session = SessionId::parse("ses_frames").unwrap();
+        let key = (session.clone(), 1);
+        let first = renders.frame(&session, &failed(1, 100_000));
+        // The first stream handed its frame to the kernel and let it go; the frame is still
+        // there, and the next stream to send the event gets it, not a new rendering.
+        drop(first);
+        let kept = renders.frames.lock().unwrap().held[&key].upgrade();
+        let kept = kept.expect("the frame is kept after its stream let it go");
+        let again = renders.frame(&session, &failed(1, 100_000));
+        assert_eq!(again.as_ptr(), kept.as_ptr());
+        drop((again, kept));
+        // What is kept after every stream let go is bounded: enough newer frames push it out,
+        // and the event is rendered anew.
+        for seq in 2..=(RECENT_BYTES / 100_000 + 1) as u64 {
+            drop(renders.frame(&session, &failed(seq, 100_000)));
+        }
+        let frames = renders.frames.lock().unwrap();
+        assert!(
+            frames.recent_bytes <= RECENT_BYTES,
+            "{}",
+            frames.recent_bytes
+        );
+        assert!(
+            frames.held[&key].upgrade().is_none(),
+            "the oldest frame is still held"
+        );
+        drop(frames);
+        // A small frame is not kept: it costs less to render than to look up.
+        let small = renders.frame(&session, &failed(999, 10));
+        assert!(
+            !renders
+                .frames
+                .lock()
+                .unwrap()
+                .held
+                .contains_key(&(session, 999))
+        );
+        drop(small);
     }
 
     #[test]

@@ -150,6 +150,8 @@ pub(crate) struct Shared {
     pub nonces: forward::Nonces,
     /// Forwards requests for sessions another node of the cluster owns (or why it cannot).
     pub forwarder: Result<reqwest::Client, String>,
+    /// Snapshot reads running at once ([`read`]).
+    pub reads: Arc<tokio::sync::Semaphore>,
 }
 
 /// The HTTP API over one runtime. Cheap to clone.
@@ -179,6 +181,7 @@ impl Api {
             renders: Default::default(),
             nonces: Default::default(),
             forwarder: forward::client(),
+            reads: Arc::new(tokio::sync::Semaphore::new(concurrent_reads())),
         });
         Api { shared }
     }
@@ -328,16 +331,34 @@ impl Api {
 }
 
 /// Runs a snapshot read on the blocking pool: redb reads can touch the disk, and the async
-/// workers must not wait on it.
+/// workers must not wait on it. At most [`concurrent_reads`] run at once, the others wait their
+/// turn: what one read holds is bounded (a page of rows, or one large event), and so is what
+/// all of them hold together, however many clients ask at the same moment (500 event streams
+/// opened at once each replay their session's log).
 pub(crate) async fn read<T: Send + 'static>(
-    runtime: &Runtime,
+    shared: &Shared,
     f: impl FnOnce(&dyn Snapshot) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    let runtime = runtime.clone();
+    // The turn goes with the read: a caller that stops waiting does not stop the read.
+    let turn = shared
+        .reads
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|e| ApiError::internal(format!("snapshot read failed: {e}")))?;
+    let runtime = shared.runtime.clone();
     tokio::task::spawn_blocking(move || {
+        let _turn = turn;
         let snapshot = runtime.snapshot()?;
         f(&*snapshot)
     })
     .await
     .map_err(|e| ApiError::internal(format!("snapshot read failed: {e}")))?
+}
+
+/// Snapshot reads the API runs at once: twice the cores, at least four. A read is CPU work on
+/// pages the store's cache or the operating system's already holds, so more at once would only
+/// hold more memory.
+fn concurrent_reads() -> usize {
+    std::thread::available_parallelism().map_or(4, |n| (2 * n.get()).max(4))
 }

@@ -29,6 +29,74 @@ async fn unread_stream(addr: std::net::SocketAddr, session: &str) -> tokio::net:
     stream
 }
 
+/// 500 event streams whose clients never read, opened on sessions whose logs already hold large
+/// events: every stream's replay reads them from the store at once. What the replays hold at a
+/// time is bounded, not one large event per stream, so the server stays within 100 MiB of its
+/// size before the streams, and answers everyone else throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_streams_replaying_large_events_cannot_grow_the_server() {
+    const STREAMS: usize = 500;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let data = d.join("data");
+    let mut server = Proc::spawn(
+        "replays",
+        d,
+        &[
+            "serve",
+            "--data-dir",
+            data.to_str().expect("utf-8 path"),
+            "--bind",
+            "127.0.0.1:0",
+        ],
+    );
+    let url = server.url();
+    server.url = Some(url.clone());
+    let http = Http::new(&url);
+    let addr: std::net::SocketAddr = url
+        .trim_start_matches("http://")
+        .parse()
+        .expect("a socket address");
+    let pid = server.child.id();
+    let sessions = [http.session("default").await, http.session("default").await];
+    let big = "x".repeat(512 * 1024);
+    for round in 0..6 {
+        for session in &sessions {
+            http.post(
+                &format!("/api/session/{session}/prompt"),
+                Some(json!({"text": format!("{round}{big}"), "resume": false})),
+            )
+            .await;
+        }
+    }
+    assert_eq!(http.get("/healthz").await["status"], "ok");
+    let before = resident(pid);
+
+    let mut streams = Vec::with_capacity(STREAMS);
+    for i in 0..STREAMS {
+        streams.push(unread_stream(addr, &sessions[i % sessions.len()]).await);
+    }
+    let mut peak = 0;
+    for _ in 0..15 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(http.get("/healthz").await["status"], "ok");
+        peak = peak.max(resident(pid));
+    }
+    let grown = peak.saturating_sub(before);
+    eprintln!(
+        "{STREAMS} unread streams replaying large events: before {} MiB, peak {} MiB, grown {} MiB",
+        before >> 20,
+        peak >> 20,
+        grown >> 20
+    );
+    assert!(
+        grown < 100 << 20,
+        "{STREAMS} unread streams replaying large events grew the server by {} MiB",
+        grown >> 20
+    );
+    drop(streams);
+}
+
 /// 500 event streams whose clients never read, on sessions that keep getting large input: what
 /// one stream may hold is bounded in bytes, so the server stays within 100 MiB of its idle
 /// size, and answers everyone else throughout.
