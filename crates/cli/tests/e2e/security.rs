@@ -29,18 +29,15 @@ async fn unread_stream(addr: std::net::SocketAddr, session: &str) -> tokio::net:
     stream
 }
 
-/// 500 event streams whose clients never read, opened on sessions whose logs already hold large
-/// events: every stream's replay reads them from the store at once. What the replays hold at a
-/// time is bounded, not one large event per stream, so the server stays within 100 MiB of its
-/// size before the streams, and answers everyone else throughout.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unread_streams_replaying_large_events_cannot_grow_the_server() {
-    const STREAMS: usize = 500;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let d = dir.path();
+/// `agenthost serve` on a free port for the unread-stream tests, with two sessions: the
+/// process, a client, its address, its pid and the sessions.
+async fn unread_server(
+    name: &str,
+    d: &std::path::Path,
+) -> (Proc, Http, std::net::SocketAddr, u32, [String; 2]) {
     let data = d.join("data");
     let mut server = Proc::spawn(
-        "replays",
+        name,
         d,
         &[
             "serve",
@@ -53,15 +50,33 @@ async fn unread_streams_replaying_large_events_cannot_grow_the_server() {
     let url = server.url();
     server.url = Some(url.clone());
     let http = Http::new(&url);
-    let addr: std::net::SocketAddr = url
+    let addr = url
         .trim_start_matches("http://")
         .parse()
         .expect("a socket address");
     let pid = server.child.id();
     let sessions = [http.session("default").await, http.session("default").await];
+    (server, http, addr, pid, sessions)
+}
+
+/// Streams that never read: `n` of them, over `sessions` in turn.
+async fn unread_streams(
+    addr: std::net::SocketAddr,
+    sessions: &[String],
+    n: usize,
+) -> Vec<tokio::net::TcpStream> {
+    let mut streams = Vec::with_capacity(n);
+    for i in 0..n {
+        streams.push(unread_stream(addr, &sessions[i % sessions.len()]).await);
+    }
+    streams
+}
+
+/// Six rounds of a 512 KiB prompt into each session, admitted without running.
+async fn large_prompts(http: &Http, sessions: &[String]) {
     let big = "x".repeat(512 * 1024);
     for round in 0..6 {
-        for session in &sessions {
+        for session in sessions {
             http.post(
                 &format!("/api/session/{session}/prompt"),
                 Some(json!({"text": format!("{round}{big}"), "resume": false})),
@@ -69,31 +84,45 @@ async fn unread_streams_replaying_large_events_cannot_grow_the_server() {
             .await;
         }
     }
-    assert_eq!(http.get("/healthz").await["status"], "ok");
-    let before = resident(pid);
+}
 
-    let mut streams = Vec::with_capacity(STREAMS);
-    for i in 0..STREAMS {
-        streams.push(unread_stream(addr, &sessions[i % sessions.len()]).await);
-    }
+/// Watches the server for `samples` × 200 ms, checking that it answers each time, and asserts
+/// that its resident memory stayed within 100 MiB of `before`.
+async fn stays_bounded(http: &Http, pid: u32, before: u64, samples: usize, what: &str) {
     let mut peak = 0;
-    for _ in 0..15 {
+    for _ in 0..samples {
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(http.get("/healthz").await["status"], "ok");
         peak = peak.max(resident(pid));
     }
     let grown = peak.saturating_sub(before);
     eprintln!(
-        "{STREAMS} unread streams replaying large events: before {} MiB, peak {} MiB, grown {} MiB",
+        "{what}: before {} MiB, peak {} MiB, grown {} MiB",
         before >> 20,
         peak >> 20,
         grown >> 20
     );
     assert!(
         grown < 100 << 20,
-        "{STREAMS} unread streams replaying large events grew the server by {} MiB",
+        "{what} grew the server by {} MiB",
         grown >> 20
     );
+}
+
+/// 500 event streams whose clients never read, opened on sessions whose logs already hold large
+/// events: every stream's replay reads them from the store at once. What the replays hold at a
+/// time is bounded, not one large event per stream, so the server stays within 100 MiB of its
+/// size before the streams, and answers everyone else throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_streams_replaying_large_events_cannot_grow_the_server() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (_server, http, addr, pid, sessions) = unread_server("replays", dir.path()).await;
+    large_prompts(&http, &sessions).await;
+    assert_eq!(http.get("/healthz").await["status"], "ok");
+    let before = resident(pid);
+    let streams = unread_streams(addr, &sessions, 500).await;
+    let what = "500 unread streams replaying large events";
+    stays_bounded(&http, pid, before, 15, what).await;
     drop(streams);
 }
 
@@ -102,68 +131,16 @@ async fn unread_streams_replaying_large_events_cannot_grow_the_server() {
 /// size, and answers everyone else throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unread_event_streams_cannot_grow_the_server() {
-    const STREAMS: usize = 500;
     let dir = tempfile::tempdir().expect("temp dir");
-    let d = dir.path();
-    let data = d.join("data");
-    let mut server = Proc::spawn(
-        "unread",
-        d,
-        &[
-            "serve",
-            "--data-dir",
-            data.to_str().expect("utf-8 path"),
-            "--bind",
-            "127.0.0.1:0",
-        ],
-    );
-    let url = server.url();
-    server.url = Some(url.clone());
-    let http = Http::new(&url);
-    let addr: std::net::SocketAddr = url
-        .trim_start_matches("http://")
-        .parse()
-        .expect("a socket address");
-    let pid = server.child.id();
-    let sessions = [http.session("default").await, http.session("default").await];
+    let (_server, http, addr, pid, sessions) = unread_server("unread", dir.path()).await;
     http.turn("warm up").await;
     let idle = resident(pid);
-
-    let mut streams = Vec::with_capacity(STREAMS);
-    for i in 0..STREAMS {
-        streams.push(unread_stream(addr, &sessions[i % sessions.len()]).await);
-    }
+    let streams = unread_streams(addr, &sessions, 500).await;
     // Large input into every watched session: each admission is a frame of about 512 KiB for
     // each of its 250 streams.
-    let big = "x".repeat(512 * 1024);
-    for round in 0..6 {
-        for session in &sessions {
-            http.post(
-                &format!("/api/session/{session}/prompt"),
-                Some(json!({"text": format!("{round}{big}"), "resume": false})),
-            )
-            .await;
-        }
-    }
+    large_prompts(&http, &sessions).await;
     // The server still answers, and what it holds settles.
-    let mut peak = 0;
-    for _ in 0..10 {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        assert_eq!(http.get("/healthz").await["status"], "ok");
-        peak = peak.max(resident(pid));
-    }
-    let grown = peak.saturating_sub(idle);
-    eprintln!(
-        "{STREAMS} unread streams: idle {} MiB, peak {} MiB, grown {} MiB",
-        idle >> 20,
-        peak >> 20,
-        grown >> 20
-    );
-    assert!(
-        grown < 100 << 20,
-        "{STREAMS} unread streams grew the server by {} MiB",
-        grown >> 20
-    );
+    stays_bounded(&http, pid, idle, 10, "500 unread streams").await;
     drop(streams);
 }
 
