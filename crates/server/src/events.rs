@@ -135,6 +135,7 @@ pub(crate) async fn stream(
         next: after.map_or(0, |a| a.saturating_add(1)),
         last: after,
         reading: Some(Reading::Replay),
+        until: row.last_seq.0,
         queue: VecDeque::new(),
         queued: 0,
         deltas: 0,
@@ -372,8 +373,14 @@ struct Feed {
     /// The seq of the last durable event sent (or the client's starting point).
     last: Option<u64>,
     /// Reading durable events from the store, page by page as the client takes them: the
-    /// replay (then `synced`), or a catch-up after the bus lagged or showed a gap.
+    /// replay (then `synced`), or a catch-up after the bus showed a gap.
     reading: Option<Reading>,
+    /// The last seq `reading` reads from the store: the session's last event when the stream
+    /// subscribed (the bus has every later one), or the event that showed a gap. A reading that
+    /// chased the log's end instead would, on a session that keeps committing, hold back
+    /// `synced`, deltas and status changes for as long as it kept finding more, and send the
+    /// deltas after the events that end their parts.
+    until: u64,
     queue: VecDeque<Frame>,
     /// Bytes of durable frames in `queue`.
     queued: usize,
@@ -584,7 +591,10 @@ impl Feed {
             Live::Event(stored) if stored.seq.0 == self.next => self.push(stored),
             // A gap means bus messages were lost without a lag report: the store has them
             // (this event is committed, so everything before it is too).
-            Live::Event(_) => self.reading = Some(Reading::CatchUp),
+            Live::Event(stored) => {
+                self.until = self.until.max(stored.seq.0);
+                self.reading.get_or_insert(Reading::CatchUp);
+            }
             Live::Delta {
                 message,
                 kind,
@@ -687,24 +697,32 @@ impl Feed {
         self.next = seq + 1;
     }
 
-    /// Queues durable events from `next`, a page at most and no further than [`AHEAD`] bytes
-    /// beyond what the client took; `true` when there may be more. The events are rendered where
-    /// they were read, and only their frames come back: a large event read by many streams at
-    /// once is then decoded and dropped on the reading thread, instead of allocated there and
-    /// freed on another, which an allocator with per-thread heaps holds on to.
+    /// Queues durable events from `next` up to `until`, a page at most and no further than
+    /// [`AHEAD`] bytes beyond what the client took; `true` while there are more. The events are
+    /// rendered where they were read, and only their frames come back: a large event read by
+    /// many streams at once is then decoded and dropped on the reading thread, instead of
+    /// allocated there and freed on another, which an allocator with per-thread heaps holds on
+    /// to.
     async fn catch_up(&mut self) -> Result<bool, ApiError> {
+        if self.next > self.until {
+            return Ok(false);
+        }
         let session = self.session.clone();
         let from = Seq(self.next);
+        let until = self.until;
+        let limit = usize::try_from(until - self.next).map_or(PAGE, |n| PAGE.min(n + 1));
         let shared = self.shared.clone();
         let frames = read(&self.shared, move |snap| {
-            let events = snap.events_within(&session, from, PAGE, AHEAD)?;
+            let events = snap.events_within(&session, from, limit, AHEAD)?;
             Ok(events
                 .iter()
+                .take_while(|stored| stored.seq.0 <= until)
                 .map(|stored| (stored.seq.0, shared.renders.frame(&session, stored)))
                 .collect::<Vec<_>>())
         })
         .await?;
-        // Empty only at the end of the log.
+        // Empty only if the log ended early, which a committed `until` rules out: the reading
+        // ends rather than asks again.
         let more = !frames.is_empty();
         for (seq, frame) in frames {
             if self.queued >= AHEAD {
@@ -713,7 +731,7 @@ impl Feed {
             }
             self.push_frame(seq, frame);
         }
-        Ok(more)
+        Ok(more && self.next <= self.until)
     }
 
     fn fail(&mut self, error: ApiError) {

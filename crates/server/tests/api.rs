@@ -1927,6 +1927,64 @@ async fn a_stream_opened_mid_turn_misses_nothing() {
     );
 }
 
+/// A replay ends where the log stood when the stream subscribed; what commits later comes live,
+/// with its deltas before the events that end their parts. (A replay that chased the log instead
+/// withheld `synced` and every delta for as long as the session kept committing, then sent the
+/// deltas after their own text.)
+#[tokio::test]
+async fn a_replay_ends_where_the_stream_subscribed_and_the_rest_comes_live() {
+    let h = harness(vec![text("one"), text("two")]).await;
+    let s = h.session().await;
+    // A prompt larger than a replay reads at once, so the replay takes two reads.
+    let large = "x".repeat(80 * 1024);
+    h.post(
+        &format!("/api/session/{s}/prompt"),
+        Some(&json!({ "text": large }).to_string()),
+    )
+    .await;
+    h.idle(&s).await;
+    let horizon = h.get(&format!("/api/session/{s}")).await.json["data"]["last_seq"]
+        .as_u64()
+        .expect("last seq");
+
+    let mut stream = Frames::open(&h, &format!("/api/session/{s}/events"), None).await;
+    // The first read of the replay has happened; a turn commits before the second.
+    assert_eq!(stream.next().await.event, "session_created");
+    h.post(
+        &format!("/api/session/{s}/prompt"),
+        Some(r#"{"text": "b"}"#),
+    )
+    .await;
+    h.idle(&s).await;
+
+    let replay = stream.until("synced").await;
+    assert_eq!(
+        replay.last().expect("synced").data,
+        json!({ "last_seq": horizon })
+    );
+    assert_eq!(
+        seqs(&replay),
+        (1..=horizon).collect::<Vec<_>>(),
+        "the replay holds what committed before the stream subscribed"
+    );
+    let live = stream.until("execution_succeeded").await;
+    let live_seqs = seqs(&live);
+    assert_eq!(
+        live_seqs,
+        (horizon + 1..=horizon + live_seqs.len() as u64).collect::<Vec<_>>()
+    );
+    let delta = live
+        .iter()
+        .position(|f| f.event == "delta" && f.data["delta"] == "two");
+    let ended = live
+        .iter()
+        .position(|f| f.event == "text_ended" && f.data["text"] == "two");
+    assert!(
+        matches!((delta, ended), (Some(d), Some(e)) if d < e),
+        "the delta comes live, before its text ends: {live:#?}"
+    );
+}
+
 /// Paced deltas (held while the interval runs, released together, or taken out by a durable
 /// event behind them) keep their order, and none is lost or repeated. Deltas of one part held
 /// together leave as one frame.
