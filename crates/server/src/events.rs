@@ -557,7 +557,14 @@ impl Feed {
                 return None;
             };
             match received {
-                Ok(message) => self.take(&message),
+                Ok(message) => {
+                    self.take(&message);
+                    // What the runtime has ready to run next often publishes to this stream
+                    // too (the drain an admission starts says `running`, a drain whose last
+                    // events just committed says `idle`): once it ran, its frames leave with
+                    // these in one write, instead of a write (and a wakeup of the client) each.
+                    tokio::task::yield_now().await;
+                }
                 Err(RecvError::Lagged(missed)) => self.lagged(missed),
                 Err(RecvError::Closed) => return None,
             }
