@@ -17,10 +17,11 @@
 //!
 //! **Invariant:** no durable event is skipped or sent twice. The stream subscribes to the bus
 //! *before* it reads the replay, so every commit is either in the replay, on the bus, or both;
-//! bus events with a seq already sent are dropped. If the bus lags (this subscriber fell behind
-//! and lost messages) or shows a gap, the missing events are read from the store by seq. The
-//! `id` of every durable frame is its seq, so a reconnecting client's `Last-Event-ID` resumes
-//! exactly after the last event it received.
+//! bus events with a seq already sent are dropped. The replay reads the store up to the
+//! session's last event as of the subscription, and the bus carries the rest. If the bus shows
+//! a gap, the missing events up to it are read from the store by seq; a subscriber that fell
+//! behind ends its stream instead (see below). The `id` of every durable frame is its seq, so a
+//! reconnecting client's `Last-Event-ID` resumes exactly after the last event it received.
 //!
 //! The stream is a state machine polled by the response body, not a spawned task: when the
 //! client goes away the body is dropped and with it the bus subscription.
