@@ -1263,7 +1263,8 @@ async fn read_to_close(stream: &mut tokio::net::TcpStream, limit: Duration) -> (
 
 /// Slow and greedy clients: a connection whose head never completes is closed after the header
 /// timeout, a body that trickles gets 408 after the body timeout, and connections beyond the cap
-/// get 503 at once; the server keeps answering everyone else.
+/// get 503 (the answer to their request, or after a second when they send none); the server
+/// keeps answering everyone else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_and_greedy_clients_are_cut_off() {
     use tokio::io::AsyncWriteExt as _;
@@ -1328,6 +1329,26 @@ async fn slow_and_greedy_clients_are_cut_off() {
     let (answer, closed) = read_to_close(&mut extra, Duration::from_secs(10)).await;
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
     assert!(closed);
+    // A client that sends its request over the cap reads the 503 as the answer to it, whatever
+    // the request's size: not a reset, nor a message on a connection it had sent nothing on.
+    let client = agenthost_llm::client_builder()
+        .expect("a client builder")
+        .pool_max_idle_per_host(0)
+        .timeout(LIMIT)
+        .build()
+        .expect("client");
+    for size in [2, 64 * 1024, 1024 * 1024].into_iter().cycle().take(12) {
+        let body = serde_json::json!({ "id": format!("ses_{}", "x".repeat(size)) });
+        let answer = client
+            .post(format!("{url}/api/session"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("a request of {size} bytes over the cap: {e:?}"));
+        assert_eq!(answer.status().as_u16(), 503, "{size} bytes");
+        let body: Value = answer.json().await.expect("a JSON body");
+        assert_eq!(body["error"]["type"], "unavailable", "{body}");
+    }
     drop(held);
     tokio::time::sleep(Duration::from_millis(200)).await;
     let http = Http::new(&url);
