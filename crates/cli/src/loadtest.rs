@@ -431,6 +431,8 @@ pub async fn run(args: Args) -> Result<(), Failure> {
             "--sessions and --prompts must be at least 1"
         )));
     }
+    // A session against a server holds an event stream and a request connection.
+    crate::files::raise();
     if !(0.0..=1.0).contains(&args.tool_ratio) {
         return Err(Failure::Usage(anyhow!(
             "--tool-ratio must be between 0 and 1"

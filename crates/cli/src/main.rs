@@ -23,6 +23,7 @@
 //! allocator to the embedder.
 
 mod config;
+mod files;
 mod inspect;
 mod loadtest;
 mod mcp;

@@ -42,6 +42,7 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> Result<(), Failure> {
+    crate::files::raise();
     let bind = crate::config::parse_bind(&args.bind)
         .map_err(|reason| Failure::Usage(anyhow!("--bind: {reason}")))?;
     for (flag, ratio) in [

@@ -187,6 +187,7 @@ pub async fn run(args: Args, log_json: bool) -> Result<(), Failure> {
     if let Some(interval) = settings.delta_interval {
         options.delta_interval = interval;
     }
+    open_files(options.max_connections);
     let api = Api::new(runtime, options);
     tracing::info!(
         %addr,
@@ -239,5 +240,29 @@ async fn reload_tokens(path: PathBuf, own: Vec<NamedToken>, tokens: Arc<Tokens>)
                 tracing::error!(error = %e, "the tokens file changed but cannot be used; the tokens stay as they were");
             }
         }
+    }
+}
+
+/// Open files a server needs besides its connections: the store, its log, the connections it
+/// makes (providers, tools, MCP servers, other nodes).
+const FILES_BESIDES_CONNECTIONS: u64 = 256;
+
+/// Raises the open-file limit (see `files`) and says so; warns when the limit leaves less room
+/// than `max_connections` asks for, since a server at its limit accepts nothing more.
+fn open_files(max_connections: usize) {
+    let limit = crate::files::raise();
+    if limit.now != limit.before {
+        tracing::debug!(before = ?limit.before, now = ?limit.now, "raised the open-file limit");
+    }
+    let needed = (max_connections as u64).saturating_add(FILES_BESIDES_CONNECTIONS);
+    if let Some(now) = limit.now.filter(|&now| now < needed) {
+        tracing::warn!(
+            limit = now,
+            max_connections,
+            "the open-file limit leaves room for fewer connections than [server] \
+             max_connections: once it is reached, new connections wait unanswered. Raise the \
+             hard limit (ulimit -Hn, or LimitNOFILE= for a systemd service) or lower \
+             max_connections"
+        );
     }
 }

@@ -49,11 +49,16 @@ impl Proc {
     }
 
     fn spawn_with_env(name: &str, dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Proc {
+        let mut command = Command::new(BIN);
+        command.args(args).envs(env.iter().copied());
+        Proc::spawn_command(name, dir, command)
+    }
+
+    /// `command` (the binary, or a shell that runs it) with the harness's environment and pipes.
+    fn spawn_command(name: &str, dir: &Path, mut command: Command) -> Proc {
         let log = dir.join(format!("{name}.log"));
         let stderr = std::fs::File::create(&log).expect("log file");
-        let mut child = Command::new(BIN)
-            .args(args)
-            .envs(env.iter().copied())
+        let mut child = command
             .env_remove("AGENTHOST_TOKEN")
             .env_remove("AGENTHOST_CONFIG")
             .env("RUST_LOG", "info")
@@ -1353,6 +1358,63 @@ async fn slow_and_greedy_clients_are_cut_off() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let http = Http::new(&url);
     assert_eq!(http.get("/healthz").await["status"], "ok");
+}
+
+/// The soft and hard limits of open files of a process, from `/proc/<pid>/limits`.
+fn open_file_limits(pid: u32) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("an open files line")
+        .to_owned();
+    let mut values = line["Max open files".len()..].split_whitespace();
+    let soft = values.next().expect("soft").to_owned();
+    let hard = values.next().expect("hard").to_owned();
+    (soft, hard)
+}
+
+/// `serve` raises its soft limit of open files to the hard one (at a soft limit of 1 024, the
+/// default of many systems, it would stop accepting at about a thousand connections), and warns
+/// when the hard limit leaves less room than `max_connections` asks for.
+#[test]
+fn serve_raises_its_open_file_limit_and_warns_when_it_is_too_low() {
+    if !Path::new("/proc/self/limits").exists() {
+        eprintln!("left out: serve_raises_its_open_file_limit (no /proc on this system)");
+        return;
+    }
+    let (_, hard) = open_file_limits(std::process::id());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let config = d.join("files.toml");
+    // More connections than any hard limit allows.
+    std::fs::write(&config, "[server]\nmax_connections = 100000000\n").expect("config");
+    let data = d.join("data");
+    let mut command = Command::new("sh");
+    command.args([
+        "-c",
+        "ulimit -S -n 256 && exec \"$0\" \"$@\"",
+        BIN,
+        "serve",
+        "--config",
+        config.to_str().expect("utf-8"),
+        "--data-dir",
+        data.to_str().expect("utf-8"),
+        "--bind",
+        "127.0.0.1:0",
+    ]);
+    let server = Proc::spawn_command("files", d, command);
+    let _ = server.url();
+    let (soft, now_hard) = open_file_limits(server.child.id());
+    assert_eq!(
+        (soft.as_str(), now_hard.as_str()),
+        (hard.as_str(), hard.as_str())
+    );
+    let log = server.log_text();
+    assert!(
+        log.contains("open-file limit leaves room for fewer connections"),
+        "{log}"
+    );
 }
 
 /// A store file damaged on disk (bytes flipped all through its middle): `inspect --verify`
