@@ -1,8 +1,8 @@
 //! The process's limit of open files. A server holds a socket per connection and a load
-//! generator one per session's event stream and request, so both raise the soft limit to the
-//! hard one at start: many systems set the soft limit to 1 024 for compatibility with `select`,
-//! which nothing here uses, and a server at that limit stops accepting (the accept loop backs
-//! off) while a load generator's connects fail.
+//! generator one per session's event stream and request, so `serve`, `mock-provider` and
+//! `loadtest` raise the soft limit to the hard one at start: many systems set the soft limit to
+//! 1 024 for compatibility with `select`, which nothing here uses, and a server at that limit
+//! stops accepting (the accept loop backs off) while a load generator's connects fail.
 
 /// The soft limit to set, given the current soft and hard limits (`None`: unlimited), or
 /// `None` when the soft limit is already as high as it may go.
