@@ -143,6 +143,7 @@ pub(crate) async fn stream(
         pace: Pace::new(shared.options.delta_interval),
         timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
         done: false,
+        statuses: 0,
     };
     shared.counters.sse_opened();
     let frames = futures::stream::unfold(feed, |mut feed| async move {
@@ -394,7 +395,14 @@ struct Feed {
     timer: Pin<Box<tokio::time::Sleep>>,
     /// An error frame was queued; end after it.
     done: bool,
+    /// Status frames queued so far (see `gather`).
+    statuses: u64,
 }
+
+/// The most rounds of the runtime an event stream woken by a durable event lets run before it
+/// writes (see `Feed::gather`). Measured (BENCHMARKS.md, socket writes): a turn took 4.4–4.7
+/// writes after one round, 3.4–3.8 after up to six; three is the fewest.
+const GATHER_ROUNDS: usize = 6;
 
 /// When an event stream's queued frames go out. Deltas are written at most once per
 /// `interval`: the first of a burst at once, those that follow within the interval together
@@ -559,15 +567,36 @@ impl Feed {
             };
             match received {
                 Ok(message) => {
+                    let durable = matches!(message.1, Live::Event(_));
                     self.take(&message);
-                    // What the runtime has ready to run next often publishes to this stream
-                    // too (the drain an admission starts says `running`, a drain whose last
-                    // events just committed says `idle`): once it ran, its frames leave with
-                    // these in one write, instead of a write (and a wakeup of the client) each.
-                    tokio::task::yield_now().await;
+                    self.gather(durable).await;
                 }
                 Err(RecvError::Lagged(missed)) => self.lagged(missed),
                 Err(RecvError::Closed) => return None,
+            }
+        }
+    }
+
+    /// Lets the runtime run what is ready before the stream writes, so that what it publishes
+    /// to this stream leaves in the same write instead of a write (and a wakeup of the client)
+    /// each. After durable events that is usually a status two or three task hops away (the
+    /// drain an admission starts says `running`, a drain whose last events just committed says
+    /// `idle`): the stream waits up to [`GATHER_ROUNDS`] rounds of the runtime (a yield resumes
+    /// once the worker has run every ready task and polled the I/O driver), and no longer once a
+    /// status came. After a delta or a status it waits one round, so a reply's first token is
+    /// not held back.
+    async fn gather(&mut self, durable: bool) {
+        let rounds = if durable { GATHER_ROUNDS } else { 1 };
+        let statuses = self.statuses;
+        for _ in 0..rounds {
+            tokio::task::yield_now().await;
+            // A catch-up from the store takes the bus in once it is done (see `next_frame`).
+            if self.reading.is_some()
+                || !self.take_ready()
+                || self.done
+                || self.statuses != statuses
+            {
+                return;
             }
         }
     }
@@ -648,6 +677,7 @@ impl Feed {
             Live::Status(activity) => {
                 let status = wire::Status::of(wire::status(*activity));
                 self.enqueue(json_event("status", &status));
+                self.statuses += 1;
             }
         }
     }
