@@ -300,7 +300,16 @@ impl Api {
             header_timeout: shared.options.header_timeout,
             max_connections: shared.options.max_connections,
         };
-        let mut server = std::pin::pin!(listen::serve(listener, router, limits, stop.clone()));
+        // On a worker of its own runtime, not on the caller's thread (a binary's `block_on` runs
+        // on the main thread, which drives no I/O): an accepted connection's task then starts on
+        // the worker that accepted it, instead of two threads waking each other per connection.
+        // It stops when this future is dropped, as it did when it was part of it.
+        let mut server = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(listen::serve(
+            listener,
+            router,
+            limits,
+            stop.clone(),
+        )));
         let graceful = async {
             shutdown.await;
             tracing::info!("shutting down");
@@ -315,12 +324,12 @@ impl Api {
             let _ = tokio::time::timeout(shared.options.drain_timeout, shared.tasks.wait()).await;
         };
         tokio::select! {
-            () = &mut server => return Ok(()),
+            ended = &mut server => return ended.map_err(std::io::Error::other),
             () = graceful => stop.cancel(),
         }
         // Bound the wait for open connections once shutdown has begun: a client holding a
         // keep-alive connection must not keep the process alive.
-        if tokio::time::timeout(shared.options.drain_timeout, server)
+        if tokio::time::timeout(shared.options.drain_timeout, &mut server)
             .await
             .is_err()
         {

@@ -1544,6 +1544,34 @@ async fn shutting_down_is_unavailable() {
     assert_eq!(reply.headers[header::RETRY_AFTER], "1");
 }
 
+/// `Api::serve` accepts on a task of its own; dropping the `serve` future stops that task, so
+/// the port closes as it did when accepting was part of the future.
+#[tokio::test]
+async fn dropping_serve_closes_its_port() {
+    let h = harness(vec![]).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let server = tokio::spawn(h.api.clone().serve(listener, std::future::pending()));
+    let client = agenthost_api::Client::new(&format!("http://{addr}")).expect("client");
+    client.health().await.expect("served");
+    server.abort();
+    assert!(server.await.is_err_and(|e| e.is_cancelled()));
+    let mut refused = false;
+    for _ in 0..200 {
+        if tokio::net::TcpStream::connect(addr).await.is_err() {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        refused,
+        "the port still accepts connections after serve was dropped"
+    );
+}
+
 /// Lists every route with one valid request; the OpenAPI test checks the same list.
 const ROUTES: &[(&str, &str)] = &[
     ("get", "/healthz"),
