@@ -13,7 +13,9 @@
 //! reply streamed token by token does not cost a write (and a wakeup of the client) per token.
 //! The first delta of a burst leaves alone; those held after it that continue one part leave as
 //! one `delta` frame holding their text in order. The stream is not woken for each delta it
-//! holds.
+//! holds. Woken by a durable event, a stream lets the runtime run a few rounds before it writes
+//! (`Feed::gather`), so the status that follows an admission or a turn's last commit leaves in
+//! the same write.
 //!
 //! **Invariant:** no durable event is skipped or sent twice. The stream subscribes to the bus
 //! *before* it reads the replay, so every commit is either in the replay, on the bus, or both;
