@@ -19,7 +19,7 @@ for port in 47510 47511; do
 done
 run() {
   "$b" loadtest --sessions 200 --prompts 10 --url "http://127.0.0.1:$1" --json 2>/dev/null \
-    | python3 -c "import json,sys; print(round(json.load(sys.stdin)['cpu_ms_per_turn'], 3))"
+    | python3 -c "import json,sys; c = json.load(sys.stdin).get('cpu_ms_per_turn'); print('nan' if c is None else round(c, 3))"
 }
 run 47510 >/dev/null; run 47511 >/dev/null   # warm-up
 results=()
@@ -31,6 +31,7 @@ done
 printf '%s\n' "${results[@]}" | python3 -c '
 import sys
 rows = [tuple(map(float, line.split())) for line in sys.stdin if line.strip()]
+rows = [r for r in rows if r[0] == r[0] and r[1] == r[1]]   # a run without a figure drops its pair
 a = sum(r[0] for r in rows) / len(rows); b = sum(r[1] for r in rows) / len(rows)
 lower = sum(1 for r in rows if r[1] < r[0]); higher = sum(1 for r in rows if r[1] > r[0])
 print(f"mean ms a turn: A {a:.4f}  B {b:.4f}  ({100 * (b - a) / a:+.1f} %); B lower in {lower} pairs, higher in {higher}")

@@ -3,7 +3,7 @@
 //! every span (drains, steps, provider and tool calls, requests) to an OpenTelemetry collector
 //! over OTLP/HTTP (protobuf), batched on a thread of its own.
 
-use tracing_subscriber::filter::Targets;
+use tracing_subscriber::filter::{Targets, filter_fn};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{EnvFilter, Layer, Registry};
@@ -56,12 +56,15 @@ type Boxed = Box<dyn Layer<Filtered> + Send + Sync>;
 /// `RUST_LOG`, `info` when unset or invalid. Targets and levels alone (`info`,
 /// `agenthost=debug,hyper=warn`) make a static filter ([`Targets`]), which does nothing when a
 /// span is entered or left; a directive on spans or fields (`[drain]=debug`) needs [`EnvFilter`],
-/// which looks up every span entered and left.
-fn filter() -> Filter {
-    filter_of(&std::env::var("RUST_LOG").unwrap_or_default())
+/// which looks up every span entered and left. `exporting`: traces go to a collector.
+fn filter(exporting: bool) -> Filter {
+    filter_of(&std::env::var("RUST_LOG").unwrap_or_default(), exporting)
 }
 
-fn filter_of(directives: &str) -> Filter {
+/// The target of the runtime's spans (drain, step, provider and tool calls).
+const RUNTIME: &str = "agenthost_actors";
+
+fn filter_of(directives: &str, exporting: bool) -> Filter {
     let directives = match directives.trim() {
         "" => "info",
         set => set,
@@ -69,11 +72,27 @@ fn filter_of(directives: &str) -> Filter {
     // `Targets` would read `[drain]` as a target's name.
     let on_spans = directives.contains(['[', '{']);
     match directives.parse::<Targets>() {
-        Ok(targets) if !on_spans => targets.boxed(),
+        Ok(targets) if !on_spans => match runtime_spans(&targets, exporting) {
+            true => targets.boxed(),
+            false => targets
+                .and_then(filter_fn(|meta| {
+                    !(meta.is_span() && meta.target().starts_with(RUNTIME))
+                }))
+                .boxed(),
+        },
         _ => EnvFilter::try_new(directives)
             .unwrap_or_else(|_| EnvFilter::new("info"))
             .boxed(),
     }
+}
+
+/// Whether the runtime's spans are recorded: when traces are exported, or the runtime logs at
+/// debug (its debug events then sit in their drain, step and call); a directive on spans keeps
+/// them too (`filter_of`). Otherwise their only reader would be a log line's prefix, and the
+/// runtime's log events carry their own `session_id` (and `step` and `attempt` where they have
+/// them), while the three spans of a turn cost about 4 % of the server's CPU (BENCHMARKS.md).
+fn runtime_spans(targets: &Targets, exporting: bool) -> bool {
+    exporting || targets.would_enable(RUNTIME, &tracing::Level::DEBUG)
 }
 
 /// Installs the process's subscriber: call once, from the binary only.
@@ -112,7 +131,7 @@ pub fn init(json: bool, telemetry: Option<&Telemetry>) -> Result<Guard, String> 
         ));
     }
     tracing_subscriber::registry()
-        .with(filter())
+        .with(filter(telemetry.is_some()))
         .with(layers)
         .try_init()
         .map_err(|e| format!("cannot install the log subscriber: {e}"))?;
@@ -183,7 +202,7 @@ mod tests {
     fn passed(directives: &str) -> usize {
         let count = Arc::new(AtomicUsize::new(0));
         let subscriber = tracing_subscriber::registry()
-            .with(filter_of(directives))
+            .with(filter_of(directives, false))
             .with(Count(count.clone()));
         tracing::subscriber::with_default(subscriber, || {
             tracing::info!("info");
@@ -203,5 +222,55 @@ mod tests {
         assert_eq!(passed("info,agenthost=debug"), 3);
         // A span directive: the debug event inside `drain` passes, the one outside does not.
         assert_eq!(passed("info,[drain]=debug"), 2);
+    }
+
+    /// Counts the spans that reach it.
+    struct Spans(Arc<AtomicUsize>);
+
+    impl<S: tracing::Subscriber> Layer<S> for Spans {
+        fn on_new_span(
+            &self,
+            _: &tracing::span::Attributes<'_>,
+            _: &tracing::span::Id,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Which of a runtime span, a runtime event and another crate's span pass `directives`.
+    fn recorded(directives: &str, exporting: bool) -> (bool, bool, bool) {
+        let (spans, events) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let subscriber = tracing_subscriber::registry()
+            .with(filter_of(directives, exporting))
+            .with(Spans(spans.clone()))
+            .with(Count(events.clone()));
+        let runtime = |spans: &AtomicUsize| spans.load(Ordering::SeqCst);
+        let mut seen = (false, false, false);
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info_span!(target: "agenthost_actors::drain", "drain").in_scope(|| {
+                tracing::warn!(target: "agenthost_actors::drain", "in a drain");
+            });
+            seen.0 = runtime(&spans) == 1;
+            seen.1 = events.load(Ordering::SeqCst) == 1;
+            let _ = tracing::info_span!(target: "agenthost_server", "request");
+            seen.2 = runtime(&spans) == usize::from(seen.0) + 1;
+        });
+        seen
+    }
+
+    #[test]
+    fn the_runtimes_spans_are_recorded_only_for_a_reader_beyond_a_log_prefix() {
+        // Logs alone at info: the runtime's events, not its spans; other spans stay.
+        assert_eq!(recorded("", false), (false, true, true));
+        assert_eq!(recorded("info", false), (false, true, true));
+        // Exported, or the runtime logging at debug, or a directive on spans: recorded.
+        assert_eq!(recorded("", true), (true, true, true));
+        assert_eq!(
+            recorded("info,agenthost_actors=debug", false),
+            (true, true, true)
+        );
+        assert_eq!(recorded("debug", false), (true, true, true));
+        assert_eq!(recorded("info,[drain]=debug", false), (true, true, true));
     }
 }
