@@ -245,16 +245,16 @@ mod tests {
             .with(filter_of(directives, exporting))
             .with(Spans(spans.clone()))
             .with(Count(events.clone()));
-        let runtime = |spans: &AtomicUsize| spans.load(Ordering::SeqCst);
+        let count = |spans: &AtomicUsize| spans.load(Ordering::SeqCst);
         let mut seen = (false, false, false);
         tracing::subscriber::with_default(subscriber, || {
             tracing::info_span!(target: "agenthost_actors::drain", "drain").in_scope(|| {
                 tracing::warn!(target: "agenthost_actors::drain", "in a drain");
             });
-            seen.0 = runtime(&spans) == 1;
+            seen.0 = count(&spans) == 1;
             seen.1 = events.load(Ordering::SeqCst) == 1;
             let _ = tracing::info_span!(target: "agenthost_server", "request");
-            seen.2 = runtime(&spans) == usize::from(seen.0) + 1;
+            seen.2 = count(&spans) == usize::from(seen.0) + 1;
         });
         seen
     }
