@@ -90,7 +90,7 @@ fn filter_of(directives: &str, exporting: bool) -> Filter {
 /// debug (its debug events then sit in their drain, step and call); a directive on spans keeps
 /// them too (`filter_of`). Otherwise their only reader would be a log line's prefix, and the
 /// runtime's log events carry their own `session_id` (and `step` and `attempt` where they have
-/// them), while the three spans of a turn cost about 4 % of the server's CPU (BENCHMARKS.md).
+/// them), while the three spans of a turn cost 4–5 % of the server's CPU (BENCHMARKS.md).
 fn runtime_spans(targets: &Targets, exporting: bool) -> bool {
     exporting || targets.would_enable(RUNTIME, &tracing::Level::DEBUG)
 }
